@@ -1,0 +1,3 @@
+from fsdpdoctor.cli import main
+
+raise SystemExit(main())

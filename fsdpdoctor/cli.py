@@ -1,0 +1,51 @@
+"""Command line: thin verbs over the library. One module per verb in
+``fsdpdoctor.commands``; each exposes ``register(subparsers)`` which sets
+``func`` (args -> exit code) on its parser."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from fsdpdoctor import __version__
+from fsdpdoctor.errors import InputError
+
+# verb modules, in the order `--help` lists them
+VERBS = ["analyze", "check", "diff", "tui", "scaling", "memory", "reference"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fsdpdoctor",
+        description="Profile and diagnose PyTorch DDP/FSDP training jobs from torch.profiler traces.",
+    )
+    parser.add_argument("--version", action="version", version=f"fsdpdoctor {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="COMMAND")
+    for verb in VERBS:
+        try:
+            module = importlib.import_module(f"fsdpdoctor.commands.{verb}")
+        except ModuleNotFoundError as exc:  # a verb not built yet
+            if exc.name == f"fsdpdoctor.commands.{verb}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"fsdpdoctor: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fsdpdoctor: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
