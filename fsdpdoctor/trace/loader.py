@@ -1,0 +1,255 @@
+"""Files and folders -> ``Run`` (per-rank ``RankTrace`` tables + optional manifest)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.trace.io import read_trace_json
+from fsdpdoctor.trace.table import (
+    ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, PYFUNC, RankTrace, Track, category_code,
+)
+
+# Names whose args we keep: everything communication-related.
+_KEEP_ARGS = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms|nccl:|gloo:|nccl|rccl)", re.I)
+_RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)
+
+Progress = Callable[[str, int, int], None]  # (file name, files done, files total)
+
+
+@dataclass
+class Run:
+    """What one ``analyze`` call looks at: one or more ranks of one job."""
+
+    source: Path
+    ranks: list[RankTrace]
+    manifest: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int | None:
+        if self.manifest and self.manifest.get("world_size"):
+            return int(self.manifest["world_size"])
+        sizes = [r.world_size for r in self.ranks if r.world_size]
+        return sizes[0] if sizes else None
+
+
+def rank_from_filename(path: Path) -> int | None:
+    m = _RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+def build_rank_trace(doc, path: Path) -> RankTrace:
+    """Columns from a parsed Kineto document (dict) or a bare event list."""
+    if isinstance(doc, dict):
+        events = doc["traceEvents"]
+        dist = doc.get("distributedInfo") or {}
+        fmt = "kineto"
+    else:
+        events, dist, fmt = doc, {}, "event-list"
+
+    name_index: dict[str, int] = {}
+    track_index: dict[tuple, int] = {}
+    tracks: list[Track] = []
+    thread_names: dict[tuple, str] = {}
+    n_id: list[int] = []
+    cats: list[int] = []
+    tss: list[float] = []
+    durs: list[float] = []
+    trk: list[int] = []
+    corr: list[int] = []
+    args: dict[int, dict] = {}
+    memory: list[tuple[float, float, int]] = []
+    keep_name: dict[int, bool] = {}
+    has_stacks = False
+    cat_cache: dict[object, int] = {}
+
+    for e in events:
+        if not isinstance(e, dict):
+            continue
+        ph = e.get("ph")
+        if ph != "X":
+            if ph == "M" and e.get("name") == "thread_name":
+                a = e.get("args") or {}
+                key = (e.get("pid"), e.get("tid"))
+                # gloo threads may be named twice ("python3" then "pt_gloo_runloop"): keep the last
+                thread_names[key] = str(a.get("name", ""))
+            elif ph in ("i", "I") and e.get("name") == "[memory]":
+                a = e.get("args") or {}
+                total = a.get("Total Allocated")
+                if total is not None:
+                    memory.append((float(e.get("ts", 0.0)), float(total), int(a.get("Device Type", 0) or 0)))
+            continue
+        ts = e.get("ts")
+        if ts is None:
+            continue
+        name = e.get("name", "")
+        nid = name_index.get(name)
+        if nid is None:
+            nid = name_index[name] = len(name_index)
+            keep_name[nid] = bool(_KEEP_ARGS.match(name))
+        c = e.get("cat")
+        code = cat_cache.get(c)
+        if code is None:
+            code = cat_cache[c] = category_code(c)
+        key = (e.get("pid"), e.get("tid"))
+        t = track_index.get(key)
+        if t is None:
+            t = track_index[key] = len(tracks)
+            tracks.append(Track(pid=key[0], tid=key[1]))
+        a = e.get("args")
+        row = len(tss)
+        n_id.append(nid)
+        cats.append(code)
+        tss.append(float(ts))
+        durs.append(float(e.get("dur") or 0.0))
+        trk.append(t)
+        if a:
+            cid = a.get("correlation")
+            corr.append(int(cid) if isinstance(cid, (int, float)) else -1)
+            if keep_name[nid] or (code == KERNEL and "Collective name" in a):
+                args[row] = a
+        else:
+            corr.append(-1)
+        if code == PYFUNC:
+            has_stacks = True
+
+    if not tss:
+        raise InputError(path, "trace holds no complete ('X') events: empty trace")
+
+    names = [""] * len(name_index)
+    for n, i in name_index.items():
+        names[i] = n
+    cat_arr = np.asarray(cats, dtype=np.int8)
+    trk_arr = np.asarray(trk, dtype=np.int32)
+    counts = np.bincount(trk_arr, minlength=len(tracks))
+    device_tracks = set(np.unique(trk_arr[np.isin(cat_arr, DEVICE_CATEGORIES)]).tolist())
+    for i, tr in enumerate(tracks):
+        tr.n_events = int(counts[i])
+        tr.is_device = i in device_tracks
+        tr.name = thread_names.get((tr.pid, tr.tid), "")
+
+    rank, source = None, "default"
+    if isinstance(dist.get("rank"), int):
+        rank, source = dist["rank"], "distributedInfo"
+    else:
+        rank = rank_from_filename(path)
+        source = "file name" if rank is not None else "default"
+        rank = rank or 0
+    device_name = None
+    if isinstance(doc, dict) and doc.get("deviceProperties"):
+        props = doc["deviceProperties"]
+        if isinstance(props, list) and props and isinstance(props[0], dict):
+            device_name = props[0].get("name")
+    world = dist.get("world_size")
+    return RankTrace(
+        path=path,
+        rank=int(rank),
+        world_size=int(world) if isinstance(world, int) else None,
+        backend=dist.get("backend"),
+        host=doc.get("host_name") if isinstance(doc, dict) else None,
+        device_name=device_name,
+        names=names,
+        name_id=np.asarray(n_id, dtype=np.int32),
+        cat=cat_arr,
+        ts=np.asarray(tss, dtype=np.float64),
+        dur=np.asarray(durs, dtype=np.float64),
+        track=trk_arr,
+        corr=np.asarray(corr, dtype=np.int64),
+        tracks=tracks,
+        args=args,
+        memory=np.asarray(memory, dtype=np.float64).reshape(-1, 3),
+        has_stacks=has_stacks,
+        format=fmt,
+        rank_source=source,
+        distributed_info=dist,
+    )
+
+
+def load_file(path: Path) -> RankTrace:
+    return build_rank_trace(read_trace_json(path), path)
+
+
+def _trace_files(folder: Path) -> list[Path]:
+    files = sorted(p for p in folder.iterdir() if p.is_file() and (p.name.endswith(".json.gz") or p.name.endswith(".json"))
+                   and p.name not in ("manifest.json", "expected.json"))
+    return files
+
+
+def read_manifest(folder: Path) -> dict | None:
+    mpath = folder / "manifest.json"
+    if not mpath.exists():
+        return None
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(mpath, f"unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict) or "fsdpdoctor_manifest" not in manifest:
+        raise InputError(mpath, "not an fsdpdoctor manifest (no 'fsdpdoctor_manifest' key)")
+    return manifest
+
+
+def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progress | None = None) -> Run:
+    """Load a trace file or a folder of per-rank traces (plus ``manifest.json`` if present)."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(path, "no such file or directory")
+    manifest = None
+    if path.is_dir():
+        manifest = read_manifest(path)
+        files = _trace_files(path)
+        if not files:
+            raise InputError(path, "folder holds no .json or .json.gz trace files")
+    else:
+        files = [path]
+    if ranks is not None and len(files) > 1:
+        # skip parsing files whose name says they are another rank
+        wanted = set(ranks)
+        named = {f: rank_from_filename(f) for f in files}
+        if all(r is not None for r in named.values()):
+            files = [f for f in files if named[f] in wanted]
+    traces: list[RankTrace] = []
+    for i, f in enumerate(files):
+        if progress:
+            progress(f.name, i, len(files))
+        traces.append(load_file(f))
+    if progress:
+        progress("", len(files), len(files))
+    run = Run(source=path, ranks=traces, manifest=manifest)
+    _check_consistent(run)
+    if ranks is not None:
+        run.ranks = [r for r in run.ranks if r.rank in set(ranks)]
+        if not run.ranks:
+            raise InputError(path, f"no trace for rank(s) {', '.join(map(str, ranks))}")
+    run.ranks.sort(key=lambda r: r.rank)
+    return run
+
+
+def _check_consistent(run: Run) -> None:
+    """Ranks in one folder must belong to one job."""
+    if len(run.ranks) < 2:
+        return
+    seen: dict[int, Path] = {}
+    for r in run.ranks:
+        if r.rank in seen:
+            if r.rank_source == "default":
+                raise InputError(r.path, "cannot tell this file's rank (no distributedInfo, no rank in file name)")
+            raise InputError(r.path, f"rank {r.rank} appears twice (also in {seen[r.rank].name}): traces of different jobs?")
+        seen[r.rank] = r.path
+    worlds = {r.world_size for r in run.ranks if r.world_size}
+    if len(worlds) > 1:
+        raise InputError(run.source, f"ranks do not belong together: world sizes {sorted(worlds)}")
+    backends = {r.backend for r in run.ranks if r.backend}
+    if len(backends) > 1:
+        raise InputError(run.source, f"ranks do not belong together: backends {sorted(backends)}")
+    world = next(iter(worlds), None)
+    if world:
+        bad = [r for r in run.ranks if r.rank >= world]
+        if bad:
+            raise InputError(bad[0].path, f"rank {bad[0].rank} is outside world size {world}")

@@ -1,0 +1,110 @@
+"""One rank's trace as columns: the form every analysis reads.
+
+Kineto traces hold 10^4..10^6 complete ("X") events. We keep them as numpy
+columns (name id, category, start, duration, track) and keep ``args`` only for
+the few events whose arguments we read (collectives, kernels' comm metadata),
+which keeps memory small and the analyses vectorised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# Category codes. Old (2021) traces spell them "Operator", "Kernel", "Runtime"...
+CPU_OP, ANNOTATION, PYFUNC, KERNEL, MEMCPY, MEMSET, RUNTIME, GPU_ANNOTATION, OTHER = range(9)
+CATEGORY_NAMES = ["cpu_op", "user_annotation", "python_function", "kernel", "gpu_memcpy",
+                  "gpu_memset", "cuda_runtime", "gpu_user_annotation", "other"]
+_CATEGORY_CODES = {
+    "cpu_op": CPU_OP, "operator": CPU_OP,
+    "user_annotation": ANNOTATION,
+    "python_function": PYFUNC,
+    "kernel": KERNEL,
+    "gpu_memcpy": MEMCPY, "memcpy": MEMCPY,
+    "gpu_memset": MEMSET, "memset": MEMSET,
+    "cuda_runtime": RUNTIME, "runtime": RUNTIME, "cuda_driver": RUNTIME,
+    "gpu_user_annotation": GPU_ANNOTATION,
+}
+DEVICE_CATEGORIES = (KERNEL, MEMCPY, MEMSET)
+
+
+def category_code(cat) -> int:
+    if not cat:
+        return OTHER
+    code = _CATEGORY_CODES.get(cat)
+    if code is None:
+        code = _CATEGORY_CODES.get(str(cat).lower(), OTHER)
+    return code
+
+
+@dataclass
+class Track:
+    """A timeline: a CPU thread or a GPU stream."""
+
+    pid: object
+    tid: object
+    name: str = ""
+    is_device: bool = False
+    n_events: int = 0
+
+
+@dataclass
+class RankTrace:
+    """Everything fsdpdoctor keeps of one rank's trace file."""
+
+    path: Path
+    rank: int
+    world_size: int | None
+    backend: str | None
+    host: str | None
+    device_name: str | None
+    names: list[str]
+    name_id: np.ndarray      # int32 index into names
+    cat: np.ndarray          # int8 category code
+    ts: np.ndarray           # float64 start, microseconds
+    dur: np.ndarray          # float64 duration, microseconds
+    track: np.ndarray        # int32 index into tracks
+    corr: np.ndarray         # int64 correlation id (kernels/runtime), -1 when absent
+    tracks: list[Track]
+    args: dict[int, dict]    # row -> args, only for rows whose args we read
+    memory: np.ndarray       # (n, 3): ts, total allocated bytes, device type (0 cpu, 1 gpu)
+    has_stacks: bool
+    format: str              # "kineto" or "event-list"
+    rank_source: str         # "distributedInfo", "file name" or "default"
+    distributed_info: dict = field(default_factory=dict)
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.ts + self.dur
+
+    @property
+    def n_events(self) -> int:
+        return len(self.ts)
+
+    @property
+    def dialect(self) -> str:
+        """"gpu" when the trace holds device kernels, else "cpu"."""
+        return "gpu" if bool(np.any(self.cat == KERNEL)) else "cpu"
+
+    def ids_of(self, predicate) -> np.ndarray:
+        """Name ids whose string satisfies ``predicate`` (evaluated once per distinct name)."""
+        return np.fromiter((i for i, n in enumerate(self.names) if predicate(n)), dtype=np.int32)
+
+    def rows_named(self, predicate, cat: int | tuple[int, ...] | None = None) -> np.ndarray:
+        """Row indices (sorted by start) of events whose name satisfies ``predicate``."""
+        ids = self.ids_of(predicate)
+        if len(ids) == 0:
+            return np.empty(0, dtype=np.int64)
+        mask = np.isin(self.name_id, ids)
+        if cat is not None:
+            mask &= np.isin(self.cat, np.atleast_1d(np.asarray(cat, dtype=np.int8)))
+        rows = np.nonzero(mask)[0]
+        return rows[np.argsort(self.ts[rows], kind="stable")]
+
+    def name(self, row: int) -> str:
+        return self.names[self.name_id[row]]
+
+    def device_tracks(self) -> list[int]:
+        return [i for i, t in enumerate(self.tracks) if t.is_device]
