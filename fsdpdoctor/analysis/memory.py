@@ -480,8 +480,11 @@ def comparison_sentences(cfg: MemoryConfig, rows: list[StrategyRow] | None = Non
             continue
         verb = "cut" if r.model_state < cur.model_state else ("raise" if r.model_state > cur.model_state else "keep")
         extra = f" (host {fmt_gb(r.host)})" if r.host else ""
-        out.append(f"{r.label} would {verb} model state from {fmt_gb(cur.model_state)} to "
-                   f"{fmt_gb(r.model_state)} per rank{extra}")
+        if verb == "keep":
+            out.append(f"{r.label} would keep model state at {fmt_gb(cur.model_state)} per rank{extra}")
+        else:
+            out.append(f"{r.label} would {verb} model state from {fmt_gb(cur.model_state)} to "
+                       f"{fmt_gb(r.model_state)} per rank{extra}")
     return out
 
 
