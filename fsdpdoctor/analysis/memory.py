@@ -489,15 +489,21 @@ def comparison_sentences(cfg: MemoryConfig, rows: list[StrategyRow] | None = Non
 
 
 def fmt_gb(n: float | None) -> str:
+    """Decimal units: GB (1e9) from 0.1 GB up, MB (1e6) below."""
     if n is None:
         return "-"
-    return f"{n / GB:.2f} GB"
+    if abs(n) >= 0.1 * GB or n == 0:
+        return f"{n / GB:.2f} GB"
+    return f"{n / 1e6:.2f} MB"
 
 
 def fmt_gib(n: float | None) -> str:
+    """Binary units: GiB (2^30) from 0.1 GiB up, MiB (2^20) below."""
     if n is None:
         return "-"
-    return f"{n / GiB:.2f} GiB"
+    if abs(n) >= 0.1 * GiB or n == 0:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / 2**20:.2f} MiB"
 
 
 # ----------------------------------------------------------------- run folders

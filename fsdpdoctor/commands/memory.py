@@ -285,7 +285,7 @@ def _print_rich(est: mem.MemoryEstimate, rows, sentences, meas_rows, notes, fold
             f"world size {cfg.world_size}, shard group {est.shard_degree}")
     if folder is not None:
         head = f"{folder}: " + head
-    t = Table(title=f"Per-rank memory prediction — {head}", caption="GB = 1e9 bytes, GiB = 2^30 bytes")
+    t = Table(title=f"Per-rank memory prediction — {head}", caption="GB = 1e9 bytes, GiB = 2^30 bytes (MB = 1e6, MiB = 2^20)")
     for c in ("component", "B/param (unsharded)", "B/param on this rank", "per rank GB", "per rank GiB", "where"):
         t.add_column(c, justify="left" if c in ("component", "where") else "right")
     bpp, prb = est.bytes_per_param, est.per_rank_bytes_per_param
@@ -320,7 +320,7 @@ def _print_rich(est: mem.MemoryEstimate, rows, sentences, meas_rows, notes, fold
     cur = next(r for r in rows if r.current)
     for r in rows:
         delta = r.model_state - cur.model_state
-        vs = "current" if r.current else (f"{'+' if delta > 0 else ''}{delta / mem.GB:.2f} GB")
+        vs = "current" if r.current else (("+" if delta > 0 else "") + gb(delta))
         c.add_row(("[bold]" + r.label + "[/]") if r.current else r.label, str(r.shard_degree), gb(r.model_state),
                   gb(r.peak_transient) if r.peak_transient is not None else "-",
                   gb(r.host) if r.host else "-", vs)
