@@ -1,0 +1,174 @@
+"""Per-rank lookups that many analyses share: the main thread, phase windows,
+enclosing annotations and the user's source line from Python stacks."""
+
+from __future__ import annotations
+
+import re
+import sys
+from functools import cached_property
+
+import numpy as np
+
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, GPU_ANNOTATION, PYFUNC, RUNTIME, RankTrace
+
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__")
+OPTIMIZER_PREFIX = "Optimizer.step#"
+BACKWARD_MARKERS = ("autograd::engine::evaluate_function:", "FSDP::root_post_backward_callback")
+SYNC_NAMES = {"aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
+              "cudaEventSynchronize", "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize"}
+_FRAME_RE = re.compile(r"^(?P<file>[^()<>]+)\((?P<line>\d+)\): (?P<func>.+)$")
+_NOT_USER = ("torch/", "site-packages/", "dist-packages/", "fsdpdoctor/capture", "/lib/python", "importlib/",
+             "<frozen", "numpy/", "multiprocessing/", "concurrent/")
+_STDLIB = set(getattr(sys, "stdlib_module_names", ()))
+
+
+def is_user_frame(name: str) -> bool:
+    """A Python frame in the user's code, not torch/stdlib/site-packages."""
+    m = _FRAME_RE.match(name)
+    if not m:
+        return False
+    f = m.group("file")
+    if any(s in f for s in _NOT_USER):
+        return False
+    stem = f.rsplit("/", 1)[-1].removesuffix(".py")
+    top = f.split("/", 1)[0].removesuffix(".py")
+    return stem not in _STDLIB and top not in _STDLIB
+
+
+class RankContext:
+    """Lazily computed indexes over one ``RankTrace``."""
+
+    def __init__(self, trace: RankTrace):
+        self.t = trace
+        self.end = trace.ts + trace.dur
+
+    @cached_property
+    def dialect(self) -> str:
+        return self.t.dialect
+
+    # -- threads -------------------------------------------------------
+    @cached_property
+    def step_rows(self) -> np.ndarray:
+        rows = self.t.rows_named(lambda n: STEP_RE.match(n) is not None, cat=(ANNOTATION, CPU_OP))
+        if len(rows) == 0:
+            return rows
+        # keep one event per step number (some traces repeat them)
+        seen, keep = set(), []
+        for r in rows:
+            n = self.t.name(r)
+            if n not in seen:
+                seen.add(n)
+                keep.append(r)
+        return np.asarray(keep, dtype=np.int64)
+
+    @cached_property
+    def main_track(self) -> int:
+        if len(self.step_rows):
+            return int(self.t.track[self.step_rows[0]])
+        cpu = self.t.cat == CPU_OP
+        if cpu.any():
+            return int(np.bincount(self.t.track[cpu]).argmax())
+        return int(np.bincount(self.t.track).argmax())
+
+    @cached_property
+    def compute_tracks(self) -> np.ndarray:
+        """Host threads that run model compute: main thread + autograd threads."""
+        bwd = self.rows_prefix(BACKWARD_MARKERS[0], CPU_OP)
+        return np.unique(np.concatenate([[self.main_track], self.t.track[bwd]])).astype(np.int32)
+
+    # -- generic lookups ----------------------------------------------
+    def rows_prefix(self, prefix: str | tuple[str, ...], cat=None) -> np.ndarray:
+        return self.t.rows_named(lambda n: n.startswith(prefix), cat=cat)
+
+    def set_of(self, rows: np.ndarray) -> np.ndarray:
+        return iv.as_set(self.t.ts[rows], self.end[rows])
+
+    @cached_property
+    def dataloader_rows(self) -> np.ndarray:
+        rows = self.t.rows_named(lambda n: DATALOADER_RE.match(n) is not None, cat=(ANNOTATION, CPU_OP))
+        return rows[self.t.track[rows] == self.main_track] if len(rows) else rows
+
+    @cached_property
+    def dataloader_set(self) -> np.ndarray:
+        return self.set_of(self.dataloader_rows)
+
+    @cached_property
+    def optimizer_rows(self) -> np.ndarray:
+        return self.rows_prefix(OPTIMIZER_PREFIX, (ANNOTATION, CPU_OP))
+
+    @cached_property
+    def optimizer_set(self) -> np.ndarray:
+        return self.set_of(self.optimizer_rows)
+
+    @cached_property
+    def backward_set(self) -> np.ndarray:
+        rows = self.rows_prefix(BACKWARD_MARKERS, (CPU_OP, ANNOTATION))
+        sets = [self.set_of(rows)]
+        run_bwd = self.rows_prefix("<built-in method run_backward", PYFUNC)
+        if len(run_bwd):
+            sets.append(self.set_of(run_bwd))
+        return iv.union(*sets)
+
+    def phase_at(self, t: float, step_end: float | None = None) -> str:
+        if _inside(self.optimizer_set, t):
+            return "optimizer"
+        if _inside(self.backward_set, t):
+            return "backward"
+        # forward if a backward follows within this step, else "other"
+        b = self.backward_set
+        if len(b) == 0:
+            return "forward"
+        k = np.searchsorted(b[:, 0], t, side="right")
+        if k < len(b) and (step_end is None or b[k, 0] <= step_end):
+            return "forward"
+        return "other"
+
+    # -- annotations enclosing an event -------------------------------
+    def enclosing(self, rows: np.ndarray, track: int, t: float) -> int | None:
+        """Innermost (latest-starting) row among ``rows`` on ``track`` that contains time ``t``."""
+        if len(rows) == 0:
+            return None
+        sel = rows[(self.t.track[rows] == track) & (self.t.ts[rows] <= t) & (self.end[rows] >= t)]
+        if len(sel) == 0:
+            return None
+        return int(sel[np.argmax(self.t.ts[sel])])
+
+    # -- python stacks -------------------------------------------------
+    @cached_property
+    def _user_frames(self):
+        ids = self.t.ids_of(is_user_frame)
+        if len(ids) == 0:
+            return None
+        rows = np.nonzero(np.isin(self.t.name_id, ids) & (self.t.cat == PYFUNC))[0]
+        return rows
+
+    def source_line(self, track: int, t: float) -> str | None:
+        """The innermost user-code Python frame on ``track`` running at time ``t``."""
+        rows = self._user_frames
+        if rows is None:
+            return None
+        r = self.enclosing(rows, track, t)
+        return self.t.name(r) if r is not None else None
+
+    def frames_named(self, prefix: str) -> np.ndarray:
+        return self.rows_prefix(prefix, PYFUNC)
+
+    # -- host syncs ----------------------------------------------------
+    @cached_property
+    def sync_rows(self) -> np.ndarray:
+        rows = self.t.rows_named(lambda n: n in SYNC_NAMES, cat=(CPU_OP, RUNTIME))
+        return rows
+
+    @cached_property
+    def sleep_rows(self) -> np.ndarray:
+        rows = self.frames_named("<built-in function sleep>")
+        return rows[self.t.track[rows] == self.main_track] if len(rows) else rows
+
+
+def _inside(s: np.ndarray, t: float) -> bool:
+    if len(s) == 0:
+        return False
+    k = np.searchsorted(s[:, 0], t, side="right") - 1
+    return bool(k >= 0 and s[k, 1] >= t)

@@ -1,0 +1,131 @@
+"""Is FSDP prefetching all-gathers, and does the prefetch take effect?
+
+Decided structurally (fsdp-signatures.md §11c/d): the innermost FSDP hook
+annotation enclosing each all-gather's issue says why it was issued. The
+prefetch annotations are emitted even when prefetch is off, so an empty one
+means nothing; only an all-gather *inside* one counts. With stacks but no
+annotations, the Python frames ``_prefetch_handle`` (FSDP1) and
+``_prefetch_unshard`` (FSDP2) serve the same purpose.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fsdpdoctor.analysis.context import RankContext
+from fsdpdoctor.results import Collective, PrefetchStatus
+from fsdpdoctor.trace.table import ANNOTATION, PYFUNC
+
+FSDP1_PREFIX = "FullyShardedDataParallel."
+FSDP2_PREFIX = "FSDP::"
+_SKIP = ("FSDP::all_gather", "FullyShardedDataParallel.rate_limiter")
+
+
+def framework(ctx: RankContext) -> str | None:
+    t = ctx.t
+    if len(ctx.rows_prefix(FSDP2_PREFIX, ANNOTATION)):
+        return "fsdp2"
+    if len(ctx.rows_prefix(FSDP1_PREFIX, ANNOTATION)):
+        return "fsdp1"
+    if len(t.rows_named(lambda n: "torch/distributed/fsdp/_fully_shard" in n, cat=PYFUNC)):
+        return "fsdp2"
+    if len(t.rows_named(lambda n: "torch/distributed/fsdp/_runtime_utils.py" in n, cat=PYFUNC)):
+        return "fsdp1"
+    return None
+
+
+def _reason(context: str | None) -> str:
+    if not context:
+        return "on-demand"
+    if "_pre_backward_prefetch" in context:
+        return "prefetch-pre"
+    if "_post_backward_prefetch" in context:
+        return "prefetch-post"
+    if "prefetch" in context:  # _pre_forward_prefetch, FSDP::{forward,backward}_prefetch for X, frames
+        return "prefetch"
+    return "on-demand"
+
+
+def annotate(ctx: RankContext, colls: list[Collective]) -> None:
+    """Set ``fsdp_context`` and ``prefetch`` on all-gathers (and context on the rest)."""
+    t = ctx.t
+    hooks = ctx.rows_prefix((FSDP1_PREFIX, FSDP2_PREFIX), ANNOTATION)
+    if len(hooks):
+        keep = np.fromiter((not t.name(r).startswith(_SKIP) for r in hooks), bool, len(hooks))
+        hooks = hooks[keep]
+    frames = t.rows_named(lambda n: n.endswith((": _prefetch_handle", ": _prefetch_unshard", ": _pre_backward_hook",
+                                                 ": _pre_forward_unshard", ": _pre_backward", ": _pre_forward")),
+                          cat=PYFUNC) if not len(hooks) else np.empty(0, dtype=np.int64)
+    source = hooks if len(hooks) else frames
+    if not len(source):
+        return
+    for c in colls:
+        tr = getattr(c, "_issue_track", None)
+        if tr is None or c.issue_us is None:
+            continue
+        r = ctx.enclosing(source, tr, c.issue_us)
+        if r is None:
+            continue
+        c.fsdp_context = t.name(r)
+        if c.kind == "all_gather":
+            c.prefetch = _reason(c.fsdp_context)
+
+
+def status(ctx_by_rank: dict[int, RankContext], colls: list[Collective], fw: str | None) -> PrefetchStatus | None:
+    if fw is None:
+        return None
+    ag = [c for c in colls if c.kind == "all_gather"]
+    bwd = [c for c in ag if c.phase == "backward"]
+    fwd = [c for c in ag if c.phase == "forward"]
+    pre = sum(c.prefetch == "prefetch-pre" for c in bwd)
+    post = sum(c.prefetch == "prefetch-post" for c in bwd)
+    gen = sum(c.prefetch == "prefetch" for c in bwd)
+    prefetched = pre + post + gen
+    known = any(c.prefetch is not None for c in ag)
+    s = PrefetchStatus(framework=fw, backward_mode="unknown", forward_mode="unknown",
+                       backward_all_gathers=len(bwd), backward_prefetched=prefetched,
+                       backward_on_demand=sum(c.prefetch == "on-demand" for c in bwd),
+                       forward_all_gathers=len(fwd), forward_prefetched=sum(c.prefetch == "prefetch" for c in fwd))
+    s.method = "FSDP annotations enclosing each all-gather" if known else "no FSDP annotations or frames"
+    if not bwd:
+        s.backward_mode = "n/a"  # nothing gathered in backward (reshard_after_forward=False, SHARD_GRAD_OP...)
+    elif known:
+        if prefetched * 2 < len(bwd):
+            s.backward_mode = "none"
+        elif fw == "fsdp1":
+            s.backward_mode = "post" if post > pre else "pre"
+        else:
+            s.backward_mode = "pre"
+    if not fwd:
+        s.forward_mode = "n/a"
+    elif known:
+        s.forward_mode = "on" if s.forward_prefetched * 4 >= len(fwd) else "off"
+    # prefetch annotations that gathered nothing
+    for ctx in ctx_by_rank.values():
+        t = ctx.t
+        names = ("FSDP::backward_prefetch for", "FullyShardedDataParallel._pre_backward_prefetch",
+                 "FullyShardedDataParallel._post_backward_prefetch")
+        rows = ctx.rows_prefix(names, ANNOTATION)
+        s.prefetch_annotations += int(len(rows))
+        issue = [(getattr(c, "_issue_track", None), c.issue_us) for c in ag if c.rank == t.rank and c.issue_us is not None]
+        for r in rows:
+            start, end, tr = t.ts[r], t.ts[r] + t.dur[r], t.track[r]
+            if not any(it == tr and start <= ts <= end for it, ts in issue):
+                s.empty_prefetch_annotations += 1
+        if fw == "fsdp2":
+            outer = ctx.rows_prefix("FSDP::pre_backward", ANNOTATION)
+            for r in ctx.rows_prefix("FSDP::backward_prefetch for", ANNOTATION):
+                if ctx.enclosing(outer, int(t.track[r]), float(t.ts[r])) is None:
+                    s.explicit_backward = True
+                    break
+    # on GPU, a prefetch takes effect only if the gathered kernel overlaps compute
+    pref = [c for c in bwd if c.prefetch and c.prefetch.startswith("prefetch")]
+    if pref and any(ctx.dialect == "gpu" for ctx in ctx_by_rank.values()):
+        hidden = sum(c.duration_us - c.exposed_us for c in pref)
+        s.gpu_overlap_confirmed = hidden > 0.2 * sum(c.duration_us for c in pref)
+    steps = sorted({c.step for c in bwd if c.step is not None})
+    for st in steps:
+        b = [c for c in bwd if c.step == st]
+        s.per_step.append({"step": st, "backward_all_gathers": len(b),
+                           "prefetched": sum(bool(c.prefetch and c.prefetch.startswith("prefetch")) for c in b)})
+    return s

@@ -1,0 +1,127 @@
+"""Structural facts the rules need: host syncs, data-loader stalls, DDP buckets."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.breakdown import StepWindow
+from fsdpdoctor.analysis.context import RankContext, is_user_frame
+from fsdpdoctor.results import Collective, DataLoaderInfo, DdpInfo, HostSync, StepBreakdown
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, PYFUNC
+
+
+def _step_of(windows: list[StepWindow], t: float) -> int | None:
+    for w in windows:
+        if w.start <= t < w.end:
+            return w.step
+    return None
+
+
+def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
+    t = ctx.t
+    groups: dict[tuple[str, str | None], list[int]] = defaultdict(list)
+    dl = ctx.dataloader_set
+    for r in ctx.sync_rows:
+        ts = float(t.ts[r])
+        if _step_of(windows, ts) is None:
+            continue
+        if len(dl) and len(iv.clip(dl, ts, ts + 1e-3)):
+            continue  # syncs inside the data loader belong to the loader
+        src = ctx.source_line(int(t.track[r]), ts)
+        groups[(t.name(r), src)].append(int(r))
+    out = []
+    for (name, src), rows in groups.items():
+        steps = sorted({s for s in (_step_of(windows, float(t.ts[r])) for r in rows) if s is not None})
+        out.append(HostSync(rank=t.rank, name=name, count=len(rows), total_us=float(t.dur[rows].sum()),
+                            steps=steps, source=src))
+    out.sort(key=lambda h: -h.count)
+    return out
+
+
+def dataloader(ctx: RankContext, windows: list[StepWindow], steps: list[StepBreakdown]) -> DataLoaderInfo | None:
+    t = ctx.t
+    rows = ctx.dataloader_rows
+    rows = [int(r) for r in rows if _step_of(windows, float(t.ts[r])) is not None]
+    if not rows or not steps:
+        return None
+    it = t.name(rows[0]).split("#", 1)[1].split(".")[0]
+    total_step = sum(s.duration_us for s in steps)
+    info = DataLoaderInfo(rank=t.rank, iterator=it, calls_per_step=len(rows) / len(steps),
+                          mean_call_us=float(np.mean(t.dur[rows])),
+                          stall_frac=sum(s.data_loader_us for s in steps) / total_step if total_step else 0.0,
+                          exposed_frac=sum(s.data_loading_us for s in steps) / total_step if total_step else 0.0)
+    # the slowest user frame under __next__ (a dataset's __getitem__, a collate_fn...)
+    if t.has_stacks:
+        frames = t.rows_named(is_user_frame, cat=PYFUNC)
+        if len(frames):
+            frames = frames[t.track[frames] == ctx.main_track]
+            dls = ctx.set_of(np.asarray(rows))
+            inside = iv.overlap_each(t.ts[frames], t.ts[frames] + t.dur[frames], dls)
+            frames = frames[inside >= 0.999 * t.dur[frames]]
+            if len(frames):
+                per_name: dict[str, float] = defaultdict(float)
+                for r in frames:
+                    per_name[t.name(r)] += float(t.dur[r])
+                # deepest frame that still holds most of the time: prefer the innermost heavy frame
+                best = max(per_name.items(), key=lambda kv: kv[1])
+                info.slow_frame, info.slow_frame_us = best[0], best[1] / len(steps)
+    return info
+
+
+def ddp(ctxs: list[RankContext], colls: list[Collective], steps_by_rank: dict[int, list[StepBreakdown]],
+        backward_end: dict[int, dict]) -> DdpInfo | None:
+    fwd_rows = {c.t.rank: c.rows_prefix("DistributedDataParallel.forward", ANNOTATION) for c in ctxs}
+    reducer = {c.t.rank: c.t.rows_named(lambda n: "reducer::" in n or "reducer." in n, cat=CPU_OP) for c in ctxs}
+    if not any(len(v) for v in fwd_rows.values()) and not any(len(v) for v in reducer.values()):
+        return None
+    nsteps = sum(len(v) for v in steps_by_rank.values()) or 1
+    ar = [c for c in colls if c.kind == "all_reduce" and c.phase in ("backward", "other")]
+    sizes = sorted({int(c.size_bytes) for c in ar if c.size_bytes})
+    search = sum(len(c.rows_prefix("torch.distributed.ddp.reducer::search_unused_parameters", CPU_OP)) for c in ctxs)
+    fwd = sum(len(v) for v in fwd_rows.values())
+    bwd_count = 0
+    bwd_with_ar = 0
+    after = 0.0
+    busy = 0.0
+    for ctx in ctxs:
+        # backward passes = clusters of evaluate_function ops between forwards
+        b = ctx.backward_set
+        f = ctx.set_of(fwd_rows[ctx.t.rank]) if len(fwd_rows[ctx.t.rank]) else iv.EMPTY
+        passes = _passes(b, f)
+        bwd_count += len(passes)
+        rank_ar = [c for c in ar if c.rank == ctx.t.rank and c.issue_us is not None]
+        for s, e in passes:
+            if any(s <= c.issue_us <= e for c in rank_ar):
+                bwd_with_ar += 1
+        for st, end in backward_end.get(ctx.t.rank, {}).items():
+            for c in rank_ar:
+                if c.step == st:
+                    busy += c.duration_us
+                    after += max(0.0, c.end_us - max(c.start_us, end))
+    overlaps = [s.overlapped_comm_us / s.comm_us for v in steps_by_rank.values() for s in v if s.comm_us > 0]
+    return DdpInfo(allreduces_per_step=len(ar) / nsteps, bucket_sizes_bytes=sizes,
+                   forwards_per_step=fwd / nsteps, backwards_per_step=bwd_count / nsteps,
+                   backwards_with_allreduce_per_step=bwd_with_ar / nsteps,
+                   search_unused_per_step=search / nsteps,
+                   after_backward_frac=after / busy if busy else 0.0,
+                   overlap_frac=float(np.mean(overlaps)) if overlaps else None)
+
+
+def _passes(bwd: np.ndarray, fwd: np.ndarray) -> list[tuple[float, float]]:
+    """Group backward intervals into passes separated by forwards."""
+    if not len(bwd):
+        return []
+    out = []
+    cur = [bwd[0, 0], bwd[0, 1]]
+    fstarts = fwd[:, 0] if len(fwd) else np.empty(0)
+    for s, e in bwd[1:]:
+        if np.any((fstarts > cur[1]) & (fstarts < s)):
+            out.append((cur[0], cur[1]))
+            cur = [s, e]
+        else:
+            cur[1] = max(cur[1], e)
+    out.append((cur[0], cur[1]))
+    return out

@@ -1,0 +1,94 @@
+"""Argument parsing shared by the verbs that analyse a path."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import contextmanager
+
+from fsdpdoctor.errors import InputError
+
+
+def add_selection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="a trace file (.json/.json.gz) or a folder of per-rank traces")
+    p.add_argument("--rank", action="append", metavar="R[,R...]",
+                   help="analyse only these ranks (repeatable, comma lists)")
+    p.add_argument("--steps", metavar="SPEC", help="profiler steps to analyse, e.g. 3-5,7")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a diagnosis threshold (see `fsdpdoctor check --list-thresholds`)")
+    p.add_argument("--config", metavar="FILE", help="JSON or TOML file of threshold overrides")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
+
+
+def parse_ranks(values: list[str] | None) -> list[int] | None:
+    if not values:
+        return None
+    out = []
+    for v in values:
+        for part in v.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not part.isdigit():
+                raise InputError(None, f"--rank expects non-negative integers, got {part!r}")
+            out.append(int(part))
+    return out
+
+
+def parse_steps(spec: str | None) -> set[int] | None:
+    if not spec:
+        return None
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                a, b = part.split("-", 1)
+                lo, hi = int(a), int(b)
+                if hi < lo:
+                    raise ValueError
+                out.update(range(lo, hi + 1))
+            elif part:
+                out.add(int(part))
+        except ValueError:
+            raise InputError(None, f"--steps: cannot read {part!r} (use e.g. 3-5,7)") from None
+    return out
+
+
+def parse_thresholds(args) -> dict[str, float]:
+    from fsdpdoctor.diagnose.thresholds import load_overrides, parse_assignment
+
+    out: dict[str, float] = {}
+    if getattr(args, "config", None):
+        out.update(load_overrides(args.config))
+    for item in getattr(args, "threshold", []) or []:
+        k, v = parse_assignment(item)
+        out[k] = v
+    return out
+
+
+@contextmanager
+def progress_bar(enabled: bool):
+    """A progress callback drawing on stderr (only on a terminal)."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("loading {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as prog:
+        task = prog.add_task("traces", total=None)
+
+        def cb(name: str, done: int, total: int) -> None:
+            prog.update(task, description=name or "done", completed=done, total=total)
+
+        yield cb
+
+
+def run_analysis(args):
+    from fsdpdoctor.session import analyze_path
+
+    with progress_bar(not args.no_progress) as cb:
+        return analyze_path(args.path, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps),
+                            thresholds=parse_thresholds(args), progress=cb)

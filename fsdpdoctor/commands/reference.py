@@ -1,0 +1,102 @@
+"""`fsdpdoctor reference list|run`: the reference scenarios (reference_jobs/).
+
+`run` is a thin wrapper over
+``python -m torch.distributed.run --nproc_per_node N --master_port P reference_jobs/train.py ...``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from fsdpdoctor.errors import InputError
+
+
+def reference_dir() -> Path:
+    import fsdpdoctor
+
+    path = Path(fsdpdoctor.__file__).resolve().parents[1] / "reference_jobs"
+    if not (path / "train.py").is_file() or not (path / "scenarios.py").is_file():
+        raise InputError(path, "reference jobs not found (they ship with the source checkout; "
+                               "install fsdpdoctor editable from the repository)")
+    return path
+
+
+def load_scenarios() -> dict:
+    path = reference_dir() / "scenarios.py"
+    spec = importlib.util.spec_from_file_location("fsdpdoctor_reference_scenarios", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise InputError(path, f"cannot load the scenario table: {exc}") from exc
+    return module.SCENARIOS
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_command(name: str, args) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run",
+           "--nproc_per_node", str(args.nproc), "--master_port", str(free_port()),
+           str(reference_dir() / "train.py"), "--scenario", name, "--out", str(args.out)]
+    for opt in ("steps", "wait", "warmup", "active", "slow_rank", "delay_ms"):
+        val = getattr(args, opt, None)
+        if val is not None:
+            cmd += [f"--{opt.replace('_', '-')}", str(val)]
+    if getattr(args, "no_stack", False):
+        cmd.append("--no-stack")
+    return cmd
+
+
+def cmd_list(args) -> int:
+    scenarios = load_scenarios()
+    w_name = max(len(n) for n in scenarios)
+    print(f"{'scenario':<{w_name}}  {'wrap':<5}  injects")
+    for name, s in scenarios.items():
+        print(f"{name:<{w_name}}  {s['wrap']:<5}  {s['injects']}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    scenarios = load_scenarios()
+    if args.scenario not in scenarios:
+        raise InputError(None, f"unknown scenario {args.scenario!r}; valid: {', '.join(scenarios)}")
+    if args.nproc < 1:
+        raise InputError(None, f"--nproc must be >= 1, got {args.nproc}")
+    if importlib.util.find_spec("torch") is None:
+        raise InputError(None, "torch is not installed (needed to run the reference jobs)")
+    cmd = build_command(args.scenario, args)
+    proc = subprocess.run(cmd)
+    if proc.returncode != 0:
+        print(f"fsdpdoctor: error: reference job {args.scenario} failed: torchrun exited with "
+              f"status {proc.returncode}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("reference", help="list or run the reference scenarios (needs torch)",
+                              description=__doc__)
+    sub = p.add_subparsers(dest="reference_cmd", metavar="{list,run}")
+    p_list = sub.add_parser("list", help="table of scenarios: name, wrapping, what it injects")
+    p_list.set_defaults(func=cmd_list)
+    p_run = sub.add_parser("run", help="run one scenario under torchrun and capture its traces")
+    p_run.add_argument("scenario", metavar="NAME")
+    p_run.add_argument("--nproc", type=int, default=2, help="processes (ranks), default 2")
+    p_run.add_argument("--out", required=True, help="run folder to write")
+    p_run.add_argument("--steps", type=int, default=None)
+    p_run.add_argument("--wait", type=int, default=None)
+    p_run.add_argument("--warmup", type=int, default=None)
+    p_run.add_argument("--active", type=int, default=None)
+    p_run.add_argument("--slow-rank", type=int, default=None)
+    p_run.add_argument("--delay-ms", type=float, default=None)
+    p_run.add_argument("--no-stack", action="store_true")
+    p_run.set_defaults(func=cmd_run)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])

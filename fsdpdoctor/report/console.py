@@ -1,0 +1,125 @@
+"""The rich console report: summary first, then findings, ranks, collectives."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from fsdpdoctor.report.format import (
+    CATEGORY_STYLE, SEVERITY_STYLE, categories, ms, num, pct, size, wrapping_line,
+)
+from fsdpdoctor.results import Analysis
+
+
+def breakdown_bar(b, width: int = 50) -> Text:
+    text = Text()
+    total = b.duration_us or 1.0
+    for name, v in categories(b):
+        n = round(width * v / total)
+        if n:
+            text.append("█" * n, style=CATEGORY_STYLE[name])
+    return text
+
+
+def summary(a: Analysis) -> Panel:
+    job = a.job
+    lines = Text()
+    ranks = ", ".join(map(str, job.ranks_analyzed[:8])) + ("..." if len(job.ranks_analyzed) > 8 else "")
+    lines.append(f"{job.dialect.upper()} trace, backend {job.backend or '?'}, world size {job.world_size or '?'}, "
+                 f"ranks analysed: {ranks}\n")
+    lines.append(f"wrapping: {wrapping_line(job)}   steps: {_steps(job.steps)}\n")
+    m = a.mean
+    if m:
+        lines.append(f"step time {ms(m.duration_us)}  ")
+        lines.append_text(breakdown_bar(m))
+        lines.append("\n")
+        for name, v in categories(m):
+            lines.append(f"{name} ", style=CATEGORY_STYLE[name])
+            lines.append(f"{ms(v)} ({pct(v / m.duration_us if m.duration_us else None)})  ")
+        lines.append("\n")
+        lines.append(f"communication {ms(m.comm_us)}: exposed {ms(m.exposed_comm_us)}, overlapped "
+                     f"{ms(m.overlapped_comm_us)} (overlap {pct(m.overlap_frac)})")
+    if a.prefetch:
+        p = a.prefetch
+        lines.append(f"\nprefetch ({p.framework}): backward {p.backward_mode} "
+                     f"({p.backward_prefetched}/{p.backward_all_gathers} backward all-gathers prefetched), "
+                     f"forward {p.forward_mode}")
+    if a.straggler and a.straggler.straggler is not None:
+        s = a.straggler
+        lines.append(f"\nslowest rank: {s.straggler} (last in {pct(s.last_fraction)} of steps, lead "
+                     f"{pct(s.spread_frac)} of step time, {s.method})")
+    return Panel(lines, title=f"fsdpdoctor: {a.source}", title_align="left")
+
+
+def _steps(steps: list[int]) -> str:
+    if not steps:
+        return "-"
+    return f"{steps[0]}..{steps[-1]} ({len(steps)})" if len(steps) > 3 else ", ".join(map(str, steps))
+
+
+def findings_table(a: Analysis) -> Table | Text:
+    if not a.findings:
+        return Text("No findings above the thresholds.", style="green")
+    t = Table(title="Findings (most costly first)", title_justify="left", expand=True)
+    t.add_column("sev", no_wrap=True)
+    t.add_column("finding")
+    t.add_column("impact/step", justify="right", no_wrap=True)
+    t.add_column("fix")
+    for f in a.findings:
+        t.add_row(Text(f.severity, style=SEVERITY_STYLE.get(f.severity, "")),
+                  Text(f"{f.title}\n", style="bold").append(f.summary, style="default")
+                  .append(f"\n{f.source}" if f.source else "", style="dim"),
+                  f"{ms(f.impact_us)}\n{pct(f.impact_frac)}", f.fix)
+    return t
+
+
+def ranks_table(a: Analysis) -> Table:
+    t = Table(title="Per rank (mean per step, ms)", title_justify="left")
+    for col in ("rank", "step", "compute", "optim", "exposed", "overlap", "data", "idle", "wait"):
+        t.add_column(col, justify="right")
+    strag = a.straggler.straggler if a.straggler else None
+    for r in a.ranks:
+        m = r.mean
+        if not m:
+            continue
+        label = f"{r.rank}*" if r.rank == strag else str(r.rank)
+        t.add_row(label, *(num(v) for v in (m.duration_us, m.compute_us, m.optimizer_us, m.exposed_comm_us,
+                                             m.overlapped_comm_us, m.data_loading_us, m.idle_us, r.wait_us)))
+    if strag is not None:
+        t.caption = "* slowest rank (the others wait for it)"
+    return t
+
+
+def collectives_table(a: Analysis) -> Table | None:
+    if not a.collectives:
+        return None
+    t = Table(title="Collectives (all analysed ranks and steps; times in ms)", title_justify="left")
+    for col in ("kind", "phase", "count", "/step", "time", "exposed", "mean size", "busbw GB/s"):
+        t.add_column(col, justify="right" if col not in ("kind", "phase") else "left")
+    for c in a.collectives:
+        t.add_row(c.kind, c.phase, str(c.count), f"{c.per_step:.1f}", num(c.total_us), num(c.exposed_us),
+                  size(c.mean_size_bytes), f"{c.busbw_gbps:.1f}" if c.busbw_gbps is not None else "-")
+    return t
+
+
+def render(a: Analysis, console: Console | None = None, verbose: bool = False) -> None:
+    console = console or Console()
+    parts = [summary(a), findings_table(a), ranks_table(a)]
+    ct = collectives_table(a)
+    if ct is not None:
+        parts.append(ct)
+    if verbose:
+        for r in a.ranks:
+            st = Table(title=f"rank {r.rank} per step (ms)", title_justify="left")
+            for col in ("step", "time", "compute", "optimizer", "exposed", "overlapped", "data", "idle"):
+                st.add_column(col, justify="right")
+            for s in r.steps:
+                st.add_row(str(s.step), *(num(v) for v in (s.duration_us, s.compute_us, s.optimizer_us,
+                                                           s.exposed_comm_us, s.overlapped_comm_us,
+                                                           s.data_loading_us, s.idle_us)))
+            parts.append(st)
+    if a.notes:
+        parts.append(Text("\n".join(f"note: {n}" for n in a.notes), style="dim"))
+    console.print(Group(*parts))

@@ -1,0 +1,263 @@
+"""Typed result objects shared by the analyses, the diagnosis, every renderer
+(console, JSON, JUnit, TUI) and the comparison verbs.
+
+All times are microseconds (``*_us``), sizes bytes, bandwidths GB/s (1e9 B/s).
+``to_dict`` gives the versioned JSON schema documented in docs/json-schema.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+SCHEMA_VERSION = "1.0"
+
+COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                    "all_to_all", "barrier", "p2p", "other")
+PHASES = ("forward", "backward", "optimizer", "other")
+SEVERITIES = ("info", "warning", "error")
+
+
+@dataclass
+class Collective:
+    """One collective call on one rank, as issued on the host and executed (kernel or gloo span)."""
+
+    rank: int
+    index: int                  # issue order on this rank (0-based, whole trace)
+    step: int | None            # ProfilerStep number, None outside steps
+    kind: str                   # one of COLLECTIVE_KINDS
+    raw_name: str               # what the trace called it (collective name / op / kernel)
+    phase: str                  # one of PHASES
+    start_us: float             # execution start (kernel / gloo worker span)
+    end_us: float
+    issue_us: float | None = None      # host issue time (c10d op start)
+    exposed_us: float = 0.0            # part of execution not covered by compute
+    nelems: int | None = None
+    dtype: str | None = None
+    size_bytes: int | None = None      # message size per rank (nccl-tests "size")
+    group_size: int | None = None
+    process_group: str | None = None
+    busbw_gbps: float | None = None
+    algbw_gbps: float | None = None
+    fsdp_context: str | None = None    # innermost FSDP/DDP annotation at issue
+    prefetch: str | None = None        # "prefetch-pre", "prefetch-post", "prefetch", "on-demand"
+    source: str | None = None          # user's source line ("train.py(120): step")
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass
+class KindTime:
+    """Communication time of one collective kind in one step (or averaged)."""
+
+    count: int = 0
+    busy_us: float = 0.0        # union of execution intervals
+    exposed_us: float = 0.0
+    overlapped_us: float = 0.0
+    size_bytes: int = 0
+
+
+@dataclass
+class StepBreakdown:
+    """Where one step's wall time went on one rank.
+
+    compute_us + optimizer_us + exposed_comm_us + data_loading_us + idle_us == duration_us;
+    overlapped_comm_us is the part of communication hidden under compute (inside compute/optimizer).
+    """
+
+    rank: int
+    step: int | None
+    start_us: float
+    duration_us: float
+    compute_us: float = 0.0
+    optimizer_us: float = 0.0
+    exposed_comm_us: float = 0.0
+    overlapped_comm_us: float = 0.0
+    data_loading_us: float = 0.0
+    idle_us: float = 0.0
+    comm_us: float = 0.0                                  # union of all communication
+    comm_by_kind: dict[str, KindTime] = field(default_factory=dict)
+    exposed_by_phase: dict[str, float] = field(default_factory=dict)
+    data_loader_us: float = 0.0       # total DataLoader __next__ time (exposed or not)
+    host_syncs: int = 0
+    host_sync_us: float = 0.0
+    sleep_us: float = 0.0             # time.sleep frames on the main thread (with stacks)
+    collectives: int = 0
+
+    @property
+    def overlap_frac(self) -> float | None:
+        return self.overlapped_comm_us / self.comm_us if self.comm_us > 0 else None
+
+
+@dataclass
+class RankSummary:
+    rank: int
+    file: str
+    dialect: str
+    steps: list[StepBreakdown]
+    mean: StepBreakdown | None          # averaged over analysed steps
+    host: str | None = None
+    device: str | None = None
+    wait_us: float = 0.0                # mean per step time spent waiting for slower ranks
+    is_straggler: bool = False
+
+
+@dataclass
+class CollectiveStat:
+    """Per (kind, phase) totals over the analysed ranks and steps."""
+
+    kind: str
+    phase: str
+    count: int
+    per_step: float
+    total_us: float
+    exposed_us: float
+    mean_us: float
+    size_bytes: int | None
+    mean_size_bytes: float | None
+    busbw_gbps: float | None            # duration-weighted mean bus bandwidth, where sizes are known
+    small_messages: int = 0             # below the latency-bound threshold
+
+
+@dataclass
+class PrefetchStatus:
+    framework: str | None               # "fsdp1", "fsdp2" or None
+    backward_mode: str                  # "pre", "post", "none", "n/a", "unknown"
+    forward_mode: str                   # "on", "off", "n/a", "unknown"
+    backward_all_gathers: int = 0
+    backward_prefetched: int = 0
+    backward_on_demand: int = 0
+    forward_all_gathers: int = 0
+    forward_prefetched: int = 0
+    prefetch_annotations: int = 0
+    empty_prefetch_annotations: int = 0
+    explicit_backward: bool = False
+    gpu_overlap_confirmed: bool | None = None   # on GPU: prefetched all-gathers overlap compute
+    method: str = ""                    # how it was decided
+    per_step: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class StragglerReport:
+    method: str                         # "arrival" (comparable clocks) or "wait" (execution inflation)
+    straggler: int | None
+    spread_frac: float                  # mean per-step lead of the last rank / step time
+    last_fraction: float                # share of steps where the straggler was last
+    per_step: list[dict] = field(default_factory=list)
+    wait_by_rank: dict[int, float] = field(default_factory=dict)
+    cause: str | None = None            # "data loading", "compute", "host sync", "sleep", "idle"
+    cause_evidence: str | None = None
+
+
+@dataclass
+class JobInfo:
+    world_size: int | None
+    ranks_analyzed: list[int]
+    backend: str | None
+    dialect: str                        # "gpu" or "cpu"
+    wrapping: str                       # "fsdp1", "fsdp2", "ddp", "none", "unknown"
+    wrapping_source: str                # "manifest" or "trace"
+    wrapping_details: dict = field(default_factory=dict)
+    steps: list[int] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    has_stacks: bool = False
+    manifest: dict | None = None
+    samples_per_step: float | None = None
+    tokens_per_step: float | None = None
+
+
+@dataclass
+class Evidence:
+    text: str
+    rank: int | None = None
+    step: int | None = None
+    time_us: float | None = None
+    source: str | None = None
+
+
+@dataclass
+class Finding:
+    id: str                             # rule id, e.g. "fsdp1-no-backward-prefetch"
+    title: str
+    severity: str                       # one of SEVERITIES
+    confidence: float                   # 0..1
+    impact_us: float                    # per step, what fixing it would save (estimate)
+    impact_frac: float                  # impact_us / mean step time
+    summary: str
+    fix: str
+    evidence: list[Evidence] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    source: str | None = None
+
+
+@dataclass
+class Analysis:
+    """The whole result of ``analyze``: what every renderer shows."""
+
+    source: str
+    job: JobInfo
+    ranks: list[RankSummary]
+    mean: StepBreakdown | None                 # over ranks and steps
+    collectives: list[CollectiveStat]
+    prefetch: PrefetchStatus | None
+    straggler: StragglerReport | None
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)    # what we could not determine, and why
+    collective_events: list[Collective] = field(default_factory=list)
+    signals: "Signals | None" = None
+    schema_version: str = SCHEMA_VERSION
+
+    def to_dict(self, include_events: bool = False) -> dict:
+        d = dataclasses.asdict(self)
+        if not include_events:
+            d.pop("collective_events")
+        return d
+
+
+@dataclass
+class HostSync:
+    """A host-device synchronisation inside a step (``.item()``, ``cudaStreamSynchronize``...)."""
+
+    rank: int
+    name: str
+    count: int
+    total_us: float
+    steps: list[int]
+    source: str | None = None
+
+
+@dataclass
+class DataLoaderInfo:
+    rank: int
+    iterator: str                    # "_SingleProcessDataLoaderIter" / "_MultiProcessingDataLoaderIter"
+    calls_per_step: float
+    mean_call_us: float
+    stall_frac: float                # DataLoader time / step time
+    exposed_frac: float              # data loading not hidden under compute / step time
+    slow_frame: str | None = None    # user frame under __next__ with the most time (e.g. dataset __getitem__)
+    slow_frame_us: float = 0.0
+
+
+@dataclass
+class DdpInfo:
+    """DDP structure seen in the trace (per step means on the analysed ranks)."""
+
+    allreduces_per_step: float
+    bucket_sizes_bytes: list[int]
+    forwards_per_step: float
+    backwards_per_step: float
+    backwards_with_allreduce_per_step: float
+    search_unused_per_step: float
+    after_backward_frac: float       # share of all-reduce busy time after the last backward compute
+    overlap_frac: float | None
+
+
+@dataclass
+class Signals:
+    """Structural facts the diagnosis rules read, beyond the time breakdown."""
+
+    host_syncs: list[HostSync] = field(default_factory=list)
+    dataloader: list[DataLoaderInfo] = field(default_factory=list)
+    ddp: DdpInfo | None = None
