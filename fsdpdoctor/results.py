@@ -252,6 +252,10 @@ class DdpInfo:
     search_unused_per_step: float
     after_backward_frac: float       # share of all-reduce busy time after the last backward compute
     overlap_frac: float | None
+    search_unused_us_per_step: float = 0.0
+    grads_accumulated_per_step: float = 0.0   # AccumulateGrad calls: parameters that got a gradient
+    bucket_copies_per_step: float = 0.0       # copy_bucket_to_grad calls: parameters in buckets
+    bucket_nelems: list[int] = field(default_factory=list)
 
 
 @dataclass

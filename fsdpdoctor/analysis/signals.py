@@ -23,13 +23,21 @@ def _step_of(windows: list[StepWindow], t: float) -> int | None:
 def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
     t = ctx.t
     groups: dict[tuple[str, str | None], list[int]] = defaultdict(list)
-    dl = ctx.dataloader_set
+    # syncs inside the data loader or the optimizer (AdamW reads its CPU step counters with
+    # .item()) are library internals, not the user's
+    skip = iv.union(ctx.dataloader_set, ctx.optimizer_set)
+    frames = t.rows_named(lambda n: not n.startswith("<built-in"), cat=PYFUNC) if t.has_stacks else None
     for r in ctx.sync_rows:
         ts = float(t.ts[r])
         if _step_of(windows, ts) is None:
             continue
-        if len(dl) and len(iv.clip(dl, ts, ts + 1e-3)):
-            continue  # syncs inside the data loader belong to the loader
+        if len(skip) and len(iv.clip(skip, ts, ts + 1e-3)):
+            continue
+        if frames is not None and len(frames):
+            # called from user code, or from inside torch (DDP, FSDP, optimizers)?
+            inner = ctx.enclosing(frames, int(t.track[r]), ts)
+            if inner is not None and not is_user_frame(t.name(inner)):
+                continue
         src = ctx.source_line(int(t.track[r]), ts)
         groups[(t.name(r), src)].append(int(r))
     out = []
@@ -80,7 +88,13 @@ def ddp(ctxs: list[RankContext], colls: list[Collective], steps_by_rank: dict[in
     nsteps = sum(len(v) for v in steps_by_rank.values()) or 1
     ar = [c for c in colls if c.kind == "all_reduce" and c.phase in ("backward", "other")]
     sizes = sorted({int(c.size_bytes) for c in ar if c.size_bytes})
-    search = sum(len(c.rows_prefix("torch.distributed.ddp.reducer::search_unused_parameters", CPU_OP)) for c in ctxs)
+    search_rows = {c.t.rank: c.rows_prefix("torch.distributed.ddp.reducer::search_unused_parameters", CPU_OP)
+                   for c in ctxs}
+    search = sum(len(v) for v in search_rows.values())
+    search_us = sum(float(c.t.dur[search_rows[c.t.rank]].sum()) for c in ctxs)
+    acc = sum(len(c.t.rows_named(lambda n: n.endswith("torch::autograd::AccumulateGrad"), cat=CPU_OP)) for c in ctxs)
+    copies = sum(len(c.rows_prefix("torch.distributed.ddp.reducer::copy_bucket_to_grad", CPU_OP)) for c in ctxs)
+    nelems = sorted({int(c.nelems) for c in ar if c.nelems})
     fwd = sum(len(v) for v in fwd_rows.values())
     bwd_count = 0
     bwd_with_ar = 0
@@ -105,7 +119,9 @@ def ddp(ctxs: list[RankContext], colls: list[Collective], steps_by_rank: dict[in
     return DdpInfo(allreduces_per_step=len(ar) / nsteps, bucket_sizes_bytes=sizes,
                    forwards_per_step=fwd / nsteps, backwards_per_step=bwd_count / nsteps,
                    backwards_with_allreduce_per_step=bwd_with_ar / nsteps,
-                   search_unused_per_step=search / nsteps,
+                   search_unused_per_step=search / nsteps, search_unused_us_per_step=search_us / nsteps,
+                   grads_accumulated_per_step=acc / nsteps, bucket_copies_per_step=copies / nsteps,
+                   bucket_nelems=nelems,
                    after_backward_frac=after / busy if busy else 0.0,
                    overlap_frac=float(np.mean(overlaps)) if overlaps else None)
 

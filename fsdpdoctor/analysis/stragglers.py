@@ -1,14 +1,16 @@
 """Which rank makes the others wait, and why.
 
-Collectives are matched across ranks by (step, order within the step). Two
-estimates (fsdp-signatures.md §11f):
-- arrival: with comparable clocks (all ranks on one host), the lead of the last
-  rank to issue each collective; the straggler issues last.
-- wait: clock-free; each rank's execution time of a matched collective minus
-  the fastest rank's. Early ranks sit inside the collective waiting; the
-  straggler waits least.
-Per step we keep the collective with the largest spread, since a delay is
-absorbed almost entirely by the first collective after it.
+Collectives are matched across ranks by (step, order within the step). A
+collective cannot finish on any rank before the last rank joins, so an early
+rank's execution span includes its wait: for the k-th collective of a step,
+rank r waited ``dur_k(r) - min_r dur_k``. A delay on one rank is absorbed
+almost entirely by the first collective after it (fsdp-signatures.md §7), so
+per step we keep the collective with the largest wait; the rank that waited
+least there is that step's straggler, and the wait (as a share of the step)
+its imbalance. Summing waits over all collectives instead adds up noise: on
+shared CPU cores every gloo span jitters by milliseconds. This is clock-free,
+so it works across hosts; where clocks are comparable (one host) the issue-time
+lead of the last rank is recorded as a cross-check.
 """
 
 from __future__ import annotations
@@ -20,31 +22,24 @@ import numpy as np
 from fsdpdoctor.results import Collective, RankSummary, StragglerReport
 
 
-def _by_step(colls: list[Collective]) -> dict[tuple[int, int | None], list[Collective]]:
-    out: dict[tuple[int, int | None], list[Collective]] = defaultdict(list)
-    for c in colls:
-        out[(c.rank, c.step)].append(c)
-    return out
-
-
 def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool) -> StragglerReport | None:
     rank_ids = [r.rank for r in ranks]
     if len(rank_ids) < 2 or not colls:
         return None
-    groups = _by_step(colls)
+    groups: dict[tuple[int, int | None], list[Collective]] = defaultdict(list)
+    for c in colls:
+        groups[(c.rank, c.step)].append(c)
     steps = sorted({s for (_, s) in groups if s is not None}) or [None]
     step_time = {(r.rank, s.step): s.duration_us for r in ranks for s in r.steps}
     per_step = []
-    wait = defaultdict(float)
-    last_counts = defaultdict(int)
-    method = "arrival" if same_clock else "wait"
-    fracs = []
+    total_wait = defaultdict(float)
+    culprits = defaultdict(int)
     for st in steps:
         lists = [groups.get((r, st), []) for r in rank_ids]
         n = min(len(x) for x in lists)
         if n == 0:
             continue
-        best = None
+        best = None  # (wait, culprit index, k, lead)
         for k in range(n):
             cs = [x[k] for x in lists]
             if len({c.kind for c in cs}) > 1:
@@ -52,30 +47,28 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool)
             durs = np.array([c.duration_us for c in cs])
             waits = durs - durs.min()
             for r, w in zip(rank_ids, waits):
-                wait[r] += w
-            if method == "arrival" and all(c.issue_us is not None for c in cs):
+                total_wait[r] += float(w)
+            lead = None
+            if same_clock and all(c.issue_us is not None for c in cs):
                 issue = np.array([c.issue_us for c in cs])
-                lead = issue.max() - issue
-                spread, last = float(lead.max()), rank_ids[int(np.argmax(issue))]
-            else:
-                spread, last = float(waits.max()), rank_ids[int(np.argmin(durs))]
-            if best is None or spread > best[0]:
-                best = (spread, last, k)
+                lead = float(issue.max() - issue.min())
+            if best is None or waits.max() > best[0]:
+                best = (float(waits.max()), int(np.argmin(durs)), k, lead)
         if best is None:
             continue
-        spread, last, k = best
+        wait, ci, k, lead = best
         st_time = float(np.median([step_time.get((r, st), 0.0) for r in rank_ids])) or 1.0
-        fracs.append(spread / st_time)
-        last_counts[last] += 1
-        per_step.append({"step": st, "straggler": last, "spread_us": spread, "spread_frac": spread / st_time,
-                         "collective_index": k})
+        culprits[rank_ids[ci]] += 1
+        per_step.append({"step": st, "straggler": rank_ids[ci], "imbalance_us": wait,
+                         "imbalance_frac": wait / st_time, "collective_index": k, "arrival_lead_us": lead})
     if not per_step:
         return None
-    culprit, count = max(last_counts.items(), key=lambda kv: kv[1])
+    culprit, count = max(culprits.items(), key=lambda kv: kv[1])
     nsteps = len(per_step)
-    return StragglerReport(method=method, straggler=culprit, spread_frac=float(np.mean(fracs)),
+    return StragglerReport(method="wait" + ("+arrival" if same_clock else ""), straggler=culprit,
+                           spread_frac=float(np.median([p["imbalance_frac"] for p in per_step])),
                            last_fraction=count / nsteps, per_step=per_step,
-                           wait_by_rank={r: wait[r] / nsteps for r in rank_ids})
+                           wait_by_rank={r: total_wait[r] / nsteps for r in rank_ids})
 
 
 def attribute_cause(report: StragglerReport, ranks: list[RankSummary]) -> None:
