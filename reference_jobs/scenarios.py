@@ -55,10 +55,10 @@ SCENARIOS: dict[str, dict] = {
     "fsdp2_default": dict(
         wrap="fsdp2", injects="nothing (healthy): FSDP2 default prefetch", params={}, must=[]),
     "fsdp2_no_backward_prefetch": dict(
-        wrap="fsdp2", injects="FSDP2 m.set_modules_to_backward_prefetch([m]) on every block (disables it)",
+        wrap="fsdp2", injects="FSDP2 m.set_modules_to_backward_prefetch([m]) on every unit (disables it)",
         params={"fsdp2_backward_prefetch": "self"}, must=["fsdp2-backward-prefetch-ineffective"]),
     "fsdp2_empty_prefetch_list": dict(
-        wrap="fsdp2", injects="FSDP2 set_modules_to_backward_prefetch([]) on every block (a no-op)",
+        wrap="fsdp2", injects="FSDP2 set_modules_to_backward_prefetch([]) on every unit (a no-op)",
         params={"fsdp2_backward_prefetch": "empty"}, must=["fsdp2-explicit-prefetch-noop"]),
     "ddp_default": dict(
         wrap="ddp", injects="nothing (healthy): DDP default buckets", params={}, must=[]),

@@ -131,7 +131,8 @@ def wrap_model(model, wrap: str, p: dict, device):
             fully_shard(blk)
         fully_shard(model)
         mode = p["fsdp2_backward_prefetch"]
-        for blk in model.blocks:
+        # the root too: its default prefetch would otherwise fetch the last block
+        for blk in [*model.blocks, model]:
             if mode == "self":
                 blk.set_modules_to_backward_prefetch([blk])  # disables backward prefetch
             elif mode == "empty":

@@ -1,0 +1,91 @@
+"""Regenerate traces/<scenario>/ for every reference scenario, plus
+traces/scaling_1proc and traces/scaling_2proc (ddp_default on 1 and 2 ranks).
+
+    python reference_jobs/record_all.py [--out traces] [--only NAME ...] [--nproc 2]
+
+Each folder gets manifest.json, rank<N>.json.gz and expected.json
+({"scenario", "must", "must_not"}). CPU/gloo here; CUDA/NCCL where available.
+Schedule: wait 1, warmup 1, active 3 (FSDP2: active 2, its with_stack traces are
+~4x larger; straggler: active 4, so the verdict has several steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from scenarios import SCALING_RUNS, SCENARIOS, expected  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def active_steps(name: str) -> int:
+    wrap = SCENARIOS[name]["wrap"]
+    if wrap == "fsdp2":
+        return 2
+    if name == "straggler":
+        return 4
+    return 3
+
+
+def record(run_name: str, scenario: str, nproc: int, out_root: Path, tries: int = 2) -> float:
+    out = out_root / run_name
+    if out.exists():
+        shutil.rmtree(out)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--master_port", "0", str(HERE / "train.py"), "--scenario", scenario,
+           "--out", str(out), "--wait", "1", "--warmup", "1", "--active", str(active_steps(scenario))]
+    for attempt in range(tries):
+        cmd[cmd.index("--master_port") + 1] = str(free_port())
+        t0 = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode == 0:
+            break
+        print(f"  {run_name}: attempt {attempt + 1} failed (rc {proc.returncode})\n{proc.stderr[-2000:]}",
+              file=sys.stderr)
+    else:
+        raise SystemExit(f"{run_name}: failed")
+    exp = expected(scenario)
+    if run_name != scenario:
+        exp = {**exp, "scenario": run_name, "base_scenario": scenario, "nproc": nproc}
+    (out / "expected.json").write_text(json.dumps(exp, indent=2) + "\n")
+    size = sum(f.stat().st_size for f in out.iterdir()) / 1e6
+    print(f"{run_name:28s} {time.time() - t0:5.1f} s  {size:5.2f} MB", flush=True)
+    return size
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(HERE.parent / "traces"))
+    ap.add_argument("--only", nargs="*", default=None, help="scenario / scaling run names")
+    ap.add_argument("--nproc", type=int, default=2)
+    args = ap.parse_args()
+    out_root = Path(args.out)
+    out_root.mkdir(parents=True, exist_ok=True)
+    runs = [(n, n, args.nproc) for n in SCENARIOS]
+    runs += [(n, base, np_) for n, (base, np_) in SCALING_RUNS.items()]
+    if args.only:
+        unknown = set(args.only) - {r[0] for r in runs}
+        if unknown:
+            raise SystemExit(f"unknown: {sorted(unknown)}")
+        runs = [r for r in runs if r[0] in args.only]
+    total = sum(record(name, base, np_, out_root) for name, base, np_ in runs)
+    print(f"total {total:.1f} MB in {len(runs)} runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
