@@ -100,7 +100,7 @@ class RankSummary:
     mean: StepBreakdown | None          # averaged over analysed steps
     host: str | None = None
     device: str | None = None
-    wait_us: float = 0.0                # mean per step time spent waiting for slower ranks
+    wait_us: float = 0.0                # mean per step wait for slower ranks in the step's worst collective
     is_straggler: bool = False
 
 
@@ -226,6 +226,7 @@ class HostSync:
     total_us: float
     steps: list[int]
     source: str | None = None
+    bubble_us: float = 0.0           # GPU: device idle from each sync's end to the next device activity
 
 
 @dataclass
@@ -265,3 +266,4 @@ class Signals:
     host_syncs: list[HostSync] = field(default_factory=list)
     dataloader: list[DataLoaderInfo] = field(default_factory=list)
     ddp: DdpInfo | None = None
+    sleep_sources: dict[int, str] = field(default_factory=dict)   # rank -> user line calling time.sleep

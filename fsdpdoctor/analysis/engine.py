@@ -33,6 +33,7 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
     steps_by_rank: dict[int, list[StepBreakdown]] = {}
     backward_end: dict[int, dict] = {}
     host_syncs, loaders = [], []
+    sleep_sources: dict[int, str] = {}
     for trace in run.ranks:
         ctx = RankContext(trace)
         ctxs.append(ctx)
@@ -84,6 +85,11 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
                                      mean=mean_breakdown(bds, trace.rank), host=trace.host, device=trace.device_name))
         all_colls.extend(colls)
         host_syncs.extend(signals_mod.host_syncs(ctx, windows))
+        if len(ctx.sleep_rows):
+            r0 = int(ctx.sleep_rows[0])
+            src = ctx.source_line(int(trace.track[r0]), float(trace.ts[r0]))
+            if src:
+                sleep_sources[trace.rank] = src
         dl = signals_mod.dataloader(ctx, windows, bds)
         if dl:
             loaders.append(dl)
@@ -107,11 +113,14 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
         # counts were summed over ranks by mean_breakdown; keep them per rank
         for kt in overall.comm_by_kind.values():
             kt.count = round(kt.count / max(len(means), 1))
-    sig = Signals(host_syncs=host_syncs, dataloader=loaders,
+    sig = Signals(host_syncs=host_syncs, dataloader=loaders, sleep_sources=sleep_sources,
                   ddp=signals_mod.ddp(ctxs, all_colls, steps_by_rank, backward_end) if job.wrapping == "ddp" else None)
     if any(c.dialect == "cpu" for c in ctxs) and all_colls:
         notes.append("CPU/gloo trace: communication time is the gloo worker span, which includes waiting for peers; "
                      "CPU 'streams' do not overlap, so synchronous FSDP collectives are fully exposed by design")
+    if overall is not None and overall.comm_us > 0 and overall.compute_us + overall.optimizer_us == 0:
+        notes.append("the trace holds communication but no compute events (recorded without CPU ops or "
+                     "kernels?): exposed and overlapped communication cannot be told apart")
     if len(run.ranks) == 1 and (run.world_size or 1) > 1:
         notes.append(f"only rank {run.ranks[0].rank} of {run.world_size} is in the input: straggler analysis needs "
                      "several ranks")

@@ -10,7 +10,11 @@ from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.breakdown import StepWindow
 from fsdpdoctor.analysis.context import RankContext, is_user_frame
 from fsdpdoctor.results import Collective, DataLoaderInfo, DdpInfo, HostSync, StepBreakdown
-from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, PYFUNC
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, PYFUNC
+
+
+_LIBRARY_SCOPES = ("DistributedDataParallel", "FullyShardedDataParallel", "FSDP::", "c10d::", "nccl:", "gloo:",
+                   "record_param_comms", "Optimizer.", "enumerate(DataLoader)", "torch.distributed", "fsdp::")
 
 
 def _step_of(windows: list[StepWindow], t: float) -> int | None:
@@ -27,8 +31,17 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
     # .item()) are library internals, not the user's
     skip = iv.union(ctx.dataloader_set, ctx.optimizer_set)
     frames = t.rows_named(lambda n: not n.startswith("<built-in"), cat=PYFUNC) if t.has_stacks else None
+    local = ctx.t.rows_named(lambda n: n == "aten::_local_scalar_dense", cat=CPU_OP)
+    host_ops = np.nonzero(np.isin(t.cat, (CPU_OP, ANNOTATION)))[0]
     for r in ctx.sync_rows:
         ts = float(t.ts[r])
+        if t.name(r) != "aten::_local_scalar_dense":
+            if ctx.enclosing(local, int(t.track[r]), ts) is not None:
+                continue  # the runtime sync of an .item(): already counted
+            # a runtime sync directly under DDP/FSDP/c10d machinery (not under a tensor op) is theirs
+            inner = ctx.enclosing(host_ops, int(t.track[r]), ts)
+            if inner is not None and t.name(inner).startswith(_LIBRARY_SCOPES):
+                continue
         if _step_of(windows, ts) is None:
             continue
         if len(skip) and len(iv.clip(skip, ts, ts + 1e-3)):
@@ -41,10 +54,19 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
         src = ctx.source_line(int(t.track[r]), ts)
         groups[(t.name(r), src)].append(int(r))
     out = []
+    # on GPU the cost of a sync is the bubble after it: the device queue is empty until the host
+    # launches again, so measure from the sync's end to the next device activity
+    dev_starts = np.sort(t.ts[np.isin(t.cat, DEVICE_CATEGORIES)])
     for (name, src), rows in groups.items():
         steps = sorted({s for s in (_step_of(windows, float(t.ts[r])) for r in rows) if s is not None})
+        bubble = 0.0
+        if len(dev_starts):
+            ends = t.ts[rows] + t.dur[rows]
+            nxt = np.searchsorted(dev_starts, ends)
+            ok = nxt < len(dev_starts)
+            bubble = float(np.sum(dev_starts[nxt[ok]] - ends[ok]))
         out.append(HostSync(rank=t.rank, name=name, count=len(rows), total_us=float(t.dur[rows].sum()),
-                            steps=steps, source=src))
+                            steps=steps, source=src, bubble_us=bubble))
     out.sort(key=lambda h: -h.count)
     return out
 

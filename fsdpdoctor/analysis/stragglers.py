@@ -46,17 +46,17 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool)
                 continue  # order diverged: do not compare different collectives
             durs = np.array([c.duration_us for c in cs])
             waits = durs - durs.min()
-            for r, w in zip(rank_ids, waits):
-                total_wait[r] += float(w)
             lead = None
             if same_clock and all(c.issue_us is not None for c in cs):
                 issue = np.array([c.issue_us for c in cs])
                 lead = float(issue.max() - issue.min())
             if best is None or waits.max() > best[0]:
-                best = (float(waits.max()), int(np.argmin(durs)), k, lead)
+                best = (float(waits.max()), int(np.argmin(durs)), k, lead, waits)
         if best is None:
             continue
-        wait, ci, k, lead = best
+        wait, ci, k, lead, waits = best
+        for r, w in zip(rank_ids, waits):
+            total_wait[r] += float(w)
         st_time = float(np.median([step_time.get((r, st), 0.0) for r in rank_ids])) or 1.0
         culprits[rank_ids[ci]] += 1
         per_step.append({"step": st, "straggler": rank_ids[ci], "imbalance_us": wait,

@@ -202,10 +202,13 @@ def fsdp2_explicit_noop(ctx: RuleContext) -> list[Finding]:
 @rule("exposed-comm-high", "low-overlap")
 def exposed_comm(ctx: RuleContext) -> list[Finding]:
     m = ctx.a.mean
-    if not m or m.comm_us <= 0:
-        return []
+    if not m or m.comm_us <= 0 or m.compute_us + m.optimizer_us <= 0:
+        return []  # with no compute events recorded, exposed cannot be told from overlapped
     out = []
-    f = ctx.frac(m.exposed_comm_us)
+    # time spent waiting for a straggler is the straggler's finding, not the network's
+    waiting = min(straggler_wait_us(ctx), m.exposed_comm_us)
+    exposed = m.exposed_comm_us - waiting
+    f = ctx.frac(exposed)
     if f >= ctx.th["exposed_comm_frac"]:
         kinds = sorted(m.comm_by_kind.items(), key=lambda kv: -kv[1].exposed_us)
         top = ", ".join(f"{k} {ms(v.exposed_us)}" for k, v in kinds[:3] if v.exposed_us > 0)
@@ -222,9 +225,10 @@ def exposed_comm(ctx: RuleContext) -> list[Finding]:
         if ctx.cpu:
             fix += " (CPU/gloo: collectives compete with compute for the same cores; measure on GPU/NCCL)"
         out.append(ctx.finding(
-            "exposed-comm-high", f"Exposed communication is {pct(f)} of the step", m.exposed_comm_us,
-            f"{ms(m.exposed_comm_us)} per step of communication is not hidden by compute (by kind: {top}; "
-            f"by phase: {phases}).", fix, confidence=0.85,
+            "exposed-comm-high", f"Exposed communication is {pct(f)} of the step", exposed,
+            f"{ms(exposed)} per step of communication is not hidden by compute (by kind: {top}; "
+            f"by phase: {phases})" + (f", after removing {ms(waiting)} of waiting for the straggler." if waiting
+                                      else "."), fix, confidence=0.85,
             evidence=[Evidence(f"communication {ms(m.comm_us)} per step, overlapped {ms(m.overlapped_comm_us)} "
                                f"({pct(m.overlap_frac)})")] +
                      [Evidence(f"rank {r.rank}: exposed {ms(r.mean.exposed_comm_us)} per step", rank=r.rank,
@@ -420,7 +424,16 @@ def straggler(ctx: RuleContext) -> list[Finding]:
 
 
 def _sleep_source(ctx: RuleContext, rank: int) -> str | None:
-    return ctx.a.signals.__dict__.get("sleep_sources", {}).get(rank) if ctx.a.signals else None
+    return ctx.a.signals.sleep_sources.get(rank) if ctx.a.signals else None
+
+
+def straggler_wait_us(ctx: RuleContext) -> float:
+    """Mean per-step wait of the non-straggler ranks, when a straggler finding applies."""
+    s = ctx.a.straggler
+    if not straggler(ctx) or not s:
+        return 0.0
+    others = [w for r, w in s.wait_by_rank.items() if r != s.straggler]
+    return sum(others) / len(others) if others else 0.0
 
 
 @rule("host-sync")
@@ -437,7 +450,9 @@ def host_sync(ctx: RuleContext) -> list[Finding]:
         per_rank_step = sum(h.count for h in hs) / nsteps / max(len({h.rank for h in hs}), 1)
         if per_rank_step < ctx.th["host_sync_per_step"]:
             continue
-        us = sum(h.total_us for h in hs) / nsteps / max(len({h.rank for h in hs}), 1)
+        nranks = max(len({h.rank for h in hs}), 1)
+        # GPU: the bubble after each sync; CPU: nothing is lost, the finding is structural
+        us = 0.0 if ctx.cpu else sum(h.bubble_us for h in hs) / nsteps / nranks
         name = hs[0].name
         what = ".item() / .tolist() / printing a tensor" if "local_scalar" in name else name
         out.append(ctx.finding(
@@ -446,11 +461,15 @@ def host_sync(ctx: RuleContext) -> list[Finding]:
             "CPU until all queued kernels finish, so the next kernels launch late and the GPU idles."
             + (" (On CPU it costs little; the finding is structural.)" if ctx.cpu else ""),
             "Keep the value on the device (accumulate tensors, log every N steps with a single .item()), or "
-            "use non_blocking copies", confidence=0.8, source=src,
-            severity="warning" if not ctx.cpu else "info",
+            "use non_blocking copies", confidence=0.8 if src else 0.6, source=src,
+            severity="warning" if not ctx.cpu and ctx.frac(us) >= 0.01 else "info",
             ranks=sorted({h.rank for h in hs}),
-            evidence=[Evidence(f"rank {h.rank}: {h.count} x {h.name} in steps {h.steps}, {ms(h.total_us, 3)}",
-                               rank=h.rank, source=h.source) for h in hs[:6]]))
+            evidence=[Evidence(f"rank {h.rank}: {h.count} x {h.name} in steps {h.steps}, host blocked "
+                               f"{ms(h.total_us, 3)}" + (f", device idle after it {ms(h.bubble_us, 3)}"
+                                                         if not ctx.cpu else ""),
+                               rank=h.rank, source=h.source) for h in hs[:6]]
+            + ([] if src else [Evidence("no Python stacks in the trace: record with with_stack=True to see "
+                                        "the calling line")])))
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -48,8 +49,12 @@ def summary(a: Analysis) -> Panel:
                      f"forward {p.forward_mode}")
     if a.straggler and a.straggler.straggler is not None:
         s = a.straggler
-        lines.append(f"\nslowest rank: {s.straggler} (last in {pct(s.last_fraction)} of steps, lead "
-                     f"{pct(s.spread_frac)} of step time, {s.method})")
+        if straggler_rank(a) is not None:
+            lines.append(f"\nstraggler: rank {s.straggler} (slowest in {pct(s.last_fraction)} of steps; the others "
+                         f"wait {pct(s.spread_frac)} of the step for it)")
+        else:
+            lines.append(f"\nranks balanced: at most {pct(s.spread_frac)} of a step waiting for another rank "
+                         "(median over steps)")
     return Panel(lines, title=f"fsdpdoctor: {a.source}", title_align="left")
 
 
@@ -59,27 +64,40 @@ def _steps(steps: list[int]) -> str:
     return f"{steps[0]}..{steps[-1]} ({len(steps)})" if len(steps) > 3 else ", ".join(map(str, steps))
 
 
-def findings_table(a: Analysis) -> Table | Text:
+def findings_table(a: Analysis, evidence_lines: int = 2) -> Group | Text:
+    """Findings as short blocks, most costly first: title, impact, what, where, fix."""
     if not a.findings:
         return Text("No findings above the thresholds.", style="green")
-    t = Table(title="Findings (most costly first)", title_justify="left", expand=True)
-    t.add_column("sev", no_wrap=True)
-    t.add_column("finding")
-    t.add_column("impact/step", justify="right", no_wrap=True)
-    t.add_column("fix")
+    blocks: list = [Text("Findings (most costly first)", style="bold")]
     for f in a.findings:
-        t.add_row(Text(f.severity, style=SEVERITY_STYLE.get(f.severity, "")),
-                  Text(f"{f.title}\n", style="bold").append(f.summary, style="default")
-                  .append(f"\n{f.source}" if f.source else "", style="dim"),
-                  f"{ms(f.impact_us)}\n{pct(f.impact_frac)}", f.fix)
-    return t
+        head = Text()
+        head.append(f"{f.severity.upper()} ", style=SEVERITY_STYLE.get(f.severity, ""))
+        head.append(f.title, style="bold")
+        head.append(f"  {ms(f.impact_us)}/step ({pct(f.impact_frac)})  [{f.id}]", style="dim")
+        body = Text()
+        body.append(f.summary)
+        for e in f.evidence[:evidence_lines]:
+            body.append(f"\n- {e.text}", style="dim")
+        if f.source:
+            body.append("\nat ", style="dim")
+            body.append(f.source, style="cyan")
+        body.append("\nfix: ", style="green")
+        body.append(f.fix)
+        blocks += [head, Padding(body, (0, 0, 0, 2))]
+    return Group(*blocks)
+
+
+def straggler_rank(a: Analysis) -> int | None:
+    """The straggler, when the diagnosis says there is one."""
+    f = next((f for f in a.findings if f.id == "straggler"), None)
+    return f.ranks[0] if f and f.ranks else None
 
 
 def ranks_table(a: Analysis) -> Table:
     t = Table(title="Per rank (mean per step, ms)", title_justify="left")
     for col in ("rank", "step", "compute", "optim", "exposed", "overlap", "data", "idle", "wait"):
         t.add_column(col, justify="right")
-    strag = a.straggler.straggler if a.straggler else None
+    strag = straggler_rank(a)
     for r in a.ranks:
         m = r.mean
         if not m:
@@ -106,7 +124,7 @@ def collectives_table(a: Analysis) -> Table | None:
 
 def render(a: Analysis, console: Console | None = None, verbose: bool = False) -> None:
     console = console or Console()
-    parts = [summary(a), findings_table(a), ranks_table(a)]
+    parts = [summary(a), findings_table(a, evidence_lines=99 if verbose else 2), ranks_table(a)]
     ct = collectives_table(a)
     if ct is not None:
         parts.append(ct)

@@ -1,0 +1,39 @@
+"""`fsdpdoctor tui PATH` (and `analyze PATH --tui`): the terminal UI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fsdpdoctor.commands.common import add_selection_args, parse_ranks, parse_steps, parse_thresholds
+from fsdpdoctor.errors import InputError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tui", help="browse the analysis and findings in a terminal UI",
+                       description="Open the terminal UI on a trace file or a folder of per-rank traces.")
+    add_selection_args(p)
+    p.add_argument("--light", action="store_true", help="start with the light theme (t toggles)")
+    p.set_defaults(func=open_tui)
+
+
+def open_tui(args) -> int:
+    """Validate what can be validated before the screen switches, then run the app."""
+    path = Path(args.path)
+    if not path.exists():
+        raise InputError(args.path, "no such file or directory")
+    ranks = parse_ranks(getattr(args, "rank", None))
+    steps = parse_steps(getattr(args, "steps", None))
+    thresholds = parse_thresholds(args)
+
+    from fsdpdoctor.tui.app import FsdpDoctorApp
+
+    app = FsdpDoctorApp(path, ranks=ranks, steps=steps, thresholds=thresholds,
+                        light=bool(getattr(args, "light", False)))
+    rc = app.run()
+    if app.error:
+        # the error screen showed it; repeat it on the terminal the user returns to
+        import sys
+
+        print(f"fsdpdoctor: error: {app.error}", file=sys.stderr)
+        return 2
+    return int(rc or 0)

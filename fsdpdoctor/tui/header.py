@@ -1,0 +1,84 @@
+"""The job header: job shape, mean step time and its split into categories."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from fsdpdoctor.report.format import categories, ms, wrapping_line
+from fsdpdoctor.results import Analysis
+from fsdpdoctor.tui.palette import SHORT, Palette
+
+
+def steps_text(steps: list[int]) -> str:
+    if not steps:
+        return "-"
+    return f"{steps[0]}..{steps[-1]} ({len(steps)})" if len(steps) > 3 else ", ".join(map(str, steps))
+
+
+class JobHeader(Widget):
+    """Three to five lines at the top of the main screen."""
+
+    DEFAULT_CSS = """
+    JobHeader { height: auto; padding: 0 1; }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.analysis: Analysis | None = None
+        self.label = ""
+        self.rank: int | None = None
+
+    def show(self, analysis: Analysis, label: str, rank: int | None = None) -> None:
+        self.analysis, self.label, self.rank = analysis, label, rank
+        self.refresh(layout=True)
+
+    def render(self) -> Text:
+        a = self.analysis
+        pal = Palette.of(self.app)
+        if a is None:
+            return Text("fsdpdoctor", style="bold")
+        job = a.job
+        width = max(20, self.size.width - 2 if self.size.width else 78)
+        t = Text()
+        t.append(f"fsdpdoctor  {self.label}", style=pal.style("text-primary", bold=True))
+        n = len(job.ranks_analyzed)
+        t.append(f"  {job.dialect.upper()} {job.backend or '?'} · world {job.world_size or '?'} · "
+                 f"{n} rank{'s' if n != 1 else ''} · steps {steps_text(job.steps)}\n")
+        t.append("wrapping ", style=pal.muted)
+        t.append(wrapping_line(job))
+        if a.straggler and a.straggler.straggler is not None:
+            t.append("   slowest rank ", style=pal.muted)
+            t.append(str(a.straggler.straggler), style=pal.severity("warning"))
+        if self.rank is not None:
+            t.append("   showing rank ", style=pal.muted)
+            t.append(str(self.rank), style=pal.style("text-accent", bold=True))
+        t.append("\n")
+        m = a.mean
+        if m is None or not m.duration_us:
+            t.append("no complete profiler steps to break down", style=pal.muted)
+            return t
+        head = f"step {ms(m.duration_us)} "
+        t.append(head, style="bold")
+        t.append_text(pal.bar(m, max(10, width - len(head))))
+        t.append("\n")
+        items: list[Text] = []
+        for name, v in categories(m):
+            item = Text("█ ", style=pal.category(name))
+            item.append(f"{SHORT[name]} {ms(v)} {100 * v / m.duration_us:.0f}%")
+            items.append(item)
+        item = Text("overlapped comm ", style=pal.muted)
+        item.append(f"{ms(m.overlapped_comm_us)}")
+        items.append(item)
+        # pack whole items into lines so no figure is split from its label
+        line_len = 0
+        for i, item in enumerate(items):
+            if line_len and line_len + 2 + len(item) > width:
+                t.append("\n")
+                line_len = 0
+            elif line_len:
+                t.append("  ")
+                line_len += 2
+            t.append_text(item)
+            line_len += len(item)
+        return t
