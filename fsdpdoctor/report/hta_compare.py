@@ -139,14 +139,15 @@ def print_comparison(path, analysis: Analysis, console=None) -> None:
     try:
         import hta  # noqa: F401,PLC0415
     except ImportError:
-        console.print(INSTALL_HINT, highlight=False)
+        console.print(INSTALL_HINT, highlight=False, markup=False)
         return
     path = Path(path)
     try:
         hta_result = run_hta(_trace_files(path))
     except Exception as exc:  # noqa: BLE001 - HTA failures must not break our report
         first = str(exc).splitlines()[0] if str(exc) else ""
-        console.print(f"--compare-hta: HTA failed on {path}: {type(exc).__name__}: {first[:160]}", highlight=False)
+        console.print(f"--compare-hta: HTA failed on {path}: {type(exc).__name__}: {first[:160]}",
+                      highlight=False, markup=False)
         return
     rows = comparison_rows(path, analysis, hta_result)
     table = Table(title="Comm/compute overlap: HTA vs fsdpdoctor", title_justify="left")
@@ -159,15 +160,17 @@ def print_comparison(path, analysis: Analysis, console=None) -> None:
     notes = set()
     for row in rows:
         if row["hta_nan"] or row["hta"] is None:
-            hta_txt = "HTA only measures GPU kernels" if row["dialect"] == "cpu" or row["hta_nan"] else "-"
-            diff = "-"
+            hta_txt, diff = "n/a", "-"
+            if row["hta_nan"] or row["dialect"] == "cpu":
+                notes.add("n/a: HTA only measures GPU kernels (NCCL vs compute kernels); this trace has none "
+                          "of one kind, so HTA has no overlap figure")
         else:
             hta_txt = fmt(row["hta"])
             o = row["ours_hta_steps"]
-            diff = "-" if o is None else f"{o - row['hta']:+.1f} pp"
+            diff = "-" if o is None else f"{o - row['hta'] + 0.0:+.1f} pp".replace("-0.0", "+0.0")
         if row["steps"] != row["hta_step_list"]:
             notes.add("HTA drops the last profiler step (kernels launched in it)")
         table.add_row(str(row["rank"]), hta_txt, fmt(row["ours"]), fmt(row["ours_hta_steps"]), diff)
     console.print(table)
     for n in sorted(notes):
-        console.print(f"  note: {n}; see docs/overlap-vs-hta.md", highlight=False)
+        console.print(f"  note: {n}; see docs/overlap-vs-hta.md", highlight=False, markup=False)
