@@ -14,6 +14,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
 from fsdpdoctor.errors import InputError
+from fsdpdoctor.report.console import straggler_rank
 from fsdpdoctor.results import Analysis
 from fsdpdoctor.tui.findings import FindingList, FindingsPane
 from fsdpdoctor.tui.header import JobHeader
@@ -175,7 +176,7 @@ class FsdpDoctorApp(App[int]):
             return
         a = self.analysis
         ranks = [r.rank for r in a.ranks]
-        strag = a.straggler.straggler if a.straggler else None
+        strag = straggler_rank(a)
 
         def picked(choice: int | None) -> None:
             if choice is None:

@@ -113,7 +113,7 @@ class FindingsPane(Horizontal):
         for i, f in enumerate(self.shown):
             prompt = Text(no_wrap=False)
             prompt.append(SEVERITY_BADGE.get(f.severity, f.severity[:4].upper()), style=pal.severity(f.severity))
-            prompt.append(f" {ms(f.impact_us):>9} ", style=pal.muted)
+            prompt.append(f"  {ms(f.impact_us)}/step  {pct(f.impact_frac)}\n", style=pal.muted)
             prompt.append(f.title)
             lst.add_option(Option(prompt, id=f"f{i}"))
         if not self.shown:

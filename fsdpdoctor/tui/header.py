@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
+from fsdpdoctor.report.console import straggler_rank
 from fsdpdoctor.report.format import categories, ms, wrapping_line
 from fsdpdoctor.results import Analysis
 from fsdpdoctor.tui.palette import SHORT, Palette
@@ -13,7 +14,7 @@ from fsdpdoctor.tui.palette import SHORT, Palette
 def steps_text(steps: list[int]) -> str:
     if not steps:
         return "-"
-    return f"{steps[0]}..{steps[-1]} ({len(steps)})" if len(steps) > 3 else ", ".join(map(str, steps))
+    return f"{steps[0]}..{steps[-1]} ({len(steps)})" if len(steps) > 2 else ", ".join(map(str, steps))
 
 
 class JobHeader(Widget):
@@ -41,15 +42,15 @@ class JobHeader(Widget):
         job = a.job
         width = max(20, self.size.width - 2 if self.size.width else 78)
         t = Text()
-        t.append(f"fsdpdoctor  {self.label}", style=pal.style("text-primary", bold=True))
+        t.append(self.label, style=pal.style("text-primary", bold=True))
         n = len(job.ranks_analyzed)
         t.append(f"  {job.dialect.upper()} {job.backend or '?'} · world {job.world_size or '?'} · "
                  f"{n} rank{'s' if n != 1 else ''} · steps {steps_text(job.steps)}\n")
-        t.append("wrapping ", style=pal.muted)
         t.append(wrapping_line(job))
-        if a.straggler and a.straggler.straggler is not None:
-            t.append("   slowest rank ", style=pal.muted)
-            t.append(str(a.straggler.straggler), style=pal.severity("warning"))
+        strag = straggler_rank(a)
+        if strag is not None:
+            t.append("   straggler ", style=pal.muted)
+            t.append(f"rank {strag}", style=pal.severity("warning"))
         if self.rank is not None:
             t.append("   showing rank ", style=pal.muted)
             t.append(str(self.rank), style=pal.style("text-accent", bold=True))

@@ -8,6 +8,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Label
 
+from fsdpdoctor.report.console import straggler_rank
 from fsdpdoctor.report.format import num, size
 from fsdpdoctor.results import Analysis
 from fsdpdoctor.tui.palette import Palette
@@ -39,7 +40,7 @@ class RanksView(Vertical):
         table = self.query_one(VimTable)
         table.clear(columns=True)
         caption = self.query_one("#ranks-caption", Label)
-        strag = a.straggler.straggler if a.straggler else None
+        strag = straggler_rank(a)
         if rank is None:
             for col in ("rank", "step ms", "compute", "exposed", "loader", "idle", "wait"):
                 table.add_column(col, key=col)
@@ -47,7 +48,7 @@ class RanksView(Vertical):
                 m = r.mean
                 if not m:
                     continue
-                slow = r.rank == strag or r.is_straggler
+                slow = r.rank == strag
                 style = pal.severity("warning") if slow else None
                 table.add_row(_r(f"{r.rank}{' ◀ slow' if slow else ''}", style),
                               *(_r(num(v)) for v in (m.duration_us, m.compute_us, m.exposed_comm_us,

@@ -1,0 +1,425 @@
+"""The Textual UI, driven with the pilot, plus SVG snapshots (pytest-textual-snapshot).
+
+Pilot tests use the bundled reference traces under traces/ (skipped when absent).
+Findings for the detail/filter tests are built from the real analysis numbers so
+they do not depend on the rule set; ``test_real_findings`` uses the rules' own
+findings once they produce any.
+
+Update snapshots after an intended UI change with ``pytest tests/test_tui.py --snapshot-update``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("textual")
+
+from fsdpdoctor.cli import main  # noqa: E402
+from fsdpdoctor.results import Evidence, Finding  # noqa: E402
+from fsdpdoctor.session import analyze_path  # noqa: E402
+from fsdpdoctor.tui.app import FsdpDoctorApp, display_name  # noqa: E402
+from fsdpdoctor.tui.findings import FindingList, FindingsPane, FixText, matches  # noqa: E402
+from fsdpdoctor.tui.screens import ErrorScreen, HelpScreen, LoadingScreen, RankPicker  # noqa: E402
+from fsdpdoctor.tui.tables import VimTable  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = ROOT / "traces"
+STRAGGLER = TRACES / "straggler"
+PUBLIC = Path("/work/shared/traces-public/recsys_2_of_128_ranks")
+TIMEOUT = 30  # seconds for any one pilot test: a stuck UI fails instead of hanging the suite
+
+needs_straggler = pytest.mark.skipif(not (STRAGGLER / "rank0.json.gz").exists(),
+                                     reason="bundled trace traces/straggler not present")
+
+
+# -- data ------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _analysis(folder: str):
+    # a relative source, as a user typing `fsdpdoctor tui traces/straggler` would give
+    return analyze_path(Path(folder), diagnose=False)
+
+
+def straggler_analysis(with_findings: bool = True):
+    import copy
+
+    a = copy.deepcopy(_analysis(str(STRAGGLER)))
+    a.source = "traces/straggler"
+    if with_findings:
+        a.findings = findings_from_numbers(a)
+    return a
+
+
+def findings_from_numbers(a) -> list[Finding]:
+    """Three findings of each severity, with impacts and evidence taken from the analysis."""
+    s = a.straggler
+    step = a.mean.duration_us
+    slow = s.straggler
+    exposed = max(a.collectives, key=lambda c: c.exposed_us)
+    n_steps = len(a.job.steps) * len(a.ranks)
+    waiting = [r for r in a.ranks if r.rank != slow]
+    return [
+        # listed out of cost order on purpose: the pane sorts most costly first
+        Finding(id="gloo-timing", title="Communication time includes peer wait (gloo)", severity="info",
+                confidence=1.0, impact_us=0.0, impact_frac=0.0, summary=a.notes[0] if a.notes else "gloo",
+                fix="Profile on GPU with NCCL for kernel-accurate communication time."),
+        Finding(id="exposed-all-reduce", title=f"Exposed {exposed.kind} in {exposed.phase}", severity="warning",
+                confidence=0.7, impact_us=exposed.exposed_us / n_steps,
+                impact_frac=exposed.exposed_us / n_steps / step,
+                summary=f"{exposed.count} calls, {exposed.exposed_us / 1e3:.1f} ms exposed in total.",
+                fix="Overlap gradient all-reduce with backward: smaller DDP buckets (bucket_cap_mb=25).",
+                evidence=[Evidence(text=f"{exposed.kind} exposed", time_us=exposed.exposed_us)],
+                ranks=[r.rank for r in a.ranks]),
+        Finding(id="straggler", title=f"Rank {slow} is a straggler ({s.cause})", severity="error",
+                confidence=0.9, impact_us=s.spread_frac * step, impact_frac=s.spread_frac,
+                summary=s.cause_evidence or "", source="train.py(120): train_step",
+                fix=f"Remove the time.sleep on rank {slow} before forward.\nThen re-profile.",
+                evidence=[Evidence(text=f"rank {p['straggler']} arrived last", rank=p["straggler"], step=p["step"],
+                                   time_us=p["imbalance_us"]) for p in s.per_step]
+                + [Evidence(text=f"rank {r.rank} waits", rank=r.rank, time_us=r.wait_us) for r in waiting],
+                ranks=[slow]),
+    ]
+
+
+async def loaded(app, pilot):
+    await app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def dump(app) -> str:
+    """The screen as plain text."""
+    return "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
+
+
+def timed(fn):
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        async with asyncio.timeout(TIMEOUT):
+            return await fn(*args, **kwargs)
+
+    return pytest.mark.asyncio(wrapper)
+
+
+# -- pilot tests -------------------------------------------------------------------
+@needs_straggler
+@timed
+async def test_findings_sorted_and_selection_shows_detail():
+    a = straggler_analysis()
+    app = FsdpDoctorApp(analysis=a)
+    async with app.run_test(size=(80, 24)) as pilot:
+        pane = app.query_one(FindingsPane)
+        assert [f.id for f in pane.shown] == ["straggler", "exposed-all-reduce", "gloo-timing"]
+        assert isinstance(app.focused, FindingList)
+        # the most costly is selected at start
+        assert pane.current.id == "straggler"
+        assert app.query_one(FixText).text == pane.current.fix
+        await pilot.press("down")
+        assert pane.current.id == "exposed-all-reduce"
+        assert "Exposed all_reduce" in str(app.query_one("#detail-head").content)
+        await pilot.press("k")
+        assert pane.current.id == "straggler"
+        head = str(app.query_one("#detail-head").content)
+        assert "train.py(120): train_step" in head and "ERROR" in head
+        evidence = str(app.query_one("#detail-evidence").content)
+        step2 = a.straggler.per_step[0]
+        assert f"[rank 1, step {step2['step']}, {step2['imbalance_us'] / 1e3:.1f} ms] rank 1 arrived last" in evidence
+        # enter selects: focus moves to the (read-only, selectable) fix
+        await pilot.press("enter")
+        fix = app.query_one(FixText)
+        assert app.focused is fix and fix.read_only
+        assert fix.text == "Remove the time.sleep on rank 1 before forward.\nThen re-profile."
+        await pilot.press("escape")
+        assert isinstance(app.focused, FindingList)
+
+
+@needs_straggler
+@timed
+async def test_copy_fix_to_clipboard_notifies():
+    app = FsdpDoctorApp(analysis=straggler_analysis())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("down", "c")
+        await pilot.pause()
+        assert app.clipboard == app.query_one(FindingsPane).current.fix
+        assert app.clipboard.startswith("Overlap gradient all-reduce")
+        assert any("copied" in n.message for n in app._notifications)
+
+
+@needs_straggler
+@timed
+async def test_filter_narrows_the_list():
+    app = FsdpDoctorApp(analysis=straggler_analysis())
+    async with app.run_test(size=(80, 24)) as pilot:
+        pane = app.query_one(FindingsPane)
+        lst = app.query_one(FindingList)
+        assert lst.option_count == 3
+        await pilot.press("slash")
+        assert app.focused.id == "filter"
+        await pilot.press(*"sev:warn")
+        assert [f.id for f in pane.shown] == ["exposed-all-reduce"]
+        assert lst.option_count == 1
+        assert pane.current.id == "exposed-all-reduce"
+        await pilot.press("enter")  # back to the list, filter kept
+        assert isinstance(app.focused, FindingList)
+        assert "1 of 3" in str(app.query_one("#filter-status").content)
+        # `/` again selects the old filter, so typing replaces it; free text over id/title/summary/fix
+        await pilot.press("slash", *"gloo")
+        assert [f.id for f in pane.shown] == ["gloo-timing"]
+        await pilot.press("slash", *"gloo sev:error")  # every word must match
+        assert [f.id for f in pane.shown] == []
+        assert "nothing matches" in dump(app)
+        await pilot.press("escape")  # clears the filter
+        assert len(pane.shown) == 3 and lst.option_count == 3
+        await pilot.press("slash", *"straggler")
+        assert [f.id for f in pane.shown] == ["straggler"]
+
+
+def test_filter_matching_rules():
+    f = Finding(id="host-sync", title="Host sync in the step", severity="warning", confidence=1, impact_us=1,
+                impact_frac=0.1, summary=".item() in loss", fix="drop .item()")
+    assert matches(f, "") and matches(f, "HOST") and matches(f, "sev:warning") and matches(f, "sev:w")
+    assert matches(f, "id:host sync") and not matches(f, "sev:error") and not matches(f, "id:dataloader")
+    assert not matches(f, "host loader")
+
+
+@needs_straggler
+@timed
+async def test_rank_picker_filters_timeline_and_ranks():
+    app = FsdpDoctorApp(analysis=straggler_analysis())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("4")
+        await pilot.pause()
+        timeline = app.query_one("#timeline-table", VimTable)
+        assert app.focused is timeline
+        all_rows = [k.value for k in timeline.rows]
+        assert all_rows == [f"{r}:{s}" for r in (0, 1) for s in (2, 3, 4, 5)]
+        ranks = app.query_one("#ranks-table", VimTable)
+        assert [k.value for k in ranks.rows] == ["0", "1"]
+        await pilot.press("r")
+        assert isinstance(app.screen, RankPicker)
+        await pilot.press("j", "j", "enter")  # all ranks, rank 0, rank 1
+        await pilot.pause()
+        assert app.rank == 1
+        assert [k.value for k in timeline.rows] == ["1:2", "1:3", "1:4", "1:5"]
+        # the rank view now lists rank 1's steps
+        assert [k.value for k in ranks.rows] == ["2", "3", "4", "5"]
+        assert "rank 1 (slowest rank)" in str(app.query_one("#ranks-caption").content)
+        assert "showing rank 1" in dump(app)
+        # back to all ranks
+        await pilot.press("r", "home", "enter")
+        await pilot.pause()
+        assert app.rank is None and len(timeline.rows) == 8
+
+
+@needs_straggler
+@timed
+async def test_timeline_bars_scaled_to_longest_step():
+    a = straggler_analysis()
+    app = FsdpDoctorApp(analysis=a)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("4")
+        await pilot.pause()
+        table = app.query_one("#timeline-table", VimTable)
+        steps = [s for r in a.ranks for s in r.steps]
+        longest = max(steps, key=lambda s: s.duration_us)
+        bars = {f"{s.rank}:{s.step}": table.get_cell(f"{s.rank}:{s.step}", "bar") for s in steps}
+        full = len(bars[f"{longest.rank}:{longest.step}"].plain)
+        width = table.columns["bar"].width
+        assert full == width
+        for s in steps:
+            assert abs(len(bars[f"{s.rank}:{s.step}"].plain) - width * s.duration_us / longest.duration_us) <= 1
+
+
+@needs_straggler
+@timed
+async def test_tab_cycles_panes_and_straggler_marked():
+    app = FsdpDoctorApp(analysis=straggler_analysis())
+    async with app.run_test(size=(80, 24)) as pilot:
+        tabs = app.query_one("#panes")
+        await pilot.press("tab")
+        assert tabs.active == "tab-ranks"
+        await pilot.pause()
+        assert app.focused.id == "ranks-table"
+        assert "1 ◀ slow" in dump(app)
+        await pilot.press("tab")
+        assert tabs.active == "tab-collectives"
+        await pilot.pause()
+        assert "all_reduce" in dump(app)
+        await pilot.press("tab", "tab")
+        assert tabs.active == "tab-findings"
+        await pilot.press("shift+tab")
+        assert tabs.active == "tab-timeline"
+
+
+@needs_straggler
+@timed
+async def test_help_screen_and_theme_switch():
+    app = FsdpDoctorApp(analysis=straggler_analysis())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert "filter findings" in dump(app)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        theme = app.theme
+        await pilot.press("t")
+        await pilot.pause()
+        assert app.theme != theme and "light" in app.theme
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+@needs_straggler
+@timed
+async def test_loads_path_in_worker_with_progress(monkeypatch):
+    seen = []
+    original = LoadingScreen.update_progress
+
+    def spy(self, name, done, total):
+        seen.append((name, done, total))
+        original(self, name, done, total)
+
+    monkeypatch.setattr(LoadingScreen, "update_progress", spy)
+    app = FsdpDoctorApp(STRAGGLER)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(app, pilot)
+        assert app.analysis is not None and app.error is None
+        assert not isinstance(app.screen, LoadingScreen)
+        assert seen and seen[-1][1] == seen[-1][2] == 2
+        assert app.label == "straggler" or app.label.endswith("traces/straggler")
+        assert str(ROOT) not in dump(app)
+
+
+@timed
+async def test_bad_path_shows_error_screen():
+    app = FsdpDoctorApp("no/such/trace")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(app, pilot)
+        assert isinstance(app.screen, ErrorScreen)
+        text = dump(app)
+        assert "no/such/trace: no such file or directory" in text
+        assert "press q to quit" in text
+        await pilot.press("q")
+    assert app.return_code == 2
+
+
+@timed
+async def test_corrupt_trace_shows_error_screen(tmp_path):
+    bad = tmp_path / "rank0.json"
+    bad.write_text('{"traceEvents": [ {"ph": "X", "na')
+    app = FsdpDoctorApp(bad)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(app, pilot)
+        assert isinstance(app.screen, ErrorScreen)
+        assert app.error and "rank0.json" in app.error
+        assert "Traceback" not in dump(app)
+
+
+def test_cli_missing_path_is_one_line(capsys):
+    assert main(["tui", "/nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "fsdpdoctor: error: /nope: no such file or directory"
+    assert main(["analyze", "/nope", "--tui"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_cli_bad_selection_args_fail_before_launch(capsys, tmp_path):
+    assert main(["tui", str(tmp_path), "--steps", "x-y"]) == 2
+    assert "--steps" in capsys.readouterr().err
+
+
+def test_display_name_never_absolute(tmp_path):
+    assert display_name("traces/straggler/") == "traces/straggler"
+    assert display_name(tmp_path / "run7") == "run7"
+
+
+@pytest.mark.skipif(not PUBLIC.exists(), reason="public traces not mounted")
+@timed
+async def test_public_trace_128_rank_job():
+    app = FsdpDoctorApp(PUBLIC)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(app, pilot)
+        text = dump(app)
+        assert "world 128" in text and "recsys_2_of_128_ranks" in text
+        assert "/work/shared" not in text
+        await pilot.press("3")
+        await pilot.pause()
+        assert "all_to_all" in dump(app)
+
+
+def _expected(folder: Path) -> list[str]:
+    try:
+        return json.loads((folder / "expected.json").read_text())["must"]
+    except (OSError, KeyError, ValueError):
+        return []
+
+
+REAL = sorted(p for p in TRACES.glob("*") if (p / "expected.json").exists() and _expected(p)) if TRACES.exists() else []
+
+
+@pytest.mark.parametrize("folder", REAL[:3] or [pytest.param(None, marks=pytest.mark.skip("no bundled traces"))],
+                         ids=lambda p: p.name if p else "none")
+@timed
+async def test_real_findings(folder):
+    """Once the rules land: the expected findings are listed and their fix is shown."""
+    a = analyze_path(folder)
+    if not a.findings:
+        pytest.skip("diagnosis rules produce no findings yet")
+    app = FsdpDoctorApp(analysis=a)
+    async with app.run_test(size=(120, 40)) as pilot:
+        pane = app.query_one(FindingsPane)
+        ids = [f.id for f in pane.shown]
+        for must in _expected(folder):
+            assert must in ids
+        impacts = [f.impact_us for f in pane.shown]
+        assert impacts == sorted(impacts, reverse=True)
+        must = _expected(folder)[0]
+        await pilot.press("slash", *f"id:{must}", "enter")
+        assert pane.current is not None and pane.current.id == must
+        assert app.query_one(FixText).text == pane.current.fix
+
+
+# -- snapshots ---------------------------------------------------------------------
+async def _go(pilot, *keys):
+    await pilot.press(*keys)
+    await pilot.pause()
+
+
+@needs_straggler
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_snapshot_findings(snap_compare, size):
+    assert snap_compare(FsdpDoctorApp(analysis=straggler_analysis()), terminal_size=size)
+
+
+@needs_straggler
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+def test_snapshot_timeline(snap_compare, size):
+    assert snap_compare(FsdpDoctorApp(analysis=straggler_analysis()), press=["4"], terminal_size=size)
+
+
+@needs_straggler
+def test_snapshot_ranks_light(snap_compare):
+    app = FsdpDoctorApp(analysis=straggler_analysis(), light=True)
+    assert snap_compare(app, press=["2"], terminal_size=(80, 24))
+
+
+@needs_straggler
+def test_snapshot_no_findings(snap_compare):
+    assert snap_compare(FsdpDoctorApp(analysis=straggler_analysis(with_findings=False)), terminal_size=(80, 24))
+
+
+@needs_straggler
+def test_snapshot_help(snap_compare):
+    assert snap_compare(FsdpDoctorApp(analysis=straggler_analysis()), press=["question_mark"],
+                        terminal_size=(80, 24))
+
+
+def test_snapshot_error(snap_compare):
+    async def wait(pilot):
+        await loaded(pilot.app, pilot)
+
+    assert snap_compare(FsdpDoctorApp("no/such/trace"), run_before=wait, terminal_size=(80, 24))
