@@ -1,0 +1,409 @@
+"""Scaling efficiency across runs of the same job at different world sizes.
+
+Pure function: ``scaling_report(analyses, ...)`` takes already analysed runs
+(``Analysis`` objects) and returns a :class:`ScalingReport`; no I/O. The
+``scaling`` verb (fsdpdoctor/commands/scaling.py) loads the runs and renders it.
+See docs/scaling.md for the formulas and how to read the waterfall.
+
+Definitions (all times are per-rank means: mean over a rank's analysed steps,
+then mean over the analysed ranks):
+
+- global work per step ``W`` (samples or tokens, summed over ranks), per-rank
+  work ``w = W / N``;
+- throughput ``W / T`` (per second), ``T`` the mean step time;
+- efficiency of run N against the base run b (smallest world size):
+  ``E = throughput_N / (N / N_b * throughput_b)``, which equals
+  ``T_ideal / T_N`` with ``T_ideal = T_b * w_N / w_b``:
+  weak scaling (same per-rank batch): ``T_ideal = T_b``;
+  strong scaling (same global batch): ``T_ideal = T_b * N_b / N``;
+- waterfall: ``T_N - T_ideal`` split into parts. Each part is the run's time
+  in that category minus the base's time scaled the same way
+  (``part_N - part_b * w_N / w_b``). Its share of the lost efficiency is
+  ``delta / T_N``; all shares add up to ``1 - E``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fsdpdoctor.diagnose.thresholds import resolve
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.results import COLLECTIVE_KINDS, Analysis, Evidence, Finding
+
+FINDING_ID = "low-scaling-efficiency"
+
+# per-rank work equal within this relative tolerance counts as "the same batch"
+_SAME_WORK_TOL = 0.01
+
+# waterfall part keys that are not a collective kind ("comm:<kind>" for those)
+WAIT, DATA, COMPUTE, IDLE, RESIDUAL = "wait", "data_loading", "compute", "idle", "residual"
+
+_LABELS = {WAIT: "waiting on slower ranks", DATA: "data loading", COMPUTE: "compute inflation",
+           IDLE: "idle", RESIDUAL: "unattributed"}
+
+
+def part_label(key: str) -> str:
+    """Human name of a waterfall part key ("comm:all_reduce" -> "exposed all_reduce")."""
+    if key.startswith("comm:"):
+        return f"exposed {key[5:]}"
+    return _LABELS.get(key, key)
+
+
+@dataclass
+class StepParts:
+    """Mean per-rank step split used by the waterfall (microseconds).
+
+    ``sum(comm_by_kind) + wait_us + data_loading_us + compute_us + idle_us``
+    equals ``step_us`` up to the breakdown's own rounding and to per-kind
+    exposed times that overlap each other (several kinds exposed at once).
+    """
+
+    step_us: float
+    compute_us: float                   # compute + optimizer
+    comm_by_kind: dict[str, float]      # exposed communication per kind, net of waiting
+    wait_us: float                      # exposed time spent waiting for slower ranks
+    data_loading_us: float
+    idle_us: float
+    exposed_comm_us: float              # union of exposed communication (wait included)
+
+
+@dataclass
+class ScalingRun:
+    """One run folder in the comparison."""
+
+    source: str
+    world_size: int
+    ranks_analyzed: int
+    steps: int                          # analysed steps per rank (max over ranks)
+    unit: str                           # "samples" or "tokens"
+    work_per_step: float                # global (all ranks) per optimizer step
+    work_per_rank: float                # work_per_step / world_size
+    work_source: str                    # "manifest" or "flag"
+    step_us: float                      # mean step time (per rank mean, then mean over ranks)
+    step_cv: float                      # coefficient of variation of the step times (all ranks, steps)
+    throughput: float                   # global work per second
+    efficiency: float                   # vs the base run (1.0 for the base)
+    ideal_step_us: float                # base step time scaled by per-rank work
+    parts: StepParts
+
+
+@dataclass
+class WaterfallPart:
+    key: str                            # "comm:<kind>", "wait", "data_loading", "compute", "idle", "residual"
+    label: str
+    delta_us: float                     # part_N - part_base * work ratio (per step, per rank)
+    base_us: float                      # the base's time in this part (unscaled)
+    run_us: float                       # the larger run's time in this part
+    efficiency_points: float            # delta_us / run step time: share of the lost efficiency
+
+
+@dataclass
+class Waterfall:
+    """Where the step-time increase of ``world_size`` vs the base went; parts sum to ``increase_us``."""
+
+    base_world_size: int
+    world_size: int
+    base_source: str
+    source: str
+    step_us: float
+    ideal_step_us: float
+    increase_us: float                  # step_us - ideal_step_us
+    efficiency: float
+    lost_efficiency: float              # 1 - efficiency == sum of parts' efficiency_points
+    parts: list[WaterfallPart] = field(default_factory=list)   # largest |delta| first, residual last
+
+    @property
+    def biggest(self) -> WaterfallPart | None:
+        """The largest positive (slowing) part other than the residual."""
+        pos = [p for p in self.parts if p.key != RESIDUAL and p.delta_us > 0]
+        return max(pos, key=lambda p: p.delta_us) if pos else None
+
+
+@dataclass
+class ScalingReport:
+    mode: str                           # "weak", "strong" or "mixed" (per-rank work neither constant nor 1/N)
+    unit: str
+    base_world_size: int
+    runs: list[ScalingRun]              # sorted by world size, base first
+    waterfalls: list[Waterfall]         # one per non-base run
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    dialect: str = "cpu"                # "cpu" or "gpu" (of the base run)
+
+    def to_dict(self) -> dict:
+        import dataclasses
+
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------- helpers
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _parts(a: Analysis) -> StepParts:
+    """Per-rank means of the categories, wait carved out of the exposed communication."""
+    rows = []
+    for r in a.ranks:
+        m = r.mean
+        if m is None:
+            continue
+        kinds = {k: kt.exposed_us for k, kt in m.comm_by_kind.items() if kt.exposed_us > 0}
+        # waiting for a slower rank happens inside a collective; only its exposed part costs step time
+        wait = min(max(r.wait_us, 0.0), m.exposed_comm_us)
+        tot = sum(kinds.values())
+        if tot > 0 and wait > 0:
+            kinds = {k: v - wait * v / tot for k, v in kinds.items()}
+        rows.append((m.duration_us, m.compute_us + m.optimizer_us, kinds, wait, m.data_loading_us, m.idle_us,
+                     m.exposed_comm_us))
+    if not rows:
+        raise InputError(a.source, "no analysed steps (no rank has a step breakdown)")
+    n = len(rows)
+    comm: dict[str, float] = {}
+    for row in rows:
+        for k, v in row[2].items():
+            comm[k] = comm.get(k, 0.0) + v / n
+    return StepParts(step_us=_mean([x[0] for x in rows]), compute_us=_mean([x[1] for x in rows]),
+                     comm_by_kind=comm, wait_us=_mean([x[3] for x in rows]),
+                     data_loading_us=_mean([x[4] for x in rows]), idle_us=_mean([x[5] for x in rows]),
+                     exposed_comm_us=_mean([x[6] for x in rows]))
+
+
+def _step_cv(a: Analysis) -> float:
+    d = [s.duration_us for r in a.ranks for s in r.steps]
+    if len(d) < 2:
+        return 0.0
+    mu = _mean(d)
+    var = sum((x - mu) ** 2 for x in d) / (len(d) - 1)
+    return (var ** 0.5) / mu if mu else 0.0
+
+
+def _world_size(a: Analysis) -> int:
+    ws = a.job.world_size or (a.job.manifest or {}).get("world_size")
+    if not ws:
+        ws = len(a.ranks)
+    if not ws:
+        raise InputError(a.source, "world size unknown (no manifest, no distributed info in the trace)")
+    return int(ws)
+
+
+def _pick_unit(analyses: list[Analysis], samples_per_rank: float | None,
+               tokens_per_rank: float | None) -> tuple[str, str]:
+    if samples_per_rank is not None and tokens_per_rank is not None:
+        raise InputError(None, "give --samples-per-step or --tokens-per-step, not both")
+    if samples_per_rank is not None:
+        return "samples", "flag"
+    if tokens_per_rank is not None:
+        return "tokens", "flag"
+    if all(a.job.tokens_per_step for a in analyses):
+        return "tokens", "manifest"
+    if all(a.job.samples_per_step for a in analyses):
+        return "samples", "manifest"
+    missing = [a.source for a in analyses if not (a.job.tokens_per_step or a.job.samples_per_step)]
+    where = missing[0] if missing else analyses[0].source
+    raise InputError(where, "work per step unknown: the manifest has no samples_per_step/tokens_per_step "
+                            "(for every run); pass --samples-per-step N or --tokens-per-step N (per rank)")
+
+
+def _check_same_job(analyses: list[Analysis]) -> None:
+    kinds = {a.source: a.job.wrapping for a in analyses if a.job.wrapping not in ("unknown", None)}
+    if len(set(kinds.values())) > 1:
+        desc = ", ".join(f"{s}: {k}" for s, k in kinds.items())
+        raise InputError(None, f"runs of different jobs: wrapping differs ({desc})")
+    params = {}
+    for a in analyses:
+        model = (a.job.manifest or {}).get("model") or {}
+        if model.get("parameters"):
+            params[a.source] = int(model["parameters"])
+    if len(set(params.values())) > 1:
+        desc = ", ".join(f"{s}: {p}" for s, p in params.items())
+        raise InputError(None, f"runs of different jobs: model parameter count differs ({desc})")
+
+
+# ---------------------------------------------------------------------------- the report
+def scaling_report(analyses: list[Analysis], *, world_sizes: list[int] | None = None,
+                   samples_per_rank: float | None = None, tokens_per_rank: float | None = None,
+                   thresholds: dict[str, float] | None = None) -> ScalingReport:
+    """Throughput, efficiency and waterfall of runs of one job at different world sizes.
+
+    ``world_sizes`` overrides what the runs say (manifest / trace). Work per step
+    comes from the manifests (global ``tokens_per_step``, else ``samples_per_step``)
+    unless ``samples_per_rank`` / ``tokens_per_rank`` is given: a per-rank batch,
+    multiplied by each run's world size. Raises InputError for inputs that cannot
+    be compared.
+    """
+    th = resolve(thresholds)
+    if len(analyses) < 2:
+        raise InputError(None, f"scaling needs at least 2 runs, got {len(analyses)}")
+    if world_sizes is not None and len(world_sizes) != len(analyses):
+        raise InputError(None, "one world size per run is needed")
+    sizes = list(world_sizes) if world_sizes is not None else [_world_size(a) for a in analyses]
+    if len(set(sizes)) < 2:
+        raise InputError(None, f"all runs have the same world size ({sizes[0]}): nothing to scale")
+    _check_same_job(analyses)
+    unit, work_source = _pick_unit(analyses, samples_per_rank, tokens_per_rank)
+
+    order = sorted(range(len(analyses)), key=lambda i: sizes[i])   # stable: first given wins ties
+    runs: list[ScalingRun] = []
+    for i in order:
+        a, n = analyses[i], sizes[i]
+        if work_source == "flag":
+            per_rank = float(samples_per_rank if unit == "samples" else tokens_per_rank)
+            work = per_rank * n
+        else:
+            work = float(a.job.tokens_per_step if unit == "tokens" else a.job.samples_per_step)
+            per_rank = work / n
+        if work <= 0:
+            raise InputError(a.source, f"{unit} per step must be positive, got {work:g}")
+        p = _parts(a)
+        if p.step_us <= 0:
+            raise InputError(a.source, "mean step time is zero")
+        runs.append(ScalingRun(source=a.source, world_size=n, ranks_analyzed=len(a.ranks),
+                               steps=max((len(r.steps) for r in a.ranks), default=0), unit=unit,
+                               work_per_step=work, work_per_rank=per_rank, work_source=work_source,
+                               step_us=p.step_us, step_cv=_step_cv(a), throughput=work / (p.step_us / 1e6),
+                               efficiency=1.0, ideal_step_us=p.step_us, parts=p))
+    base = runs[0]
+    for r in runs[1:]:
+        ratio = r.work_per_rank / base.work_per_rank
+        r.ideal_step_us = base.step_us * ratio
+        r.efficiency = r.throughput / (r.world_size / base.world_size * base.throughput)
+
+    def same(x: float, y: float) -> bool:
+        return abs(x - y) <= _SAME_WORK_TOL * max(abs(x), abs(y))
+
+    if all(same(r.work_per_rank, base.work_per_rank) for r in runs):
+        mode = "weak"
+    elif all(same(r.work_per_step, base.work_per_step) for r in runs):
+        mode = "strong"
+    else:
+        mode = "mixed"
+
+    waterfalls = [_waterfall(base, r) for r in runs[1:] if r.world_size != base.world_size]
+    dialect = analyses[order[0]].job.dialect
+    notes = _notes(runs, waterfalls, mode, dialect)
+    findings = [f for w in waterfalls if (f := _finding(w, th, dialect)) is not None]
+    return ScalingReport(mode=mode, unit=unit, base_world_size=base.world_size, runs=runs, waterfalls=waterfalls,
+                         findings=findings, notes=notes, dialect=dialect)
+
+
+def _waterfall(base: ScalingRun, run: ScalingRun) -> Waterfall:
+    ratio = run.work_per_rank / base.work_per_rank
+    b, n = base.parts, run.parts
+    pairs: list[tuple[str, float, float]] = []
+    kinds = [k for k in COLLECTIVE_KINDS if k in b.comm_by_kind or k in n.comm_by_kind]
+    kinds += sorted(k for k in set(b.comm_by_kind) | set(n.comm_by_kind) if k not in kinds)
+    for k in kinds:
+        pairs.append((f"comm:{k}", b.comm_by_kind.get(k, 0.0), n.comm_by_kind.get(k, 0.0)))
+    pairs += [(WAIT, b.wait_us, n.wait_us), (DATA, b.data_loading_us, n.data_loading_us),
+              (COMPUTE, b.compute_us, n.compute_us), (IDLE, b.idle_us, n.idle_us)]
+    increase = run.step_us - run.ideal_step_us
+    parts = [WaterfallPart(key=k, label=part_label(k), delta_us=nv - bv * ratio, base_us=bv, run_us=nv,
+                           efficiency_points=(nv - bv * ratio) / run.step_us) for k, bv, nv in pairs]
+    parts.sort(key=lambda p: -abs(p.delta_us))
+    # what the categories do not explain (overlapping exposed kinds, breakdown rounding) is shown, not spread
+    resid = increase - sum(p.delta_us for p in parts)
+    parts.append(WaterfallPart(key=RESIDUAL, label=part_label(RESIDUAL), delta_us=resid,
+                               base_us=b.step_us - _explained(b), run_us=n.step_us - _explained(n),
+                               efficiency_points=resid / run.step_us))
+    return Waterfall(base_world_size=base.world_size, world_size=run.world_size, base_source=base.source,
+                     source=run.source, step_us=run.step_us, ideal_step_us=run.ideal_step_us,
+                     increase_us=increase, efficiency=run.efficiency, lost_efficiency=1.0 - run.efficiency,
+                     parts=parts)
+
+
+def _explained(p: StepParts) -> float:
+    return sum(p.comm_by_kind.values()) + p.wait_us + p.data_loading_us + p.compute_us + p.idle_us
+
+
+def _notes(runs: list[ScalingRun], waterfalls: list[Waterfall], mode: str, dialect: str) -> list[str]:
+    notes = []
+    if mode == "mixed":
+        notes.append("per-rank work is neither constant (weak scaling) nor inversely proportional to the world "
+                     "size (strong scaling); the ideal step time scales with per-rank work")
+    for r in runs:
+        if r.step_cv > 0.25:
+            notes.append(f"{r.source}: step times vary by {100 * r.step_cv:.0f}% (CV over {r.steps} step(s) x "
+                         f"{r.ranks_analyzed} rank(s)); efficiency is noisy, profile more active steps")
+        if r.ranks_analyzed < r.world_size:
+            notes.append(f"{r.source}: {r.ranks_analyzed} of {r.world_size} ranks analysed; means are over those")
+    for w in waterfalls:
+        if w.efficiency > 1.0:
+            notes.append(f"{w.world_size} vs {w.base_world_size} ranks: super-linear ({100 * w.efficiency:.0f}%): "
+                         "the larger run did more work per second than ideal; the waterfall shows which parts got "
+                         "faster (negative bars)" + (" - on CPU usually a noisy or oversubscribed base run"
+                                                    if dialect == "cpu" else ""))
+    if dialect == "cpu" and any(r.world_size > 1 for r in runs):
+        notes.append("CPU/gloo: ranks on one host share its cores, so compute inflation is mostly core contention; "
+                     "gloo collective spans include waiting for the peer")
+    return notes
+
+
+_FIXES = {
+    "all_reduce": ("Exposed all-reduce grew with the world size. Overlap it with backward: keep DDP's default "
+                   "buckets (bucket_cap_mb 25) or tune them so the first buckets start early, avoid "
+                   "find_unused_parameters, use gradient_as_bucket_view=True, send bf16/fp16 gradients "
+                   "(comm hook), and give each rank more work per step (larger per-rank batch or gradient "
+                   "accumulation with no_sync) so communication is amortised."),
+    "all_gather": ("Exposed all-gather grew with the world size: enable FSDP prefetching (FSDP1 "
+                   "backward_prefetch=BACKWARD_PRE, forward_prefetch; FSDP2 default implicit prefetch), wrap "
+                   "bigger units, or use hybrid sharding (HSDP) to keep all-gathers within a node."),
+    "reduce_scatter": ("Exposed reduce-scatter grew with the world size: let it overlap the next unit's backward "
+                       "(do not wrap too coarsely), reduce in bf16 (MixedPrecision reduce_dtype), or use hybrid "
+                       "sharding (HSDP) so most traffic stays inside a node."),
+}
+
+
+def _fix(key: str, dialect: str) -> str:
+    if key.startswith("comm:"):
+        kind = key[5:]
+        return _FIXES.get(kind, f"Exposed {kind} grew with the world size: overlap it with compute, batch small "
+                                "calls together, or issue it less often.")
+    if key == WAIT:
+        return ("Ranks wait for a slower one (straggler): run `fsdpdoctor analyze` on the larger run to see which "
+                "rank and why (data loading, host syncs, uneven batches, a slower node); balance the work or fix "
+                "that rank.")
+    if key == DATA:
+        return ("Data loading got slower per step: give the DataLoader workers (num_workers, persistent_workers, "
+                "pin_memory, prefetch_factor) and make sure the ranks do not contend for the same storage/CPUs.")
+    if key == COMPUTE:
+        base = "Compute per step got slower: CPU contention or smaller per-rank work. "
+        if dialect == "cpu":
+            return base + ("The ranks share the host's cores: set torch.set_num_threads / OMP_NUM_THREADS to "
+                           "cores per rank, pin ranks to cores, or scale across hosts rather than within one.")
+        return base + ("Kernels ran slower at the larger size: with strong scaling each rank's batch shrinks and "
+                       "kernels underuse the device (raise the per-rank batch); check CPU threads per rank, NUMA "
+                       "binding and host-side launch overhead.")
+    if key == IDLE:
+        return ("Idle time grew: host-side overhead (Python, launches, logging) or waits outside collectives; "
+                "look at the idle gaps of the larger run with `fsdpdoctor tui`.")
+    return "The larger run is slower for reasons the breakdown does not separate; compare the runs' timelines."
+
+
+def _finding(w: Waterfall, th: dict[str, float], dialect: str) -> Finding | None:
+    if w.efficiency >= th["scaling_efficiency_low"]:
+        return None
+    top = w.biggest
+    key = top.key if top else RESIDUAL
+    label = part_label(key)
+    impact = max(w.increase_us, 0.0)
+    lost = w.lost_efficiency
+    cause = (f"the biggest part is {label}: +{top.delta_us / 1e3:.1f} ms per step "
+             f"({100 * top.efficiency_points:.1f} points)" if top else "no single part explains it")
+    ev = [Evidence(f"{p.label}: {p.delta_us / 1e3:+.1f} ms per step ({p.base_us / 1e3:.1f} ms at "
+                   f"{w.base_world_size} -> {p.run_us / 1e3:.1f} ms at {w.world_size} ranks), "
+                   f"{100 * p.efficiency_points:+.1f} efficiency points")
+          for p in w.parts if abs(p.delta_us) > 0.005 * w.step_us]
+    ev.insert(0, Evidence(f"step {w.ideal_step_us / 1e3:.1f} ms ideal -> {w.step_us / 1e3:.1f} ms measured at "
+                          f"{w.world_size} ranks ({w.source}); base {w.base_world_size} ranks ({w.base_source})"))
+    return Finding(
+        id=FINDING_ID,
+        title=f"Scaling efficiency {100 * w.efficiency:.0f}% from {w.base_world_size} to {w.world_size} ranks",
+        severity="error" if w.efficiency < 0.5 else "warning",
+        confidence=0.6 if dialect == "cpu" else 0.8,
+        impact_us=impact, impact_frac=impact / w.step_us if w.step_us else 0.0,
+        summary=(f"At {w.world_size} ranks the job reaches {100 * w.efficiency:.0f}% of linear scaling "
+                 f"(threshold {100 * th['scaling_efficiency_low']:.0f}%): each step takes "
+                 f"{w.step_us / 1e3:.1f} ms instead of {w.ideal_step_us / 1e3:.1f} ms, losing "
+                 f"{100 * lost:.0f} points of efficiency; {cause}."),
+        fix=_fix(key, dialect), evidence=ev, ranks=[], source=None)

@@ -1,0 +1,114 @@
+"""`fsdpdoctor scaling RUN_A RUN_B [...]`: throughput and scaling efficiency of one job at
+several world sizes, with a waterfall of where the lost efficiency went (docs/scaling.md)."""
+
+from __future__ import annotations
+
+import json
+
+from fsdpdoctor.commands.common import parse_ranks, parse_steps, parse_thresholds
+from fsdpdoctor.errors import InputError
+
+
+def _positive(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise InputError(None, f"expected a positive number, got {v!r}") from None
+    if x <= 0:
+        raise InputError(None, f"expected a positive number, got {v!r}")
+    return x
+
+
+def register(sub) -> None:
+    p = sub.add_parser("scaling", help="scaling efficiency across world sizes, with a waterfall of the losses",
+                       description="Compare runs of the same job at different world sizes: global throughput, "
+                                   "scaling efficiency vs the smallest run, and where the step-time increase went "
+                                   "(exposed communication by kind, waiting on slower ranks, data loading, compute "
+                                   "inflation, idle). Work per step comes from the manifests (global figures).")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (or trace files) of the same job")
+    work = p.add_mutually_exclusive_group()
+    work.add_argument("--samples-per-step", metavar="N", type=str,
+                      help="samples per step PER RANK (multiplied by each run's world size); overrides manifests")
+    work.add_argument("--tokens-per-step", metavar="N", type=str,
+                      help="tokens per step PER RANK (multiplied by each run's world size); overrides manifests")
+    p.add_argument("--rank", action="append", metavar="R[,R...]", help="analyse only these ranks in every run")
+    p.add_argument("--steps", metavar="SPEC", help="profiler steps to analyse in every run, e.g. 3-5")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a threshold, e.g. scaling_efficiency_low=0.9")
+    p.add_argument("--config", metavar="FILE", help="JSON or TOML file of threshold overrides")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from fsdpdoctor.analysis.scaling import scaling_report
+    from fsdpdoctor.session import analyze_path
+
+    if len(args.runs) < 2:
+        raise InputError(None, f"scaling needs at least 2 runs, got {len(args.runs)}")
+    spr = _positive(args.samples_per_step) if args.samples_per_step is not None else None
+    tpr = _positive(args.tokens_per_step) if args.tokens_per_step is not None else None
+    th = parse_thresholds(args)
+    kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th, diagnose=False)
+    analyses = [analyze_path(r, **kw) for r in args.runs]
+    rep = scaling_report(analyses, samples_per_rank=spr, tokens_per_rank=tpr, thresholds=th)
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=2, default=str))
+    else:
+        render(rep)
+    return 0
+
+
+def _bar(points: float, scale: float, width: int = 16) -> str:
+    n = round(abs(points) / scale * width) if scale > 0 else 0
+    return ("█" * n) if n else ("▏" if points else "")
+
+
+def render(rep, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from fsdpdoctor.report.format import SEVERITY_STYLE
+
+    con = console or Console()
+    unit = rep.unit
+    t = Table(title=f"Scaling ({rep.mode} scaling, {unit}/s = global {unit} per step / mean step time)",
+              title_justify="left")
+    t.add_column("run", overflow="fold", ratio=1)
+    for col in ("N", "per step", "per rank", "step ms", "ideal ms", f"{unit}/s", "eff."):
+        t.add_column(col, justify="right", no_wrap=True)
+    for r in rep.runs:
+        eff = f"{100 * r.efficiency:.1f}%"
+        if r.world_size != rep.base_world_size:
+            eff = f"[{'red' if r.efficiency < 0.8 else 'green'}]{eff}[/]"
+        else:
+            eff = "base"
+        t.add_row(r.source, str(r.world_size), f"{r.work_per_step:g}", f"{r.work_per_rank:g}",
+                  f"{r.step_us / 1e3:.1f}", f"{r.ideal_step_us / 1e3:.1f}", f"{r.throughput:,.0f}", eff)
+    con.print(t)
+    for w in rep.waterfalls:
+        con.print(f"\n[bold]Waterfall {w.base_world_size} -> {w.world_size} ranks[/]: step "
+                  f"{w.ideal_step_us / 1e3:.1f} ms ideal -> {w.step_us / 1e3:.1f} ms measured "
+                  f"({w.increase_us / 1e3:+.1f} ms), efficiency {100 * w.efficiency:.1f}% "
+                  f"({100 * -w.lost_efficiency:+.1f} points vs linear)")
+        scale = max((abs(p.efficiency_points) for p in w.parts), default=0.0)
+        wt = Table(show_header=True, box=None, padding=(0, 1))
+        wt.add_column("part", no_wrap=True)
+        for col in ("base ms", "run ms", "Δ ms", "points"):
+            wt.add_column(col, justify="right", no_wrap=True)
+        wt.add_column("", no_wrap=True)
+        for p in w.parts:
+            color = "red" if p.delta_us > 0 else "green"
+            wt.add_row(p.label, f"{p.base_us / 1e3:.1f}", f"{p.run_us / 1e3:.1f}", f"{p.delta_us / 1e3:+.1f}",
+                       f"{100 * p.efficiency_points:+.1f}", f"[{color}]{_bar(p.efficiency_points, scale)}[/]")
+        wt.add_row("[bold]total[/]", "", "", f"[bold]{w.increase_us / 1e3:+.1f}[/]",
+                   f"[bold]{100 * w.lost_efficiency:+.1f}[/]", "")
+        con.print(wt)
+    if rep.findings:
+        con.print()
+        for f in rep.findings:
+            con.print(f"[{SEVERITY_STYLE.get(f.severity, '')}]{f.severity}[/] {f.title} [dim]{f.id}[/]")
+            con.print(f"  {f.summary}")
+            con.print(f"  [bold]fix:[/] {f.fix}")
+    for n in rep.notes:
+        con.print(f"[dim]note: {n}[/]")
