@@ -1,0 +1,300 @@
+"""fsdpdoctor.capture: single process (fast) and real 2-rank gloo jobs under torchrun (slow)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+from conftest import requires_torch
+
+
+def read_trace(path):
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def step_numbers(trace) -> list[int]:
+    return sorted(int(e["name"].split("#")[1]) for e in trace["traceEvents"]
+                  if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#"))
+
+
+def tiny_training(torch):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def train_step():
+        loss = model(torch.randn(8, 16)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    return model, opt, train_step
+
+
+def test_import_does_not_need_torch():
+    code = "import sys, fsdpdoctor, fsdpdoctor.capture; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------ single process
+@requires_torch
+def test_single_process_context_manager(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    model, opt, train_step = tiny_training(torch)
+    out = tmp_path / "run"
+    with capture(out, model=model, optimizer=opt, wait=1, warmup=1, active=2,
+                 samples_per_step=8, scenario={"name": "t", "injects": "x", "params": {}}) as cap:
+        for _ in range(7):
+            train_step()
+            cap.step()
+            if cap.step_num == 4:
+                assert cap._prof is None, "profiler must be stopped once the schedule is done"
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "rank0.json.gz"]
+    trace = read_trace(out / "rank0.json.gz")
+    assert step_numbers(trace) == [2, 3]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["fsdpdoctor_manifest"] == 1
+    assert m["world_size"] == 1 and m["backend"] is None
+    assert m["profiled_ranks"] == [0] and m["files"] == {"0": "rank0.json.gz"}
+    assert m["profiled_steps"] == [2, 3]
+    assert m["schedule"] == {"skip_first": 0, "wait": 1, "warmup": 1, "active": 2, "repeat": 1}
+    assert m["wrapping"] == {"kind": "none"}
+    assert m["model"]["parameters"] == 16 * 32 + 32 + 32 * 4 + 4
+    assert m["model"]["optimizer"] == "AdamW" and m["model"]["param_dtype"] == "float32"
+    assert m["devices"] == {"0": "cpu"} and m["samples_per_step"] == 8 and m["tokens_per_step"] is None
+    assert m["options"] == {"record_shapes": True, "with_stack": True, "profile_memory": False}
+    assert m["scenario"]["name"] == "t"
+    for key in ["created", "versions", "hosts"]:
+        assert m[key]
+
+
+@requires_torch
+def test_single_process_decorator(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    model, opt, train_step = tiny_training(torch)
+    out = tmp_path / "dec"
+    step = capture(out, model=model, optimizer=opt, wait=0, warmup=1, active=1, with_stack=False)(train_step)
+    for _ in range(4):
+        step()
+    assert step.capture.step_num == 4
+    assert step_numbers(read_trace(out / "rank0.json.gz")) == [1]
+    assert json.loads((out / "manifest.json").read_text())["options"]["with_stack"] is False
+
+
+@requires_torch
+def test_loop_ends_inside_window_exports_partial(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    _, _, train_step = tiny_training(torch)
+    with capture(tmp_path, wait=1, warmup=1, active=5) as cap:
+        for _ in range(4):  # active window 2..6, loop stops after step 3
+            train_step()
+            cap.step()
+    assert {2, 3} <= set(step_numbers(read_trace(tmp_path / "rank0.json.gz")))
+    assert json.loads((tmp_path / "manifest.json").read_text())["profiled_steps"] == [2, 3]
+
+
+@requires_torch
+def test_unwritable_out_dir_warns_and_training_continues(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    _, _, train_step = tiny_training(torch)
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the run folder should be")
+    with pytest.warns(RuntimeWarning, match="fsdpdoctor.capture"):
+        with capture(blocker / "run", wait=0, warmup=0, active=2) as cap:
+            for _ in range(3):
+                train_step()
+                cap.step()
+    assert cap.step_num == 3 and not cap.exported
+
+
+@requires_torch
+def test_export_failure_warns_and_training_continues(tmp_path, monkeypatch):
+    import torch
+    import torch.profiler
+
+    from fsdpdoctor.capture import capture
+
+    def disk_full(self, path, *a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", disk_full)
+    _, _, train_step = tiny_training(torch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with capture(tmp_path, wait=0, warmup=1, active=1) as cap:
+            for _ in range(4):
+                train_step()
+                cap.step()
+    assert cap.step_num == 4
+    assert any("No space left" in str(w.message) for w in caught)
+    assert not (tmp_path / "rank0.json.gz").exists()
+    assert (tmp_path / "manifest.json").exists()  # the manifest is still written
+
+
+# ------------------------------------------------------------------ torchrun, 2 ranks
+JOB = textwrap.dedent('''
+    import sys, torch, torch.distributed as dist, torch.nn as nn
+    from fsdpdoctor.capture import capture, track_fsdp2_prefetch_calls
+    wrap, out, ranks = sys.argv[1], sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(32, 32)
+        def forward(self, x):
+            return torch.relu(self.lin(x))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(Block() for _ in range(2))
+            self.head = nn.Linear(32, 4)
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return self.head(x)
+
+    model = Net()
+    if wrap == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = DDP(model, bucket_cap_mb=7, gradient_as_bucket_view=True)
+    elif wrap == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, BackwardPrefetch
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
+                     backward_prefetch=BackwardPrefetch.BACKWARD_POST, forward_prefetch=True)
+    elif wrap == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        track_fsdp2_prefetch_calls()
+        for b in model.blocks:
+            fully_shard(b)
+        fully_shard(model, reshard_after_forward=False)
+        model.blocks[1].set_modules_to_backward_prefetch([model.blocks[0]])
+        model.blocks[0].set_modules_to_forward_prefetch([model.blocks[1]])
+        model.set_modules_to_backward_prefetch([])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ranks = None if ranks == "all" else [int(r) for r in ranks.split(",")]
+    with capture(out, model=model, optimizer=opt, wait=1, warmup=1, active=2, ranks=ranks,
+                 tokens_per_step=64) as cap:
+        for _ in range(6):
+            model(torch.randn(8, 32)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            cap.step()
+    dist.barrier()
+    print(f"rank {dist.get_rank()} done")
+    dist.destroy_process_group()
+''')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(tmp_path, wrap, out, ranks="all", nproc=2):
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--master_port", str(free_port()), str(script), wrap, str(out), ranks]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+
+
+def check_ok(proc):
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@requires_torch
+@pytest.mark.slow
+def test_torchrun_ddp_all_ranks(tmp_path):
+    out = tmp_path / "ddp"
+    check_ok(torchrun(tmp_path, "ddp", out))
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "rank0.json.gz", "rank1.json.gz"]
+    for r in (0, 1):
+        trace = read_trace(out / f"rank{r}.json.gz")
+        assert trace["distributedInfo"]["rank"] == r and trace["distributedInfo"]["world_size"] == 2
+        assert step_numbers(trace) == [2, 3]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["world_size"] == 2 and m["backend"] == "gloo"
+    assert m["profiled_ranks"] == [0, 1] and m["profiled_steps"] == [2, 3]
+    assert set(m["hosts"]) == {"0", "1"} and all(m["hosts"].values())
+    assert m["devices"] == {"0": "cpu", "1": "cpu"}
+    assert m["wrapping"] == {"kind": "ddp", "bucket_cap_mb": 7.0, "find_unused_parameters": False,
+                             "gradient_as_bucket_view": True, "static_graph": False}
+    assert m["tokens_per_step"] == 64
+    assert m["model"]["parameters"] == 2 * (32 * 32 + 32) + 32 * 4 + 4
+
+
+@requires_torch
+@pytest.mark.slow
+def test_torchrun_only_rank1_profiled(tmp_path):
+    out = tmp_path / "r1"
+    check_ok(torchrun(tmp_path, "ddp", out, ranks="1"))
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "rank1.json.gz"]
+    assert read_trace(out / "rank1.json.gz")["distributedInfo"]["rank"] == 1
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["profiled_ranks"] == [1] and m["files"] == {"1": "rank1.json.gz"}
+    assert set(m["hosts"]) == {"0", "1"}  # gathered from every rank
+
+
+@requires_torch
+@pytest.mark.slow
+def test_torchrun_fsdp1_manifest(tmp_path):
+    out = tmp_path / "f1"
+    check_ok(torchrun(tmp_path, "fsdp1", out))
+    w = json.loads((out / "manifest.json").read_text())["wrapping"]
+    assert w == {"kind": "fsdp1", "sharding_strategy": "FULL_SHARD", "backward_prefetch": "BACKWARD_POST",
+                 "forward_prefetch": True, "limit_all_gathers": True, "mixed_precision": None,
+                 "cpu_offload": False, "units": 3}
+    names = {e["name"] for e in read_trace(out / "rank0.json.gz")["traceEvents"] if "name" in e}
+    assert "FullyShardedDataParallel._post_backward_prefetch" in names
+
+
+@requires_torch
+@pytest.mark.slow
+def test_torchrun_fsdp2_manifest(tmp_path):
+    out = tmp_path / "f2"
+    check_ok(torchrun(tmp_path, "fsdp2", out))
+    m = json.loads((out / "manifest.json").read_text())
+    w = m["wrapping"]
+    assert w["kind"] == "fsdp2" and w["units"] == 3
+    assert w["mesh"]["shape"] == [2]
+    assert w["reshard_after_forward"] == {"": False, "blocks.0": True, "blocks.1": True}
+    assert w["backward_prefetch"] == {"": [], "blocks.1": ["blocks.0"]}
+    assert w["forward_prefetch"] == {"blocks.0": ["blocks.1"]}
+    assert w["mixed_precision"] is None and w["offload"] is False
+    # FSDP2 parameters are DTensors: the count is the global (unsharded) one
+    assert m["model"]["parameters"] == 2 * (32 * 32 + 32) + 32 * 4 + 4
+
+
+@requires_torch
+@pytest.mark.slow
+def test_torchrun_export_failure_does_not_stop_training(tmp_path):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    proc = torchrun(tmp_path, "ddp", blocker / "run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
+    assert "fsdpdoctor.capture:" in proc.stderr and "RuntimeWarning" in proc.stderr
