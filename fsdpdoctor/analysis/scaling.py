@@ -334,8 +334,9 @@ def _notes(runs: list[ScalingRun], waterfalls: list[Waterfall], mode: str, diale
                          "faster (negative bars)" + (" - on CPU usually a noisy or oversubscribed base run"
                                                     if dialect == "cpu" else ""))
     if dialect == "cpu" and any(r.world_size > 1 for r in runs):
-        notes.append("CPU/gloo: ranks on one host share its cores, so compute inflation is mostly core contention; "
-                     "gloo collective spans include waiting for the peer")
+        notes.append("CPU/gloo: ranks on one host share its cores, so compute inflation is core contention (and "
+                     "threads per rank: torchrun sets OMP_NUM_THREADS=1 only for more than one process; set it "
+                     "explicitly to compare like for like); gloo collective spans include waiting for the peer")
     return notes
 
 
