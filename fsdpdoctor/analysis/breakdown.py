@@ -33,6 +33,8 @@ class Timelines:
     compute: np.ndarray      # all compute (incl. optimizer)
     optimizer: np.ndarray    # optimizer part of compute
     comm: np.ndarray
+    comm_by_kind: dict       # kind -> (interval set, start times, sizes)
+    comm_by_phase: dict      # phase -> interval set
 
 
 def step_windows(ctx: RankContext, launch_ts: dict[int, float] | None = None) -> list[StepWindow]:
@@ -95,7 +97,17 @@ def timelines(ctx: RankContext, collectives: list[Collective], launch_ts: dict[i
         compute = iv.subtract(ctx.set_of(ops[~is_comm]), ctx.set_of(ops[is_comm]))
         compute = iv.subtract(compute, ctx.dataloader_set)
         opt = iv.intersect(compute, ctx.optimizer_set)
-    return Timelines(compute=compute, optimizer=opt, comm=comm)
+    by_kind, by_phase = {}, {}
+    for kind in COLLECTIVE_KINDS:
+        ks = [c for c in collectives if c.kind == kind]
+        if ks:
+            by_kind[kind] = (iv.as_set([c.start_us for c in ks], [c.end_us for c in ks]),
+                             np.array([c.start_us for c in ks]), np.array([c.size_bytes or 0 for c in ks]))
+    for phase in PHASES:
+        ps = [c for c in collectives if c.phase == phase]
+        if ps:
+            by_phase[phase] = iv.as_set([c.start_us for c in ps], [c.end_us for c in ps])
+    return Timelines(compute=compute, optimizer=opt, comm=comm, comm_by_kind=by_kind, comm_by_phase=by_phase)
 
 
 def breakdown_step(ctx: RankContext, w: StepWindow, tl: Timelines, colls: list[Collective]) -> StepBreakdown:
@@ -121,19 +133,20 @@ def breakdown_step(ctx: RankContext, w: StepWindow, tl: Timelines, colls: list[C
     b.data_loader_us = iv.total(dl_all)
     b.idle_us = max(dur - comp_total - exposed - dl, 0.0)
     b.collectives = len(colls)
-    for kind in COLLECTIVE_KINDS:
-        ks = [c for c in colls if c.kind == kind]
-        if not ks:
+    # per kind and phase on the same time slice as the totals: device kernels of one step often
+    # run in the next step's window, so slicing by time (not by issuing step) keeps the parts summing up
+    for kind, (kset, starts, sizes) in tl.comm_by_kind.items():
+        s = iv.clip(kset, w.start, w.end)
+        if not len(s):
             continue
-        s = iv.clip(iv.as_set([c.start_us for c in ks], [c.end_us for c in ks]), w.start, w.end)
         busy = iv.total(s)
         exp = iv.total(iv.subtract(s, comp))
-        b.comm_by_kind[kind] = KindTime(count=len(ks), busy_us=busy, exposed_us=exp, overlapped_us=busy - exp,
-                                        size_bytes=int(sum(c.size_bytes or 0 for c in ks)))
-    for phase in PHASES:
-        ps = [c for c in colls if c.phase == phase]
-        if ps:
-            s = iv.clip(iv.as_set([c.start_us for c in ps], [c.end_us for c in ps]), w.start, w.end)
+        inside = (starts >= w.start) & (starts < w.end)
+        b.comm_by_kind[kind] = KindTime(count=int(inside.sum()), busy_us=busy, exposed_us=exp,
+                                        overlapped_us=busy - exp, size_bytes=int(sizes[inside].sum()))
+    for phase, pset in tl.comm_by_phase.items():
+        s = iv.clip(pset, w.start, w.end)
+        if len(s):
             b.exposed_by_phase[phase] = iv.total(iv.subtract(s, comp))
     # host syncs and sleeps in this step
     t = ctx.t
@@ -171,4 +184,7 @@ def mean_breakdown(steps: list[StepBreakdown], rank: int) -> StepBreakdown | Non
             acc.size_bytes += kt.size_bytes
         for p, v in s.exposed_by_phase.items():
             m.exposed_by_phase[p] = m.exposed_by_phase.get(p, 0.0) + v / n
+    for kt in m.comm_by_kind.values():
+        kt.count = round(kt.count / n)   # calls per step
+        kt.size_bytes = round(kt.size_bytes / n)
     return m

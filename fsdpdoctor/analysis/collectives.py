@@ -200,8 +200,28 @@ def _extract_gpu(ctx: RankContext) -> list[Collective]:
                        nelems=nelems_in, dtype=str(dtype) if dtype else None, size_bytes=nbytes,
                        group_size=group, process_group=meta.get("Process Group Name"))
         c._issue_track = issue_track  # type: ignore[attr-defined]
+        c._kernel = (kname, int(t.track[r]), bool(meta) or op_name is not None)  # type: ignore[attr-defined]
         out.append(c)
+    _infer_orphans(out)
     return out
+
+
+def _infer_orphans(colls: list[Collective]) -> None:
+    """Kernels launched before the trace began have no launch record, and generic kernel names
+    (RCCL's ``ncclDevKernel_Generic``) say nothing. Take the kind of the correlated kernel with the
+    same name on the same stream whose duration is closest (log scale); phase stays unknown."""
+    known = [c for c in colls if c._kernel[2]]  # type: ignore[attr-defined]
+    for c in colls:
+        name, track, has_meta = c._kernel  # type: ignore[attr-defined]
+        if has_meta or c.issue_us is not None or kind_from_kernel(name) not in (None, "other"):
+            continue
+        peers = [k for k in known if k._kernel[0] == name and k._kernel[1] == track]  # type: ignore[attr-defined]
+        if not peers:
+            continue
+        d = math.log(max(c.duration_us, 1e-3))
+        best = min(peers, key=lambda k: abs(math.log(max(k.duration_us, 1e-3)) - d))
+        c.kind = best.kind
+        c.raw_name = f"{name.split('(')[0]} (kind inferred: no launch record)"
 
 
 # ---------------------------------------------------------------- CPU

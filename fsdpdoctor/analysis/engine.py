@@ -52,12 +52,13 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
             t0 = c.issue_us if c.issue_us is not None else c.start_us
             c.step = next((w.step for w in windows if w.start <= t0 < w.end), "out")  # type: ignore[assignment]
             end = next((w.end for w in windows if w.step == c.step), None)
-            c.phase = ctx.phase_at(t0, end)
+            # a kernel with no launch record was issued before the trace began: phase unknown
+            c.phase = ctx.phase_at(t0, end) if c.issue_us is not None or ctx.dialect == "cpu" else "other"
         colls = [c for c in colls if c.step != "out"]
         orphans = sum(1 for c in colls if c.issue_us is None and ctx.dialect == "gpu")
         if orphans:
             notes.append(f"rank {trace.rank}: {orphans} communication kernel(s) have no launch record in the trace; "
-                         "their kind and phase are guessed from the kernel name and start time")
+                         "their kind is inferred from similar kernels on the same stream, their phase is 'other'")
         prefetch_mod.annotate(ctx, colls)
         tl = timelines(ctx, colls, launch)
         if colls:
@@ -109,10 +110,6 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
     job = _job_info(run, ctxs, summaries, fw)
     means = [s.mean for s in summaries if s.mean]
     overall = mean_breakdown(means, -1) if means else None
-    if overall is not None:
-        # counts were summed over ranks by mean_breakdown; keep them per rank
-        for kt in overall.comm_by_kind.values():
-            kt.count = round(kt.count / max(len(means), 1))
     sig = Signals(host_syncs=host_syncs, dataloader=loaders, sleep_sources=sleep_sources,
                   ddp=signals_mod.ddp(ctxs, all_colls, steps_by_rank, backward_end) if job.wrapping == "ddp" else None)
     if any(c.dialect == "cpu" for c in ctxs) and all_colls:
