@@ -1,0 +1,61 @@
+"""Precision and recall of every diagnosis rule over the bundled reference scenarios.
+
+    python reference_jobs/scorecard.py [--traces traces] [--markdown]
+
+For each scenario folder with an expected.json: a rule listed in "must" that
+fires is a true positive, one that does not is a false negative; a rule listed
+in "must_not" that fires is a false positive. Rules firing where expected.json
+says nothing either way are counted as "unlisted" (neither right nor wrong).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from fsdpdoctor.diagnose.rules import RULE_IDS
+from fsdpdoctor.session import analyze_path
+
+
+def scorecard(traces: Path) -> tuple[dict, list[str]]:
+    stats = {r: defaultdict(int) for r in RULE_IDS}
+    failures = []
+    for exp_path in sorted(traces.glob("*/expected.json")):
+        exp = json.loads(exp_path.read_text())
+        fired = {f.id for f in analyze_path(exp_path.parent).findings}
+        must, must_not = set(exp["must"]), set(exp["must_not"])
+        for r in RULE_IDS:
+            s = stats[r]
+            if r in must:
+                s["tp" if r in fired else "fn"] += 1
+            elif r in must_not:
+                s["fp" if r in fired else "tn"] += 1
+            elif r in fired:
+                s["unlisted"] += 1
+        if must - fired or must_not & fired:
+            failures.append(f"{exp_path.parent.name}: missing {sorted(must - fired)}, forbidden {sorted(must_not & fired)}")
+    return stats, failures
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", default=str(Path(__file__).resolve().parents[1] / "traces"))
+    args = ap.parse_args()
+    stats, failures = scorecard(Path(args.traces))
+    print("| rule | scenarios that must fire | TP | FN | FP | TN | precision | recall | unlisted fires |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in RULE_IDS:
+        s = stats[r]
+        p = s["tp"] / (s["tp"] + s["fp"]) if s["tp"] + s["fp"] else None
+        rec = s["tp"] / (s["tp"] + s["fn"]) if s["tp"] + s["fn"] else None
+        print(f"| `{r}` | {s['tp'] + s['fn']} | {s['tp']} | {s['fn']} | {s['fp']} | {s['tn']} | "
+              f"{'-' if p is None else f'{p:.2f}'} | {'-' if rec is None else f'{rec:.2f}'} | {s['unlisted']} |")
+    for f in failures:
+        print(f"\nMISMATCH {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
