@@ -39,18 +39,29 @@ needs_straggler = pytest.mark.skipif(not (STRAGGLER / "rank0.json.gz").exists(),
 
 
 # -- data ------------------------------------------------------------------------
+FSDP1 = TRACES / "fsdp1_no_backward_prefetch"     # three findings: warning, info, warning
+NO_FINDINGS = TRACES / "fsdp1_forward_prefetch"   # a healthy run
+needs_fsdp1 = pytest.mark.skipif(not (FSDP1 / "rank0.json.gz").exists(), reason="traces/ not present")
+
+
 @lru_cache(maxsize=None)
-def _analysis(folder: str):
-    # a relative source, as a user typing `fsdpdoctor tui traces/straggler` would give
-    return analyze_path(Path(folder), diagnose=False)
+def _analysis(folder: Path, diagnose: bool):
+    return analyze_path(folder, diagnose=diagnose)
 
 
-def straggler_analysis(with_findings: bool = True):
+def real(folder: Path, diagnose: bool = True):
+    """The analysis of a bundled trace, labelled relative (as `fsdpdoctor tui traces/x` would be)."""
     import copy
 
-    a = copy.deepcopy(_analysis(str(STRAGGLER)))
-    a.source = "traces/straggler"
-    if with_findings:
+    a = copy.deepcopy(_analysis(folder, diagnose))
+    a.source = f"traces/{folder.name}"
+    return a
+
+
+def straggler_analysis(made_up_findings: bool = False):
+    """traces/straggler with the rules' findings, or with ``findings_from_numbers``."""
+    a = real(STRAGGLER, diagnose=not made_up_findings)
+    if made_up_findings:
         a.findings = findings_from_numbers(a)
     return a
 
@@ -109,7 +120,7 @@ def timed(fn):
 @needs_straggler
 @timed
 async def test_findings_sorted_and_selection_shows_detail():
-    a = straggler_analysis()
+    a = straggler_analysis(made_up_findings=True)
     app = FsdpDoctorApp(analysis=a)
     async with app.run_test(size=(80, 24)) as pilot:
         pane = app.query_one(FindingsPane)
@@ -140,42 +151,67 @@ async def test_findings_sorted_and_selection_shows_detail():
 @needs_straggler
 @timed
 async def test_copy_fix_to_clipboard_notifies():
-    app = FsdpDoctorApp(analysis=straggler_analysis())
+    a = straggler_analysis()
+    app = FsdpDoctorApp(analysis=a)
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("down", "c")
+        await pilot.press("c")
         await pilot.pause()
-        assert app.clipboard == app.query_one(FindingsPane).current.fix
-        assert app.clipboard.startswith("Overlap gradient all-reduce")
+        straggler = next(f for f in a.findings if f.id == "straggler")
+        assert app.clipboard == straggler.fix == app.query_one(FindingsPane).current.fix
         assert any("copied" in n.message for n in app._notifications)
+
+
+@needs_fsdp1
+@timed
+async def test_filter_narrows_the_list():
+    a = real(FSDP1)
+    by_id = {f.id: f for f in a.findings}
+    assert {"exposed-comm-high", "fsdp-forward-prefetch-off", "fsdp1-no-backward-prefetch"} <= set(by_id)
+    app = FsdpDoctorApp(analysis=a)
+    async with app.run_test(size=(80, 24)) as pilot:
+        pane = app.query_one(FindingsPane)
+        lst = app.query_one(FindingList)
+        assert lst.option_count == len(a.findings) == len(pane.shown)
+        await pilot.press("slash")
+        assert app.focused.id == "filter"
+        await pilot.press(*"sev:info")
+        assert {f.severity for f in pane.shown} == {"info"}
+        assert "fsdp-forward-prefetch-off" in [f.id for f in pane.shown]
+        assert lst.option_count == len(pane.shown) < len(a.findings)
+        await pilot.press("enter")  # back to the list, filter kept
+        assert isinstance(app.focused, FindingList)
+        assert f"{len(pane.shown)} of {len(a.findings)}" in str(app.query_one("#filter-status").content)
+        # `/` again selects the old filter, so typing replaces it
+        await pilot.press("slash", *"id:fsdp1-no", "enter")
+        assert [f.id for f in pane.shown] == ["fsdp1-no-backward-prefetch"]
+        # the detail pane follows the (only) match: its evidence and fix
+        f = by_id["fsdp1-no-backward-prefetch"]
+        assert pane.current is f
+        assert app.query_one(FixText).text == f.fix
+        if f.evidence:
+            assert f.evidence[0].text.split()[0] in str(app.query_one("#detail-evidence").content)
+        await pilot.press("slash", *"prefetch sev:error")  # every word must match
+        assert pane.shown == []
+        assert "nothing matches" in dump(app)
+        await pilot.press("escape")  # clears the filter
+        assert len(pane.shown) == len(a.findings) == lst.option_count
 
 
 @needs_straggler
 @timed
-async def test_filter_narrows_the_list():
-    app = FsdpDoctorApp(analysis=straggler_analysis())
-    async with app.run_test(size=(80, 24)) as pilot:
+async def test_mouse_selects_finding_and_switches_tab():
+    app = FsdpDoctorApp(analysis=straggler_analysis(made_up_findings=True))
+    async with app.run_test(size=(120, 40)) as pilot:
         pane = app.query_one(FindingsPane)
-        lst = app.query_one(FindingList)
-        assert lst.option_count == 3
-        await pilot.press("slash")
-        assert app.focused.id == "filter"
-        await pilot.press(*"sev:warn")
-        assert [f.id for f in pane.shown] == ["exposed-all-reduce"]
-        assert lst.option_count == 1
+        assert pane.current.id == "straggler"
+        await pilot.click("#finding-list", offset=(5, 2))  # second two-line item
+        await pilot.pause()
         assert pane.current.id == "exposed-all-reduce"
-        await pilot.press("enter")  # back to the list, filter kept
-        assert isinstance(app.focused, FindingList)
-        assert "1 of 3" in str(app.query_one("#filter-status").content)
-        # `/` again selects the old filter, so typing replaces it; free text over id/title/summary/fix
-        await pilot.press("slash", *"gloo")
-        assert [f.id for f in pane.shown] == ["gloo-timing"]
-        await pilot.press("slash", *"gloo sev:error")  # every word must match
-        assert [f.id for f in pane.shown] == []
-        assert "nothing matches" in dump(app)
-        await pilot.press("escape")  # clears the filter
-        assert len(pane.shown) == 3 and lst.option_count == 3
-        await pilot.press("slash", *"straggler")
-        assert [f.id for f in pane.shown] == ["straggler"]
+        assert isinstance(app.focused, FindingList)  # a click selects; only enter moves to the fix
+        await pilot.click("#--content-tab-tab-timeline")
+        await pilot.pause()
+        assert app.query_one("#panes").active == "tab-timeline"
+        assert app.focused.id == "timeline-table"
 
 
 def test_filter_matching_rules():
@@ -389,10 +425,15 @@ async def _go(pilot, *keys):
     await pilot.pause()
 
 
-@needs_straggler
+@needs_fsdp1
 @pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 def test_snapshot_findings(snap_compare, size):
-    assert snap_compare(FsdpDoctorApp(analysis=straggler_analysis()), terminal_size=size)
+    assert snap_compare(FsdpDoctorApp(analysis=real(FSDP1)), terminal_size=size)
+
+
+@needs_straggler
+def test_snapshot_finding_fix_focused(snap_compare):
+    assert snap_compare(FsdpDoctorApp(analysis=straggler_analysis()), press=["enter"], terminal_size=(120, 40))
 
 
 @needs_straggler
@@ -407,9 +448,11 @@ def test_snapshot_ranks_light(snap_compare):
     assert snap_compare(app, press=["2"], terminal_size=(80, 24))
 
 
-@needs_straggler
+@needs_fsdp1
 def test_snapshot_no_findings(snap_compare):
-    assert snap_compare(FsdpDoctorApp(analysis=straggler_analysis(with_findings=False)), terminal_size=(80, 24))
+    a = real(NO_FINDINGS)
+    a.findings = []  # pinned: the healthy run, whatever the rules say about it later
+    assert snap_compare(FsdpDoctorApp(analysis=a), terminal_size=(80, 24))
 
 
 @needs_straggler

@@ -41,7 +41,16 @@ class FindingList(OptionList):
     BINDINGS = [
         Binding("j", "cursor_down", "down", show=False),
         Binding("k", "cursor_up", "up", show=False),
+        Binding("enter", "open", "open fix", show=False),
     ]
+
+    def action_open(self) -> None:
+        """Enter: select the finding and move to its fix (a mouse click only selects)."""
+        if self.highlighted is None or self.get_option_at_index(self.highlighted).disabled:
+            return
+        self.action_select()
+        fix = self.screen.query_one(FixText)
+        self.call_after_refresh(fix.focus)
 
 
 class FixText(TextArea):
@@ -205,7 +214,6 @@ class FindingsPane(Horizontal):
         if f is not None:
             self.show_detail(f)
             self.query_one("#finding-detail").scroll_home(animate=False)
-            self.query_one(FixText).focus()
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:

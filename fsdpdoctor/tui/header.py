@@ -14,6 +14,8 @@ from fsdpdoctor.tui.palette import SHORT, Palette
 def steps_text(steps: list[int]) -> str:
     if not steps:
         return "-"
+    if steps == list(range(steps[0], steps[-1] + 1)) and len(steps) > 2:
+        return f"{steps[0]}..{steps[-1]}"
     return f"{steps[0]}..{steps[-1]} ({len(steps)})" if len(steps) > 2 else ", ".join(map(str, steps))
 
 
