@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from textual import work
+from textual.worker import get_current_worker
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
@@ -19,7 +20,7 @@ from fsdpdoctor.results import Analysis
 from fsdpdoctor.tui.findings import FindingList, FindingsPane
 from fsdpdoctor.tui.header import JobHeader
 from fsdpdoctor.tui.screens import ALL_RANKS, ErrorScreen, HelpScreen, LoadingScreen, RankPicker
-from fsdpdoctor.tui.tables import CollectivesView, RanksView, VimTable
+from fsdpdoctor.tui.tables import CollectivesView, RanksView
 from fsdpdoctor.tui.timeline import TimelineView
 
 PANES = ["tab-findings", "tab-ranks", "tab-collectives", "tab-timeline"]
@@ -37,6 +38,10 @@ def display_name(source: str | Path | None) -> str:
         return p.resolve().relative_to(Path.cwd().resolve()).as_posix() or "."
     except ValueError:
         return p.name or str(p)
+
+
+class _Cancelled(Exception):
+    pass
 
 
 class FsdpDoctorApp(App[int]):
@@ -102,19 +107,28 @@ class FsdpDoctorApp(App[int]):
     def _load(self) -> None:
         from fsdpdoctor.session import analyze_path
 
+        worker = get_current_worker()
+
         def progress(name: str, done: int, total: int) -> None:
+            if worker.is_cancelled:  # the user quit while loading: stop at the next file
+                raise _Cancelled
             self.call_from_thread(self._progress, name, done, total)
 
         try:
             analysis = analyze_path(self.path, ranks=self.ranks, steps=self.steps, thresholds=self.thresholds,
                                     progress=progress)
+            outcome, arg = self._loaded, analysis
+        except _Cancelled:
+            return
         except InputError as exc:
-            self.call_from_thread(self._failed, str(exc))
-            return
+            outcome, arg = self._failed, str(exc)
         except Exception as exc:  # corrupt input the loader did not anticipate
-            self.call_from_thread(self._failed, f"{self.label}: {type(exc).__name__}: {exc}")
-            return
-        self.call_from_thread(self._loaded, analysis)
+            outcome, arg = self._failed, f"{self.label}: {type(exc).__name__}: {exc}"
+        if not worker.is_cancelled:
+            try:
+                self.call_from_thread(outcome, arg)
+            except RuntimeError:  # the app has already gone
+                pass
 
     def _progress(self, name: str, done: int, total: int) -> None:
         if isinstance(self.screen, LoadingScreen):
@@ -232,7 +246,3 @@ class FsdpDoctorApp(App[int]):
                                        or event.pane in focused.ancestors):
                 self.call_after_refresh(widget.focus)
 
-
-def run_app(app: FsdpDoctorApp) -> int:
-    rc = app.run()
-    return int(rc or 0)

@@ -77,11 +77,8 @@ class Palette:
 
     def legend(self) -> Text:
         text = Text()
-        for name, _ in categories_names():
+        for name in CATEGORY_VAR:
             text.append("█ ", style=self.category(name))
             text.append(f"{SHORT[name]}  ")
         return text
 
-
-def categories_names():
-    return [(n, None) for n in CATEGORY_VAR]
