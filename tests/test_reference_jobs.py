@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
-import orjson
 import pytest
 
 from conftest import requires_torch
@@ -96,10 +96,9 @@ def test_committed_traces(traces_dir):
         total += size
         for r in range(nproc):
             with gzip.open(folder / f"rank{r}.json.gz", "rb") as f:
-                t = orjson.loads(f.read())
-            assert t["distributedInfo"]["rank"] == r
-            steps = sorted(int(e["name"].split("#")[1]) for e in t["traceEvents"]
-                           if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#"))
+                raw = f.read()  # scan the bytes: parsing ~200 MB of JSON is slow on CI
+            assert re.search(rb'"distributedInfo": \{"backend": "gloo", "rank": %d,' % r, raw), name
+            steps = sorted({int(n) for n in re.findall(rb'"name": "ProfilerStep#(\d+)"', raw)})
             assert steps == m["profiled_steps"], name
     assert total < 40e6
 
