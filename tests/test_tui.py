@@ -272,6 +272,43 @@ async def test_timeline_bars_scaled_to_longest_step():
 
 @needs_straggler
 @timed
+async def test_timeline_marks_an_odd_step():
+    a = straggler_analysis()
+    odd = a.ranks[0].steps[1]
+    odd.idle_us += 2 * odd.duration_us  # a step three times longer, all of it idle
+    odd.duration_us *= 3
+    app = FsdpDoctorApp(analysis=a)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("4")
+        await pilot.pause()
+        table = app.query_one("#timeline-table", VimTable)
+        marked = [k.value for k in table.rows if table.get_cell(k, "time").plain.endswith("!")]
+        assert marked == [f"{odd.rank}:{odd.step}"]
+        # the odd step sets the scale: the others are about a third of the width
+        width = table.columns["bar"].width
+        assert len(table.get_cell(f"{odd.rank}:{odd.step}", "bar").plain) == width
+        other = a.ranks[1].steps[0]
+        assert len(table.get_cell(f"{other.rank}:{other.step}", "bar").plain) < width / 2
+        assert "slow steps" in dump(app) or "median" in dump(app)
+
+
+def test_open_tui_passes_selection_args(monkeypatch):
+    import fsdpdoctor.tui.app as tui_app
+
+    seen = {}
+
+    def fake_run(self):
+        seen.update(path=self.path, ranks=self.ranks, steps=self.steps, theme=self._light)
+        return 0
+
+    monkeypatch.setattr(tui_app.FsdpDoctorApp, "run", fake_run)
+    assert main(["analyze", str(ROOT), "--tui", "--rank", "0,1", "--steps", "2-3"]) == 0
+    assert seen == {"path": ROOT, "ranks": [0, 1], "steps": {2, 3}, "theme": False}
+    assert main(["tui", str(ROOT), "--light"]) == 0 and seen["theme"] is True
+
+
+@needs_straggler
+@timed
 async def test_tab_cycles_panes_and_straggler_marked():
     app = FsdpDoctorApp(analysis=straggler_analysis())
     async with app.run_test(size=(80, 24)) as pilot:
