@@ -219,7 +219,14 @@ def torchrun(tmp_path, wrap, out, ranks="all", nproc=2):
     script.write_text(JOB)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_port", str(free_port()), str(script), wrap, str(out), ranks]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    for _attempt in range(2):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+        # torch 2.13 + gloo: about 1 run in 20 aborts at interpreter exit with this message
+        # (seen also with no profiler on any rank); retry once, it is not the capture's doing
+        if proc.returncode == 0 or "terminate called without an active exception" not in proc.stderr:
+            break
+        cmd[cmd.index("--master_port") + 1] = str(free_port())
+    return proc
 
 
 def check_ok(proc):
