@@ -1,0 +1,110 @@
+"""Bad inputs: exit code 2, exactly one line on stderr naming the file, no traceback, input untouched."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", "--no-progress", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def assert_input_error(target: Path, named: str | None = None) -> None:
+    """Run analyze on ``target``; check the error contract and that every file under it is unchanged."""
+    files = [target] if target.is_file() else sorted(p for p in target.rglob("*") if p.is_file()) if target.exists() else []
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in files}
+    for extra in ([], ["--json"]):
+        proc = run_cli(str(target), *extra)
+        assert proc.returncode == 2, (proc.returncode, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert (named or target.name) in lines[0], lines[0]
+        assert proc.stdout == ""
+    for p, (data, mtime) in before.items():
+        assert p.read_bytes() == data and p.stat().st_mtime_ns == mtime, f"{p} was modified"
+
+
+def small_trace(rank: int, world: int) -> dict:
+    return {"distributedInfo": {"rank": rank, "world_size": world, "backend": "nccl"},
+            "traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+                             "ts": 0.0, "dur": 100.0},
+                            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10.0, "dur": 50.0}]}
+
+
+def write(path: Path, doc) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_missing_file(tmp_path):
+    assert_input_error(tmp_path / "nope.json.gz")
+
+
+def test_directory_without_traces(tmp_path):
+    d = tmp_path / "empty_run"
+    d.mkdir()
+    (d / "notes.txt").write_text("no traces here")
+    assert_input_error(d)
+
+
+def test_truncated_gz(tmp_path):
+    good = gzip.compress(json.dumps(small_trace(0, 1) | {"pad": "x" * 20000}).encode())
+    p = tmp_path / "rank0.json.gz"
+    p.write_bytes(good[: len(good) // 2])
+    assert_input_error(p)
+
+
+def test_corrupt_gz(tmp_path):
+    p = tmp_path / "rank0.json.gz"
+    p.write_bytes(b"\x1f\x8b\x08\x00" + os.urandom(200))
+    assert_input_error(p)
+
+
+def test_gz_of_invalid_json(tmp_path):
+    p = tmp_path / "rank0.json.gz"
+    p.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", '))
+    assert_input_error(p)
+
+
+@pytest.mark.parametrize("content", ['{"a": 1}', "[1,2]", "", "   \n", '{"traceEvents": []}', "null", '"text"',
+                                     '{"traceEvents": {"ph": "X"}}', "{not json"])
+def test_not_a_trace(tmp_path, content):
+    p = tmp_path / "trace.json"
+    p.write_text(content)
+    assert_input_error(p)
+
+
+def test_two_world_sizes_in_one_folder(tmp_path):
+    write(tmp_path / "rank0.json", small_trace(0, 2))
+    write(tmp_path / "rank1.json", small_trace(1, 4))
+    assert_input_error(tmp_path, named=tmp_path.name)
+
+
+def test_duplicate_rank(tmp_path):
+    write(tmp_path / "a.json", small_trace(0, 2))
+    write(tmp_path / "b.json", small_trace(0, 2))
+    proc = run_cli(str(tmp_path))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line, = proc.stderr.strip().splitlines()
+    assert "a.json" in line or "b.json" in line
+    assert "rank 0" in line
+    assert_input_error(tmp_path, named=".json")
+
+
+def test_good_input_is_not_modified(tmp_path):
+    """Analysis of a valid folder leaves its files' bytes and mtimes alone."""
+    write(tmp_path / "rank0.json", small_trace(0, 2))
+    write(tmp_path / "rank1.json", small_trace(1, 2))
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
+    proc = run_cli(str(tmp_path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()} == before
