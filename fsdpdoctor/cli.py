@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from fsdpdoctor import __version__
@@ -49,3 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # a bug of ours: one line unless asked for the traceback
+        if os.environ.get("FSDPDOCTOR_DEBUG"):
+            raise
+        print(f"fsdpdoctor: internal error: {type(exc).__name__}: {exc} "
+              "(set FSDPDOCTOR_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
+        return 3

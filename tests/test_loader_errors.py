@@ -108,3 +108,11 @@ def test_good_input_is_not_modified(tmp_path):
     proc = run_cli(str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.parametrize("event", [{"ph": "X", "name": ["a"], "ts": 1, "dur": 1},
+                                   {"ph": "X", "name": "a", "ts": "soon", "dur": 1},
+                                   {"ph": "X", "name": "a", "ts": 1, "dur": "long"}])
+def test_malformed_event(tmp_path, event):
+    p = write(tmp_path / "trace.json", {"traceEvents": [event]})
+    assert_input_error(p)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+from array import array
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,14 @@ def rank_from_filename(path: Path) -> int | None:
 
 def build_rank_trace(doc, path: Path) -> RankTrace:
     """Columns from a parsed Kineto document (dict) or a bare event list."""
+    try:
+        return _build(doc, path)
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
+        # an event of the wrong shape (a list as name, text as ts...): one line, not a traceback
+        raise InputError(path, f"malformed trace event ({type(exc).__name__}: {str(exc)[:80]})") from None
+
+
+def _build(doc, path: Path) -> RankTrace:
     if isinstance(doc, dict):
         events = doc["traceEvents"]
         dist = doc.get("distributedInfo") or {}
@@ -61,8 +70,9 @@ def build_rank_trace(doc, path: Path) -> RankTrace:
     thread_names: dict[tuple, str] = {}
     n_id: list[int] = []
     cats: list[int] = []
-    tss: list[float] = []
-    durs: list[float] = []
+    # typed arrays hold 8 bytes a value where a list of floats holds ~32: large traces peak lower
+    tss = array("d")
+    durs = array("d")
     trk: list[int] = []
     corr: list[int] = []
     args: dict[int, dict] = {}
@@ -166,8 +176,8 @@ def build_rank_trace(doc, path: Path) -> RankTrace:
         names=names,
         name_id=np.asarray(n_id, dtype=np.int32),
         cat=cat_arr,
-        ts=np.asarray(tss, dtype=np.float64),
-        dur=np.asarray(durs, dtype=np.float64),
+        ts=np.frombuffer(tss, dtype=np.float64).copy(),
+        dur=np.frombuffer(durs, dtype=np.float64).copy(),
         track=trk_arr,
         corr=np.asarray(corr, dtype=np.int64),
         tracks=tracks,
