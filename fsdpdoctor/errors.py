@@ -11,3 +11,6 @@ class InputError(Exception):
         self.path = str(path) if path is not None else None
         self.problem = problem
         super().__init__(f"{self.path}: {problem}" if self.path else problem)
+
+    def __reduce__(self):  # survives the trip back from a worker process
+        return (type(self), (self.path, self.problem))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing as mp
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from array import array
 import re
 from dataclasses import dataclass, field
@@ -223,8 +226,47 @@ def read_manifest(folder: Path) -> dict | None:
     return manifest
 
 
-def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progress | None = None) -> Run:
-    """Load a trace file or a folder of per-rank traces (plus ``manifest.json`` if present)."""
+# below this many bytes on disk, starting worker processes costs more than it saves
+PARALLEL_MIN_BYTES = 8 << 20
+
+
+def _workers(files: list[Path], jobs: int | None) -> int:
+    if jobs is not None:
+        return max(1, min(jobs, len(files)))
+    if len(files) < 2 or sum(f.stat().st_size for f in files) < PARALLEL_MIN_BYTES:
+        return 1
+    return max(1, min(len(files), os.cpu_count() or 1))
+
+
+def _load_files(files: list[Path], progress: Progress | None, jobs: int | None) -> list[RankTrace]:
+    """Parse rank files, in worker processes when there are several large ones (parsing is CPU-bound)."""
+    n = _workers(files, jobs)
+    if progress:
+        progress(files[0].name, 0, len(files))
+    if n == 1 or "fork" not in mp.get_all_start_methods():
+        traces = []
+        for i, f in enumerate(files):
+            if progress and i:
+                progress(f.name, i, len(files))
+            traces.append(load_file(f))
+    else:
+        traces = []
+        with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("fork")) as pool:
+            futures = {pool.submit(load_file, f): f for f in files}
+            for done, fut in enumerate(as_completed(futures), 1):
+                traces.append(fut.result())  # an InputError raised in a worker re-raises here
+                if progress:
+                    progress(futures[fut].name, done, len(files))
+    if progress:
+        progress("", len(files), len(files))
+    return traces
+
+
+def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progress | None = None,
+             jobs: int | None = None) -> Run:
+    """Load a trace file or a folder of per-rank traces (plus ``manifest.json`` if present).
+
+    ``jobs``: worker processes for parsing (default: one per core for several large files)."""
     path = Path(path)
     if not path.exists():
         raise InputError(path, "no such file or directory")
@@ -242,13 +284,7 @@ def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progres
         named = {f: rank_from_filename(f) for f in files}
         if all(r is not None for r in named.values()):
             files = [f for f in files if named[f] in wanted]
-    traces: list[RankTrace] = []
-    for i, f in enumerate(files):
-        if progress:
-            progress(f.name, i, len(files))
-        traces.append(load_file(f))
-    if progress:
-        progress("", len(files), len(files))
+    traces = _load_files(files, progress, jobs)
     run = Run(source=path, ranks=traces, manifest=manifest)
     _check_consistent(run)
     if ranks is not None:
