@@ -241,7 +241,7 @@ def _workers(files: list[Path], jobs: int | None) -> int:
 def _load_files(files: list[Path], progress: Progress | None, jobs: int | None) -> list[RankTrace]:
     """Parse rank files, in worker processes when there are several large ones (parsing is CPU-bound)."""
     n = _workers(files, jobs)
-    if progress:
+    if progress and files:
         progress(files[0].name, 0, len(files))
     if n == 1 or "fork" not in mp.get_all_start_methods():
         traces = []
