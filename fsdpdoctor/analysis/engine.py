@@ -55,6 +55,7 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
             # a kernel with no launch record was issued before the trace began: phase unknown
             c.phase = ctx.phase_at(t0, end) if c.issue_us is not None or ctx.dialect == "cpu" else "other"
         colls = [c for c in colls if c.step != "out"]
+        _assume_dtype(colls, run.manifest)
         orphans = sum(1 for c in colls if c.issue_us is None and ctx.dialect == "gpu")
         if orphans:
             notes.append(f"rank {trace.rank}: {orphans} communication kernel(s) have no launch record in the trace; "
@@ -124,6 +125,18 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
     return Analysis(source=str(run.source), job=job, ranks=summaries, mean=overall,
                     collectives=collective_stats(all_colls, sum(len(v) for v in steps_by_rank.values())),
                     prefetch=prefetch, straggler=strag, notes=notes, collective_events=all_colls, signals=sig)
+
+
+def _assume_dtype(colls: list[Collective], manifest: dict | None) -> None:
+    """gloo traces record tensor lists without a dtype; gradients and parameters have the model's."""
+    dtype = ((manifest or {}).get("model") or {}).get("param_dtype")
+    db = coll_mod.dtype_bytes(dtype)
+    if not db:
+        return
+    for c in colls:
+        if c.size_bytes is None and c.nelems and c.kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+            c.dtype = f"{dtype} (assumed: model dtype)"
+            c.size_bytes = int(c.nelems * db)
 
 
 def collective_stats(colls: list[Collective], n_rank_steps: int) -> list[CollectiveStat]:

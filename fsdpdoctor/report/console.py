@@ -114,11 +114,12 @@ def collectives_table(a: Analysis) -> Table | None:
     if not a.collectives:
         return None
     t = Table(title="Collectives (all analysed ranks and steps; times in ms)", title_justify="left")
-    for col in ("kind", "phase", "count", "/step", "time", "exposed", "mean size", "busbw GB/s"):
-        t.add_column(col, justify="right" if col not in ("kind", "phase") else "left")
+    for col in ("kind", "phase", "calls", "/step", "time", "exposed", "mean size", "busbw GB/s"):
+        left = col in ("kind", "phase")
+        t.add_column(col, justify="left" if left else "right", no_wrap=True, min_width=14 if col == "kind" else None)
     for c in a.collectives:
         t.add_row(c.kind, c.phase, str(c.count), f"{c.per_step:.1f}", num(c.total_us), num(c.exposed_us),
-                  size(c.mean_size_bytes), f"{c.busbw_gbps:.1f}" if c.busbw_gbps is not None else "-")
+                  size(c.mean_size_bytes), f"{c.busbw_gbps:.2f}" if c.busbw_gbps is not None else "-")
     return t
 
 
