@@ -113,10 +113,12 @@ def ranks_table(a: Analysis) -> Table:
 def collectives_table(a: Analysis) -> Table | None:
     if not a.collectives:
         return None
-    t = Table(title="Collectives (all analysed ranks and steps; times in ms)", title_justify="left")
-    for col in ("kind", "phase", "calls", "/step", "time", "exposed", "mean size", "busbw GB/s"):
-        left = col in ("kind", "phase")
-        t.add_column(col, justify="left" if left else "right", no_wrap=True, min_width=14 if col == "kind" else None)
+    t = Table(title="Collectives (all analysed ranks and steps; size = mean message, GB/s = bus bandwidth)",
+              title_justify="left")
+    widths = {"kind": 14, "phase": 9}
+    for col in ("kind", "phase", "calls", "/step", "ms", "exp ms", "size", "GB/s"):
+        left = col in widths
+        t.add_column(col, justify="left" if left else "right", no_wrap=True, min_width=widths.get(col))
     for c in a.collectives:
         t.add_row(c.kind, c.phase, str(c.count), f"{c.per_step:.1f}", num(c.total_us), num(c.exposed_us),
                   size(c.mean_size_bytes), f"{c.busbw_gbps:.2f}" if c.busbw_gbps is not None else "-")
