@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console, Group
 from rich.padding import Padding
 from rich.panel import Panel
@@ -94,7 +95,7 @@ def straggler_rank(a: Analysis) -> int | None:
 
 
 def ranks_table(a: Analysis) -> Table:
-    t = Table(title="Per rank (mean per step, ms)", title_justify="left")
+    t = Table(title="Per rank (mean per step, ms)", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("rank", "step", "compute", "optim", "exposed", "overlap", "data", "idle", "wait"):
         t.add_column(col, justify="right")
     strag = straggler_rank(a)
@@ -114,7 +115,7 @@ def collectives_table(a: Analysis) -> Table | None:
     if not a.collectives:
         return None
     t = Table(title="Collectives (all analysed ranks and steps; size = mean message, GB/s = bus bandwidth)",
-              title_justify="left")
+              title_justify="left", box=box.SIMPLE_HEAD)
     widths = {"kind": 14, "phase": 9}
     for col in ("kind", "phase", "calls", "/step", "ms", "exp ms", "size", "GB/s"):
         left = col in widths
