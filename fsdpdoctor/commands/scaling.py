@@ -36,11 +36,14 @@ def register(sub) -> None:
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="override a threshold, e.g. scaling_efficiency_low=0.9")
     p.add_argument("--config", metavar="FILE", help="JSON or TOML file of threshold overrides")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the report as JSON")
+    out.add_argument("--tui", action="store_true", help="open the terminal UI on the report (q quits)")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def build_report(args):
+    """Load the runs and build the ScalingReport; raises InputError on bad input (before any UI)."""
     from fsdpdoctor.analysis.scaling import scaling_report
     from fsdpdoctor.session import analyze_path
 
@@ -51,7 +54,15 @@ def run(args) -> int:
     th = parse_thresholds(args)
     kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th, diagnose=False)
     analyses = [analyze_path(r, **kw) for r in args.runs]
-    rep = scaling_report(analyses, samples_per_rank=spr, tokens_per_rank=tpr, thresholds=th)
+    return scaling_report(analyses, samples_per_rank=spr, tokens_per_rank=tpr, thresholds=th)
+
+
+def run(args) -> int:
+    rep = build_report(args)
+    if args.tui:
+        from fsdpdoctor.tui.scaling_app import ScalingApp
+
+        return int(ScalingApp(rep, thresholds=parse_thresholds(args)).run() or 0)
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2, default=str))
     else:
