@@ -11,6 +11,7 @@ from __future__ import annotations
 
 # every rule id the reference scenarios exercise
 RULES = [
+    "fsdp-forward-prefetch-off",
     "fsdp1-backward-post",
     "fsdp1-no-backward-prefetch",
     "fsdp2-backward-prefetch-ineffective",
@@ -42,13 +43,16 @@ DEFAULT_PARAMS = {
 
 SCENARIOS: dict[str, dict] = {
     "fsdp1_backward_pre": dict(
-        wrap="fsdp1", injects="nothing (healthy): FSDP1 BACKWARD_PRE", params={}, must=[]),
+        wrap="fsdp1", injects="nothing (healthy): FSDP1 BACKWARD_PRE", params={},
+        # forward_prefetch=False: the forward all-gathers are on demand (the on/off pair with fsdp1_forward_prefetch)
+        must=["fsdp-forward-prefetch-off"]),
     "fsdp1_backward_post": dict(
         wrap="fsdp1", injects="FSDP1 backward_prefetch=BACKWARD_POST",
-        params={"fsdp1_backward_prefetch": "BACKWARD_POST"}, must=["fsdp1-backward-post"]),
+        params={"fsdp1_backward_prefetch": "BACKWARD_POST"}, must=["fsdp1-backward-post", "fsdp-forward-prefetch-off"]),
     "fsdp1_no_backward_prefetch": dict(
         wrap="fsdp1", injects="FSDP1 backward_prefetch=None",
-        params={"fsdp1_backward_prefetch": "none"}, must=["fsdp1-no-backward-prefetch"]),
+        params={"fsdp1_backward_prefetch": "none"},
+        must=["fsdp1-no-backward-prefetch", "fsdp-forward-prefetch-off"]),
     "fsdp1_forward_prefetch": dict(
         wrap="fsdp1", injects="FSDP1 BACKWARD_PRE + forward_prefetch=True (no problem)",
         params={"fsdp1_forward_prefetch": True}, must=[]),
