@@ -20,8 +20,10 @@ REQUIRED = [
     "grad_accum_no_sync", "grad_accum_sync_every",
 ]
 MUST = {
-    "fsdp1_backward_post": ["fsdp1-backward-post"],
-    "fsdp1_no_backward_prefetch": ["fsdp1-no-backward-prefetch"],
+    # forward_prefetch=False in every FSDP1 scenario but fsdp1_forward_prefetch (the on/off pair)
+    "fsdp1_backward_pre": ["fsdp-forward-prefetch-off"],
+    "fsdp1_backward_post": ["fsdp1-backward-post", "fsdp-forward-prefetch-off"],
+    "fsdp1_no_backward_prefetch": ["fsdp1-no-backward-prefetch", "fsdp-forward-prefetch-off"],
     "fsdp2_no_backward_prefetch": ["fsdp2-backward-prefetch-ineffective"],
     "fsdp2_empty_prefetch_list": ["fsdp2-explicit-prefetch-noop"],
     "ddp_one_bucket": ["ddp-single-bucket"],
