@@ -10,7 +10,7 @@ from functools import cached_property
 import numpy as np
 
 from fsdpdoctor.analysis import intervals as iv
-from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, GPU_ANNOTATION, PYFUNC, RUNTIME, RankTrace
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, PYFUNC, RUNTIME, RankTrace
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__")

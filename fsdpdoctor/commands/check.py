@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 from fsdpdoctor.commands.common import add_selection_args, run_analysis
 from fsdpdoctor.errors import InputError

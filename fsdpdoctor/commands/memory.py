@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
-import zlib
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from fsdpdoctor.analysis import memory as mem
 from fsdpdoctor.errors import InputError
-
-try:
-    import orjson
-
-    def _loads(data: bytes):
-        return orjson.loads(data)
-
-    _JSON_ERRORS: tuple = (orjson.JSONDecodeError, ValueError)
-except ImportError:  # pragma: no cover
-    def _loads(data: bytes):
-        return json.loads(data)
-
-    _JSON_ERRORS = (ValueError,)
 
 
 def register(subparsers) -> None:
@@ -129,16 +114,11 @@ def _read_manifest(folder: Path) -> dict:
     return doc
 
 
-def _read_trace(path: Path):
-    try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        return _loads(raw)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise InputError(path, f"cannot read trace ({exc})") from None
-    except _JSON_ERRORS as exc:
-        raise InputError(path, f"not valid JSON ({str(exc).splitlines()[0][:120]}); truncated file?") from None
+def _read_trace(path: Path) -> dict:
+    """The trace's allocator samples, read with the same loader (and errors) as ``analyze``."""
+    from fsdpdoctor.trace.loader import load_file
+
+    return {"traceEvents": load_file(path).memory_events}
 
 
 def _rank_files(folder: Path, manifest: dict) -> dict[int, Path]:

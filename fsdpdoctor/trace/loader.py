@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import multiprocessing as mp
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from array import array
 import re
+from array import array
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import msgspec
 import numpy as np
 
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.trace.io import read_trace_json
+from fsdpdoctor.trace.events import corr_args, decode_trace, raw_args
+from fsdpdoctor.trace.io import read_bytes
 from fsdpdoctor.trace.table import (
-    ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, PYFUNC, RankTrace, Track, category_code,
+    DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, RankTrace, Track, category_code,
 )
 
 # Names whose args we keep: everything communication-related.
@@ -50,64 +51,59 @@ def rank_from_filename(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def build_rank_trace(doc, path: Path) -> RankTrace:
-    """Columns from a parsed Kineto document (dict) or a bare event list."""
+def build_rank_trace(meta: dict, events: list, fmt: str, path: Path) -> RankTrace:
+    """Columns from decoded events (see ``fsdpdoctor.trace.events``)."""
     try:
-        return _build(doc, path)
-    except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:
+        return _build(meta, events, fmt, path)
+    except (TypeError, ValueError, AttributeError, KeyError, OverflowError, msgspec.MsgspecError) as exc:
         # an event of the wrong shape (a list as name, text as ts...): one line, not a traceback
         raise InputError(path, f"malformed trace event ({type(exc).__name__}: {str(exc)[:80]})") from None
 
 
-def _build(doc, path: Path) -> RankTrace:
-    if isinstance(doc, dict):
-        events = doc["traceEvents"]
-        dist = doc.get("distributedInfo") or {}
-        fmt = "kineto"
-    else:
-        events, dist, fmt = doc, {}, "event-list"
-
+def _build(meta: dict, events: list, fmt: str, path: Path) -> RankTrace:
+    dist = meta.get("distributedInfo") or {}
+    if not isinstance(dist, dict):
+        dist = {}
     name_index: dict[str, int] = {}
     track_index: dict[tuple, int] = {}
     tracks: list[Track] = []
     thread_names: dict[tuple, str] = {}
-    n_id: list[int] = []
-    cats: list[int] = []
+    n_id = array("i")
+    cats = array("b")
     # typed arrays hold 8 bytes a value where a list of floats holds ~32: large traces peak lower
     tss = array("d")
     durs = array("d")
-    trk: list[int] = []
-    corr: list[int] = []
+    trk = array("i")
+    corr = array("q")
     args: dict[int, dict] = {}
     memory: list[tuple[float, float, int]] = []
+    memory_events: list[dict] = []
     keep_name: dict[int, bool] = {}
-    has_stacks = False
     cat_cache: dict[object, int] = {}
+    needs_corr = {KERNEL, RUNTIME, MEMCPY, MEMSET}
 
     # bound methods hoisted out of the loop: this loop runs once per event (10^5..10^6)
     n_append, c_append, ts_append, d_append = n_id.append, cats.append, tss.append, durs.append
     t_append, corr_append = trk.append, corr.append
-    for e in events:
-        if not isinstance(e, dict):
-            continue
-        get = e.get
-        ph = get("ph")
-        if ph != "X":
-            if ph == "M" and e.get("name") == "thread_name":
-                a = e.get("args") or {}
-                key = (e.get("pid"), e.get("tid"))
+    for i, e in enumerate(events):
+        events[i] = None  # free each event as soon as it is read: lower peak memory
+        if e.ph != "X":
+            ph = e.ph
+            if ph == "M" and e.name == "thread_name":
+                a = raw_args(e.args)
                 # gloo threads may be named twice ("python3" then "pt_gloo_runloop"): keep the last
-                thread_names[key] = str(a.get("name", ""))
-            elif ph in ("i", "I") and e.get("name") == "[memory]":
-                a = e.get("args") or {}
+                thread_names[(e.pid, e.tid)] = str(a.get("name", ""))
+            elif (ph == "i" or ph == "I") and e.name == "[memory]":
+                a = raw_args(e.args)
                 total = a.get("Total Allocated")
                 if total is not None:
-                    memory.append((float(e.get("ts", 0.0)), float(total), int(a.get("Device Type", 0) or 0)))
+                    memory.append((float(e.ts or 0.0), float(total), int(a.get("Device Type", 0) or 0)))
+                    memory_events.append({"name": "[memory]", "ph": ph, "ts": e.ts, "args": a})
             continue
-        ts = get("ts")
+        ts = e.ts
         if ts is None:
             continue
-        name = get("name", "")
+        name = e.name
         nid = name_index.get(name)
         if nid is None:
             if not isinstance(name, str):
@@ -115,31 +111,32 @@ def _build(doc, path: Path) -> RankTrace:
             nid = name_index.setdefault(name, len(name_index))
             if nid not in keep_name:
                 keep_name[nid] = bool(_KEEP_ARGS.match(name))
-        c = get("cat")
+        c = e.cat
         code = cat_cache.get(c)
         if code is None:
             code = cat_cache[c] = category_code(c)
-        key = (get("pid"), get("tid"))
+        key = (e.pid, e.tid)
         t = track_index.get(key)
         if t is None:
             t = track_index[key] = len(tracks)
             tracks.append(Track(pid=key[0], tid=key[1]))
-        a = get("args")
         row = len(tss)
         n_append(nid)
         c_append(code)
         ts_append(float(ts))
-        d_append(float(get("dur") or 0.0))
+        d_append(float(e.dur or 0.0))
         t_append(t)
-        if a:
-            cid = a.get("correlation")
-            corr_append(int(cid) if isinstance(cid, (int, float)) else -1)
-            if keep_name[nid] or (code == KERNEL and "Collective name" in a):
-                args[row] = a
-        else:
-            corr_append(-1)
-        if code == PYFUNC:
-            has_stacks = True
+        cid = -1
+        if keep_name[nid]:
+            a = raw_args(e.args)
+            args[row] = a
+            cid = a.get("correlation", -1)
+        elif code in needs_corr and e.args:
+            ca = corr_args(e.args)
+            cid = ca.correlation
+            if code == KERNEL and ca.collective is not None:
+                args[row] = raw_args(e.args)
+        corr_append(int(cid) if isinstance(cid, (int, float)) and not isinstance(cid, bool) else -1)
 
     if not tss:
         raise InputError(path, "trace holds no complete ('X') events: empty trace")
@@ -147,8 +144,8 @@ def _build(doc, path: Path) -> RankTrace:
     names = [""] * len(name_index)
     for n, i in name_index.items():
         names[i] = n
-    cat_arr = np.asarray(cats, dtype=np.int8)
-    trk_arr = np.asarray(trk, dtype=np.int32)
+    cat_arr = np.frombuffer(cats, dtype=np.int8).copy()
+    trk_arr = np.frombuffer(trk, dtype=np.int32).copy()
     counts = np.bincount(trk_arr, minlength=len(tracks))
     device_tracks = set(np.unique(trk_arr[np.isin(cat_arr, DEVICE_CATEGORIES)]).tolist())
     for i, tr in enumerate(tracks):
@@ -164,29 +161,30 @@ def _build(doc, path: Path) -> RankTrace:
         source = "file name" if rank is not None else "default"
         rank = rank or 0
     device_name = None
-    if isinstance(doc, dict) and doc.get("deviceProperties"):
-        props = doc["deviceProperties"]
-        if isinstance(props, list) and props and isinstance(props[0], dict):
-            device_name = props[0].get("name")
+    props = meta.get("deviceProperties")
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        device_name = props[0].get("name")
     world = dist.get("world_size")
+    host = meta.get("host_name")
     return RankTrace(
         path=path,
         rank=int(rank),
         world_size=int(world) if isinstance(world, int) else None,
         backend=dist.get("backend"),
-        host=doc.get("host_name") if isinstance(doc, dict) else None,
+        host=host if isinstance(host, str) else None,
         device_name=device_name,
         names=names,
-        name_id=np.asarray(n_id, dtype=np.int32),
+        name_id=np.frombuffer(n_id, dtype=np.int32).copy(),
         cat=cat_arr,
         ts=np.frombuffer(tss, dtype=np.float64).copy(),
         dur=np.frombuffer(durs, dtype=np.float64).copy(),
         track=trk_arr,
-        corr=np.asarray(corr, dtype=np.int64),
+        corr=np.frombuffer(corr, dtype=np.int64).copy(),
         tracks=tracks,
         args=args,
         memory=np.asarray(memory, dtype=np.float64).reshape(-1, 3),
-        has_stacks=has_stacks,
+        memory_events=memory_events,
+        has_stacks=bool(np.any(cat_arr == PYFUNC)),
         format=fmt,
         rank_source=source,
         distributed_info=dist,
@@ -194,17 +192,12 @@ def _build(doc, path: Path) -> RankTrace:
 
 
 def load_file(path: Path) -> RankTrace:
-    # Parsing builds ~10^5-10^6 small dicts; the cyclic GC would otherwise rescan
-    # them over and over while they are created (2-3x slower parse, measured with
-    # benchmarks/bench_analyze.py). Nothing here creates reference cycles, so
-    # pause the collector for the parse and restore its previous state.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return build_rank_trace(read_trace_json(path), path)
-    finally:
-        if was_enabled:
-            gc.enable()
+    data = read_bytes(path)
+    if not data.strip():
+        raise InputError(path, "empty file")
+    meta, events, fmt = decode_trace(data, path)
+    del data
+    return build_rank_trace(meta, events, fmt, path)
 
 
 def _trace_files(folder: Path) -> list[Path]:

@@ -74,6 +74,7 @@ class RankTrace:
     format: str              # "kineto" or "event-list"
     rank_source: str         # "distributedInfo", "file name" or "default"
     distributed_info: dict = field(default_factory=dict)
+    memory_events: list[dict] = field(default_factory=list)   # the [memory] instants, Chrome form
 
     @property
     def end(self) -> np.ndarray:

@@ -57,7 +57,7 @@ class RanksView(Vertical):
                               key=str(r.rank))
             note = "mean per step (ms); wait: waiting for slower ranks"
             if strag is not None:
-                note += f"; ◀ slowest"
+                note += "; ◀ slowest"
             caption.update(Text(note, style=pal.muted))
             return
         summary = next((r for r in a.ranks if r.rank == rank), None)

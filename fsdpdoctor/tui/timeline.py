@@ -46,7 +46,6 @@ class TimelineView(Vertical):
         return out
 
     def _draw(self) -> None:
-        a = self.analysis
         pal = Palette.of(self.app)
         self._width = self.size.width
         table = self.query_one(VimTable)
