@@ -307,3 +307,26 @@ def test_torchrun_export_failure_does_not_stop_training(tmp_path):
     check_ok(proc)
     assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
     assert "fsdpdoctor.capture:" in proc.stderr and "RuntimeWarning" in proc.stderr
+
+
+@requires_torch
+def test_repeat_keeps_every_cycle_and_analyze_joins_them(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+    from fsdpdoctor.session import analyze_path
+
+    model, opt, train_step = tiny_training(torch)
+    out = tmp_path / "cycles"
+    with capture(out, model=model, optimizer=opt, wait=1, warmup=0, active=2, repeat=2) as cap:
+        for _ in range(8):
+            train_step()
+            cap.step()
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "rank0.cycle2.json.gz", "rank0.json.gz"]
+    assert step_numbers(read_trace(out / "rank0.json.gz")) == [1, 2]
+    assert step_numbers(read_trace(out / "rank0.cycle2.json.gz")) == [4, 5]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["profiled_steps"] == [1, 2, 4, 5]
+    assert m["cycle_files"] == {"0": ["rank0.json.gz", "rank0.cycle2.json.gz"]}
+    a = analyze_path(out)
+    assert a.job.steps == [1, 2, 4, 5] and [r.rank for r in a.ranks] == [0]

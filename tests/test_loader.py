@@ -37,3 +37,37 @@ def test_rank_filter_skips_other_files():
     assert [r.rank for r in run.ranks] == [1]
     with pytest.raises(InputError, match="no trace for rank"):
         load_run(TRACES / "straggler", ranks=[5])
+
+
+def _split_by_step(src: Path, dst: Path, rank: int) -> None:
+    """Write one rank's trace as two files (steps 2-3, steps 4-5), like two profiler cycles."""
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in doc["traceEvents"]
+                   if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#"))
+    cut = steps[2][0]
+    for suffix, keep in (("", lambda e: e.get("ts", 0) < cut), (".cycle2", lambda e: e.get("ts", 0) >= cut)):
+        part = dict(doc, traceEvents=[e for e in doc["traceEvents"] if e.get("ph") == "M" or keep(e)])
+        (dst / f"rank{rank}{suffix}.json.gz").write_bytes(gzip.compress(json.dumps(part).encode()))
+
+
+def test_profiler_cycles_of_one_rank_are_merged(tmp_path):
+    from fsdpdoctor.session import analyze_path
+
+    for r in (0, 1):
+        _split_by_step(TRACES / "straggler" / f"rank{r}.json.gz", tmp_path, r)
+    whole = analyze_path(TRACES / "straggler")
+    split = analyze_path(tmp_path)
+    assert split.job.steps == whole.job.steps == [2, 3, 4, 5]
+    assert [r.rank for r in split.ranks] == [0, 1]
+    assert len(split.collective_events) == len(whole.collective_events)
+    assert {f.id for f in split.findings} == {f.id for f in whole.findings}
+
+
+def test_same_rank_same_steps_is_an_error(tmp_path):
+    shutil.copy(TRACES / "ddp_default" / "rank0.json.gz", tmp_path / "rank0.json.gz")
+    shutil.copy(TRACES / "ddp_default" / "rank0.json.gz", tmp_path / "worker0.json.gz")
+    with pytest.raises(InputError, match="appears twice"):
+        load_run(tmp_path)

@@ -15,8 +15,10 @@ Guarantees:
   ``all_gather_object`` at start (hosts and devices for the manifest), so all
   ranks must construct/enter the capture (or call the decorated function).
 
-With ``repeat > 1`` each cycle's export replaces the previous one (one file per
-rank, as in the manifest schema); ``profiled_steps`` lists the last cycle.
+With ``repeat != 1`` every cycle is kept: the first as ``rank<N>.json.gz``, cycle
+k as ``rank<N>.cycle<k>.json.gz`` (listed in the manifest's ``cycle_files``);
+the loader joins a rank's cycles into one table, and ``profiled_steps`` lists
+the steps of every cycle.
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ class Capture:
         self.step_num = 0          # number of step() calls so far
         self.profiling = False     # this rank runs a profiler (now or earlier)
         self.exported = False      # this rank wrote its trace at least once
+        self.cycles_exported = 0   # profiler cycles written by this rank
         self.manifest_written = False
         self._prof = None
         self._started = False
@@ -166,17 +169,22 @@ class Capture:
         return pr[0] if pr else None
 
     def profiled_steps(self) -> list[int]:
-        """Steps (ProfilerStep#N numbers) of the last complete or current active window."""
+        """Steps (ProfilerStep#N numbers) of every complete or current active window."""
         cycle = self.wait + self.warmup + self.active
         if self.repeat > 0:
             last = self.repeat - 1
-        else:  # repeat forever: the last cycle that started
+        else:  # repeat forever: every cycle that started
             last = max(0, (self.step_num - self.skip_first) // cycle)
-        start = self.skip_first + last * cycle + self.wait + self.warmup
-        steps = list(range(start, start + self.active))
+        steps = []
+        for k in range(last + 1):
+            start = self.skip_first + k * cycle + self.wait + self.warmup
+            steps += range(start, start + self.active)
         if not self._finished:
             steps = [s for s in steps if s < self.step_num]
         return steps
+
+    def _file_name(self, rank: int, cycle: int) -> str:
+        return f"rank{rank}.json.gz" if cycle <= 1 else f"rank{rank}.cycle{cycle}.json.gz"
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Capture":
@@ -275,7 +283,8 @@ class Capture:
             _warn(f"rank {self.rank}: stopping the profiler failed ({exc})")
 
     def _on_trace_ready(self, prof) -> None:
-        path = self.out_dir / f"rank{self.rank}.json.gz"
+        self.cycles_exported += 1
+        path = self.out_dir / self._file_name(self.rank, self.cycles_exported)
         tmp = self.out_dir / f".rank{self.rank}.partial.json.gz"
         try:
             # torch gzips when the path ends in .gz; rename so readers never see half a file
@@ -346,6 +355,9 @@ class Capture:
             "backend": backend,
             "profiled_ranks": pr,
             "files": {str(r): f"rank{r}.json.gz" for r in pr},
+            # every profiler cycle's file per rank, in order (the first is "files"); the manifest rank
+            # writes this after its own exports, and all ranks run the same schedule
+            "cycle_files": {str(r): [self._file_name(r, k) for k in range(1, max(self.cycles_exported, 1) + 1)] for r in pr},
             "versions": {"torch": torch.__version__.split("+")[0], "cuda": torch.version.cuda,
                          "nccl": nccl, "python": platform.python_version(), "fsdpdoctor": __version__},
             "hosts": {str(r): self._hosts.get(str(r)) for r in range(self.world_size)},

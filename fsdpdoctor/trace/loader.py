@@ -278,7 +278,7 @@ def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progres
         if all(r is not None for r in named.values()):
             files = [f for f in files if named[f] in wanted]
     traces = _load_files(files, progress, jobs)
-    run = Run(source=path, ranks=traces, manifest=manifest)
+    run = Run(source=path, ranks=_merge_cycles(traces), manifest=manifest)
     _check_consistent(run)
     if ranks is not None:
         run.ranks = [r for r in run.ranks if r.rank in set(ranks)]
@@ -286,6 +286,74 @@ def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progres
             raise InputError(path, f"no trace for rank(s) {', '.join(map(str, ranks))}")
     run.ranks.sort(key=lambda r: r.rank)
     return run
+
+
+_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def _steps_of(t: RankTrace) -> set[int]:
+    return {int(m.group(1)) for m in map(_STEP_NAME.match, t.names) if m}
+
+
+def _merge_cycles(traces: list[RankTrace]) -> list[RankTrace]:
+    """Files of one rank with disjoint profiler steps are windows of one job (``repeat > 1``):
+    join them into one table. Overlapping steps mean different jobs; that stays an error."""
+    by_rank: dict[int, list[RankTrace]] = {}
+    for t in traces:
+        by_rank.setdefault(t.rank, []).append(t)
+    out = []
+    for rank, group in by_rank.items():
+        if len(group) == 1 or any(t.rank_source == "default" for t in group):
+            out.extend(group)
+            continue
+        steps = [_steps_of(t) for t in group]
+        disjoint = all(s for s in steps) and sum(len(s) for s in steps) == len(set().union(*steps))
+        out.extend([merge_rank_traces(sorted(group, key=lambda t: float(t.ts.min())))] if disjoint else group)
+    return out
+
+
+def merge_rank_traces(parts: list[RankTrace]) -> RankTrace:
+    """One table from several files of the same rank (name and track ids remapped)."""
+    first = parts[0]
+    names: list[str] = []
+    name_ids: dict[str, int] = {}
+    tracks: list[Track] = []
+    track_ids: dict[tuple, int] = {}
+    cols = {k: [] for k in ("name_id", "cat", "ts", "dur", "track", "corr")}
+    args: dict[int, dict] = {}
+    offset = 0
+    for t in parts:
+        nmap = np.empty(len(t.names), dtype=np.int32)
+        for i, n in enumerate(t.names):
+            if n not in name_ids:
+                name_ids[n] = len(names)
+                names.append(n)
+            nmap[i] = name_ids[n]
+        tmap = np.empty(len(t.tracks), dtype=np.int32)
+        for i, tr in enumerate(t.tracks):
+            key = (tr.pid, tr.tid)
+            if key not in track_ids:
+                track_ids[key] = len(tracks)
+                tracks.append(Track(pid=tr.pid, tid=tr.tid, name=tr.name, is_device=tr.is_device))
+            merged = tracks[track_ids[key]]
+            merged.n_events += tr.n_events
+            merged.is_device |= tr.is_device
+            merged.name = merged.name or tr.name
+            tmap[i] = track_ids[key]
+        cols["name_id"].append(nmap[t.name_id])
+        cols["track"].append(tmap[t.track])
+        for k in ("cat", "ts", "dur", "corr"):
+            cols[k].append(getattr(t, k))
+        args.update({row + offset: a for row, a in t.args.items()})
+        offset += t.n_events
+    return RankTrace(
+        path=first.path, rank=first.rank, world_size=first.world_size, backend=first.backend, host=first.host,
+        device_name=first.device_name, names=names, tracks=tracks, args=args,
+        **{k: np.concatenate(v) for k, v in cols.items()},
+        memory=np.concatenate([t.memory for t in parts]),
+        memory_events=[e for t in parts for e in t.memory_events],
+        has_stacks=any(t.has_stacks for t in parts), format=first.format, rank_source=first.rank_source,
+        distributed_info=first.distributed_info)
 
 
 def _check_consistent(run: Run) -> None:
