@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -45,13 +46,18 @@ def record(run_name: str, scenario: str, nproc: int, out_root: Path, tries: int 
     out = out_root / run_name
     if out.exists():
         shutil.rmtree(out)
+    scaling = run_name in SCALING_RUNS
+    # scaling pair: more steps (CPU step times are noisy) and one thread per rank in both runs
+    # (torchrun sets OMP_NUM_THREADS=1 only when it starts more than one process)
+    active = 5 if scaling else active_steps(scenario)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if scaling else None
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--master_port", "0", str(HERE / "train.py"), "--scenario", scenario,
-           "--out", str(out), "--wait", "1", "--warmup", "1", "--active", str(active_steps(scenario))]
+           "--out", str(out), "--wait", "1", "--warmup", "1", "--active", str(active)]
     for attempt in range(tries):
         cmd[cmd.index("--master_port") + 1] = str(free_port())
         t0 = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode == 0:
             break
         print(f"  {run_name}: attempt {attempt + 1} failed (rc {proc.returncode})\n{proc.stderr[-2000:]}",

@@ -4,6 +4,9 @@ several world sizes, with a waterfall of where the lost efficiency went (docs/sc
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+from rich import box
 
 from fsdpdoctor.commands.common import parse_ranks, parse_steps, parse_thresholds
 from fsdpdoctor.errors import InputError
@@ -84,9 +87,9 @@ def render(rep, console=None) -> None:
     con = console or Console()
     unit = rep.unit
     t = Table(title=f"Scaling ({rep.mode} scaling, {unit}/s = global {unit} per step / mean step time)",
-              title_justify="left")
-    t.add_column("run", overflow="fold", ratio=1)
-    for col in ("N", "per step", "per rank", "step ms", "ideal ms", f"{unit}/s", "eff."):
+              title_justify="left", box=box.SIMPLE_HEAD)
+    t.add_column("run", overflow="ellipsis", no_wrap=True)
+    for col in ("N", "/step", "/rank", "step ms", "ideal", f"{unit}/s", "eff."):
         t.add_column(col, justify="right", no_wrap=True)
     for r in rep.runs:
         eff = f"{100 * r.efficiency:.1f}%"
@@ -94,7 +97,7 @@ def render(rep, console=None) -> None:
             eff = f"[{'red' if r.efficiency < 0.8 else 'green'}]{eff}[/]"
         else:
             eff = "base"
-        t.add_row(r.source, str(r.world_size), f"{r.work_per_step:g}", f"{r.work_per_rank:g}",
+        t.add_row(Path(r.source).name or r.source, str(r.world_size), f"{r.work_per_step:g}", f"{r.work_per_rank:g}",
                   f"{r.step_us / 1e3:.1f}", f"{r.ideal_step_us / 1e3:.1f}", f"{r.throughput:,.0f}", eff)
     con.print(t)
     for w in rep.waterfalls:
