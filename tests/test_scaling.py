@@ -104,7 +104,7 @@ def test_exposed_all_reduce_appears_with_two_processes(report):
     base, big = report.runs
     assert base.parts.exposed_comm_us < 1000        # 1 process: DDP's all-reduce is a local no-op (~us)
     assert ar.delta_us > 0 and ar.run_us > 0
-    assert big.parts.exposed_comm_us > 10_000       # gloo over loopback between 2 processes
+    assert big.parts.exposed_comm_us > 1_000 > base.parts.exposed_comm_us  # gloo over loopback between 2 processes
     # the wait for the other rank is carved out of the exposed comm, not counted twice
     wait = next(p for p in w.parts if p.key == "wait")
     assert ar.run_us + wait.run_us == pytest.approx(big.parts.exposed_comm_us, rel=1e-6)

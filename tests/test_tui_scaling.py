@@ -110,7 +110,7 @@ async def test_waterfall_rows_are_the_reports_parts(size):
         assert [table.get_cell(str(i), "N").plain for i in range(len(rep.runs))] == \
                [str(r.world_size) for r in rep.runs]
         assert table.get_cell("1", "step ms").plain == f"{rep.runs[1].step_us / 1e3:.1f}"
-        assert table.get_cell("1", "ideal ms").plain == f"{rep.runs[1].ideal_step_us / 1e3:.1f}"
+        assert table.get_cell("1", "ideal").plain == f"{rep.runs[1].ideal_step_us / 1e3:.1f}"
         assert table.get_cell("1", "tok/s").plain == f"{rep.runs[1].throughput:,.0f}"
         assert table.get_cell("1", "run").plain == "traces/scaling_2proc"   # whole name at 80 columns too
         # bars: scaled to the largest part, which fills the bar column; one colour per sign

@@ -18,7 +18,7 @@ from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.collectives import is_comm_kernel
 from fsdpdoctor.results import COLLECTIVE_KINDS, PHASES, Collective, KindTime, StepBreakdown
-from fsdpdoctor.trace.table import CPU_OP, DEVICE_CATEGORIES, KERNEL, RUNTIME
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, RUNTIME
 
 
 @dataclass
@@ -95,7 +95,13 @@ def timelines(ctx: RankContext, collectives: list[Collective], launch_ts: dict[i
                                                         "record_param_comms")))
         is_comm = np.isin(t.name_id[ops], comm_op_ids)
         compute = iv.subtract(ctx.set_of(ops[~is_comm]), ctx.set_of(ops[is_comm]))
-        compute = iv.subtract(compute, ctx.dataloader_set)
+        # An outer op (autograd's evaluate_function) encloses FSDP's hooks, and a hook encloses the
+        # blocking wait for its collective: that wait is not compute. Cut out the Work.wait frames
+        # (with stacks) and, inside FSDP hook annotations (not the *.forward wrappers, which hold the
+        # model), the time the collective runs; the hooks' own copies stay compute
+        # (fsdp-signatures.md §11b: synchronous FSDP on gloo overlaps nothing)
+        hook_comm = iv.intersect(fsdp_hook_set(ctx), comm)
+        compute = iv.subtract(compute, iv.union(ctx.dataloader_set, ctx.wait_set, hook_comm))
         opt = iv.intersect(compute, ctx.optimizer_set)
     by_kind, by_phase = {}, {}
     for kind in COLLECTIVE_KINDS:
@@ -108,6 +114,12 @@ def timelines(ctx: RankContext, collectives: list[Collective], launch_ts: dict[i
         if ps:
             by_phase[phase] = iv.as_set([c.start_us for c in ps], [c.end_us for c in ps])
     return Timelines(compute=compute, optimizer=opt, comm=comm, comm_by_kind=by_kind, comm_by_phase=by_phase)
+
+
+def fsdp_hook_set(ctx: RankContext) -> np.ndarray:
+    rows = ctx.rows_prefix(("FullyShardedDataParallel.", "FSDP::"), (ANNOTATION,))
+    keep = [r for r in rows if not ctx.t.name(r).endswith(".forward")]
+    return ctx.set_of(np.asarray(keep, dtype=np.int64)) if keep else iv.EMPTY
 
 
 def breakdown_step(ctx: RankContext, w: StepWindow, tl: Timelines, colls: list[Collective]) -> StepBreakdown:

@@ -162,6 +162,14 @@ class RankContext:
         return rows
 
     @cached_property
+    def wait_set(self) -> np.ndarray:
+        """Python ``Work.wait()`` frames on the compute threads: the host blocked on a collective."""
+        rows = self.frames_named("<built-in method wait of")
+        if not len(rows):
+            return iv.EMPTY
+        return self.set_of(rows[np.isin(self.t.track[rows], self.compute_tracks)])
+
+    @cached_property
     def sleep_rows(self) -> np.ndarray:
         rows = self.frames_named("<built-in function sleep>")
         return rows[self.t.track[rows] == self.main_track] if len(rows) else rows

@@ -256,7 +256,7 @@ class ScalingApp(App[int]):
         cursor = table.cursor_row
         table.clear(columns=True)
         unit = "tok" if rep.unit == "tokens" else "smp"
-        heads = ["N", f"{unit}/step", "/rank", "step ms", "ideal ms", f"{unit}/s", "eff."]
+        heads = ["N", f"{unit}/step", "/rank", "step ms", "ideal", f"{unit}/s", "eff."]
         rows = []
         for row, r in enumerate(rep.runs):
             if row == 0:
