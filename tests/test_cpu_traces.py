@@ -10,6 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from intervals_ref import merge
 
 from fsdpdoctor.session import analyze_path
 
@@ -34,16 +35,6 @@ def steps(evs) -> dict[int, tuple[float, float]]:
     return out
 
 
-def merge(iv):
-    out = []
-    for s, e in sorted(iv):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
 
 
 def length(iv):

@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from intervals_ref import merge
 
 CANDIDATES = [Path(__file__).resolve().parents[2] / "shared" / "traces-public", Path("/work/shared/traces-public")]
 ROOT = next((p for p in CANDIDATES if p.is_dir()), None)
@@ -176,17 +177,6 @@ def independent_collectives(events):
     return out
 
 
-def merge(intervals):
-    """Sorted-merge union of [start, end) pairs."""
-    out = []
-    for s, e in sorted(intervals):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
 
 
 def clip(u, lo, hi):

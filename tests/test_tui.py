@@ -10,8 +10,6 @@ Update snapshots after an intended UI change with ``pytest tests/test_tui.py --s
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -21,6 +19,7 @@ import pytest
 pytest.importorskip("textual")
 
 from fsdpdoctor.cli import main  # noqa: E402
+from pilot import dump, timed  # noqa: E402
 from fsdpdoctor.results import Evidence, Finding  # noqa: E402
 from fsdpdoctor.session import analyze_path  # noqa: E402
 from fsdpdoctor.tui.app import FsdpDoctorApp, display_name  # noqa: E402
@@ -32,7 +31,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "traces"
 STRAGGLER = TRACES / "straggler"
 PUBLIC = Path("/work/shared/traces-public/recsys_2_of_128_ranks")
-TIMEOUT = 30  # seconds for any one pilot test: a stuck UI fails instead of hanging the suite
 
 needs_straggler = pytest.mark.skipif(not (STRAGGLER / "rank0.json.gz").exists(),
                                      reason="bundled trace traces/straggler not present")
@@ -102,18 +100,6 @@ async def loaded(app, pilot):
     await pilot.pause()
 
 
-def dump(app) -> str:
-    """The screen as plain text."""
-    return "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
-
-
-def timed(fn):
-    @functools.wraps(fn)
-    async def wrapper(*args, **kwargs):
-        async with asyncio.timeout(TIMEOUT):
-            return await fn(*args, **kwargs)
-
-    return pytest.mark.asyncio(wrapper)
 
 
 # -- pilot tests -------------------------------------------------------------------

@@ -11,9 +11,7 @@ Update snapshots after an intended UI change with
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import functools
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,6 +21,7 @@ pytest.importorskip("textual")
 
 from fsdpdoctor.analysis.scaling import FINDING_ID, scaling_report  # noqa: E402
 from fsdpdoctor.cli import main  # noqa: E402
+from pilot import dump, timed  # noqa: E402
 from fsdpdoctor.session import analyze_path  # noqa: E402
 from fsdpdoctor.tui.palette import Palette  # noqa: E402
 from fsdpdoctor.tui.scaling_app import (NEG_GLYPH, POS_GLYPH, RunsTable, ScalingApp,  # noqa: E402
@@ -30,7 +29,6 @@ from fsdpdoctor.tui.scaling_app import (NEG_GLYPH, POS_GLYPH, RunsTable, Scaling
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN1, RUN2 = ROOT / "traces" / "scaling_1proc", ROOT / "traces" / "scaling_2proc"
-TIMEOUT = 30  # seconds for any one pilot test
 
 pytestmark = pytest.mark.skipif(not (RUN1.is_dir() and RUN2.is_dir()),
                                 reason="bundled traces/scaling_1proc, traces/scaling_2proc not present")
@@ -58,18 +56,6 @@ def three_report(**kw):
                           world_sizes=[1, 2, 4], **kw)
 
 
-def dump(app) -> str:
-    """The screen as plain text."""
-    return "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
-
-
-def timed(fn):
-    @functools.wraps(fn)
-    async def wrapper(*args, **kwargs):
-        async with asyncio.timeout(TIMEOUT):
-            return await fn(*args, **kwargs)
-
-    return pytest.mark.asyncio(wrapper)
 
 
 def part_line(text: str, label: str) -> str:
