@@ -64,7 +64,10 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
             ends = t.ts[rows] + t.dur[rows]
             nxt = np.searchsorted(dev_starts, ends)
             ok = nxt < len(dev_starts)
-            bubble = float(np.sum(dev_starts[nxt[ok]] - ends[ok]))
+            # idle until the next device activity, but not past the end of the sync's own step
+            step_end = np.array([next((w.end for w in windows if w.start <= e < w.end), e) for e in ends[ok]])
+            gaps = np.minimum(dev_starts[nxt[ok]], np.maximum(step_end, ends[ok])) - ends[ok]
+            bubble = float(np.sum(np.maximum(gaps, 0.0)))
         out.append(HostSync(rank=t.rank, name=name, count=len(rows), total_us=float(t.dur[rows].sum()),
                             steps=steps, source=src, bubble_us=bubble))
     out.sort(key=lambda h: -h.count)

@@ -457,24 +457,40 @@ def host_sync(ctx: RuleContext) -> list[Finding]:
         nranks = max(len({h.rank for h in hs}), 1)
         # GPU: the bubble after each sync; CPU: nothing is lost, the finding is structural
         us = 0.0 if ctx.cpu else sum(h.bubble_us for h in hs) / nsteps / nranks
-        name = hs[0].name
-        what = ".item() / .tolist() / printing a tensor" if "local_scalar" in name else name
+        names = list(dict.fromkeys(h.name for h in hs))
+        label = ", ".join(".item()" if "local_scalar" in n else n for n in names[:3])
         out.append(ctx.finding(
-            "host-sync", f"Host sync inside the step: {name}", us,
-            f"{per_rank_step:.0f} call(s) per step of {name} ({what}) from user code. On a GPU this blocks the "
-            "CPU until all queued kernels finish, so the next kernels launch late and the GPU idles."
+            "host-sync", f"Host sync inside the step: {label}", us,
+            f"{per_rank_step:.0f} call(s) per step ({', '.join(names)}) from "
+            f"{'user code at ' + src if src else 'outside DDP/FSDP/optimizer internals'}. On a GPU each one "
+            "blocks the CPU until the queued kernels finish, so the next kernels launch late and the GPU idles."
             + (" (On CPU it costs little; the finding is structural.)" if ctx.cpu else ""),
             "Keep the value on the device (accumulate tensors, log every N steps with a single .item()), or "
             "use non_blocking copies", confidence=0.8 if src else 0.6, source=src,
             severity="warning" if not ctx.cpu and ctx.frac(us) >= 0.01 else "info",
             ranks=sorted({h.rank for h in hs}),
-            evidence=[Evidence(f"rank {h.rank}: {h.count} x {h.name} in steps {h.steps}, host blocked "
+            evidence=[Evidence(f"rank {h.rank}: {h.count} x {h.name} in steps {_ranges(h.steps)}, host blocked "
                                f"{ms(h.total_us, 3)}" + (f", device idle after it {ms(h.bubble_us, 3)}"
                                                          if not ctx.cpu else ""),
                                rank=h.rank, source=h.source) for h in hs[:6]]
             + ([] if src else [Evidence("no Python stacks in the trace: record with with_stack=True to see "
                                         "the calling line")])))
     return out
+
+
+def _ranges(steps: list[int]) -> str:
+    """[3, 4, 5, 7] -> "3-5, 7"."""
+    out, run = [], []
+    for s in sorted(steps):
+        if run and s == run[-1] + 1:
+            run.append(s)
+        else:
+            if run:
+                out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = [s]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)
 
 
 def diagnose(analysis: Analysis, thresholds: dict[str, float] | None = None) -> list[Finding]:
