@@ -278,6 +278,8 @@ def message_sizes(ctx: RuleContext) -> list[Finding]:
                 "for the slowest peer, so a straggler or late arrival also lowers this figure.",
                 "Check NCCL_ALGO/NCCL_PROTO defaults, NIC/NVLink topology (nvidia-smi topo -m), and run "
                 "nccl-tests at this size; rule out stragglers first", confidence=0.5,
+                # its time is already inside the exposed-communication finding: never the headline
+                severity="warning" if ctx.frac(exposed) >= 0.05 else "info",
                 evidence=[Evidence(f"{c.kind} {size(c.size_bytes)} in {ms(c.duration_us, 2)}: "
                                    f"{c.busbw_gbps:.1f} GB/s", rank=c.rank, step=c.step, time_us=c.duration_us)
                           for c in slow[:5]]))
