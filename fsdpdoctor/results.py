@@ -141,10 +141,10 @@ class PrefetchStatus:
 
 @dataclass
 class StragglerReport:
-    method: str                         # "arrival" (comparable clocks) or "wait" (execution inflation)
+    method: str                         # "wait" (clock-free), "+arrival" when issue times are comparable
     straggler: int | None
-    spread_frac: float                  # mean per-step lead of the last rank / step time
-    last_fraction: float                # share of steps where the straggler was last
+    spread_frac: float                  # median over steps of the others' longest wait for it / step time
+    last_fraction: float                # share of steps where this rank was the one waited for
     per_step: list[dict] = field(default_factory=list)
     wait_by_rank: dict[int, float] = field(default_factory=dict)
     cause: str | None = None            # "data loading", "compute", "host sync", "sleep", "idle"
