@@ -22,3 +22,17 @@ def timed(fn):
             return await fn(*args, **kwargs)
 
     return pytest.mark.asyncio(wrapper)
+
+
+async def check_help_theme_quit(app, pilot, help_screen, help_text: str) -> None:
+    """`?` opens help (showing ``help_text``), escape closes it, `t` switches to a light theme, `q` quits."""
+    await pilot.press("question_mark")
+    assert isinstance(app.screen, help_screen)
+    assert help_text in dump(app)
+    await pilot.press("escape")
+    assert not isinstance(app.screen, help_screen)
+    theme = app.theme
+    await pilot.press("t")
+    await pilot.pause()
+    assert app.theme != theme and "light" in app.theme
+    await pilot.press("q")

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("textual")
 
 from fsdpdoctor.cli import main  # noqa: E402
-from pilot import dump, timed  # noqa: E402
+from pilot import check_help_theme_quit, dump, timed  # noqa: E402
 from fsdpdoctor.results import Evidence, Finding  # noqa: E402
 from fsdpdoctor.session import analyze_path  # noqa: E402
 from fsdpdoctor.tui.app import FsdpDoctorApp, display_name  # noqa: E402
@@ -319,16 +319,7 @@ async def test_tab_cycles_panes_and_straggler_marked():
 async def test_help_screen_and_theme_switch():
     app = FsdpDoctorApp(analysis=straggler_analysis())
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("question_mark")
-        assert isinstance(app.screen, HelpScreen)
-        assert "filter findings" in dump(app)
-        await pilot.press("escape")
-        assert not isinstance(app.screen, HelpScreen)
-        theme = app.theme
-        await pilot.press("t")
-        await pilot.pause()
-        assert app.theme != theme and "light" in app.theme
-        await pilot.press("q")
+        await check_help_theme_quit(app, pilot, HelpScreen, "filter findings")
     assert app.return_code == 0
 
 

@@ -21,7 +21,7 @@ pytest.importorskip("textual")
 
 from fsdpdoctor.analysis.scaling import FINDING_ID, scaling_report  # noqa: E402
 from fsdpdoctor.cli import main  # noqa: E402
-from pilot import dump, timed  # noqa: E402
+from pilot import check_help_theme_quit, dump, timed  # noqa: E402
 from fsdpdoctor.session import analyze_path  # noqa: E402
 from fsdpdoctor.tui.palette import Palette  # noqa: E402
 from fsdpdoctor.tui.scaling_app import (NEG_GLYPH, POS_GLYPH, RunsTable, ScalingApp,  # noqa: E402
@@ -216,16 +216,7 @@ async def test_arrows_and_jk_move_between_comparisons():
 async def test_help_and_theme_and_quit():
     app = ScalingApp(pair_report())
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("question_mark")
-        assert isinstance(app.screen, ScalingHelpScreen)
-        assert "other comparison" in dump(app)
-        await pilot.press("escape")
-        assert not isinstance(app.screen, ScalingHelpScreen)
-        theme = app.theme
-        await pilot.press("t")
-        await pilot.pause()
-        assert app.theme != theme and "light" in app.theme
-        await pilot.press("q")
+        await check_help_theme_quit(app, pilot, ScalingHelpScreen, "other comparison")
     assert app.return_code == 0
 
 

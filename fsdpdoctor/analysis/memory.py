@@ -488,22 +488,22 @@ def comparison_sentences(cfg: MemoryConfig, rows: list[StrategyRow] | None = Non
     return out
 
 
-def fmt_gb(n: float | None) -> str:
-    """Decimal units: GB (1e9) from 0.1 GB up, MB (1e6) below."""
+def _fmt(n: float | None, big: float, big_unit: str, small: float, small_unit: str) -> str:
     if n is None:
         return "-"
-    if abs(n) >= 0.1 * GB or n == 0:
-        return f"{n / GB:.2f} GB"
-    return f"{n / 1e6:.2f} MB"
+    if abs(n) >= 0.1 * big or n == 0:
+        return f"{n / big:.2f} {big_unit}"
+    return f"{n / small:.2f} {small_unit}"
+
+
+def fmt_gb(n: float | None) -> str:
+    """Decimal units: GB (1e9) from 0.1 GB up, MB (1e6) below."""
+    return _fmt(n, GB, "GB", 1e6, "MB")
 
 
 def fmt_gib(n: float | None) -> str:
     """Binary units: GiB (2^30) from 0.1 GiB up, MiB (2^20) below."""
-    if n is None:
-        return "-"
-    if abs(n) >= 0.1 * GiB or n == 0:
-        return f"{n / GiB:.2f} GiB"
-    return f"{n / 2**20:.2f} MiB"
+    return _fmt(n, GiB, "GiB", 2**20, "MiB")
 
 
 # ----------------------------------------------------------------- run folders
