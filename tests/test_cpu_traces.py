@@ -142,3 +142,18 @@ def test_prefetch_status_matches_configuration():
             configured = {"BACKWARD_PRE": "pre", "BACKWARD_POST": "post", None: "none"}
             assert configured[manifest["wrapping"]["backward_prefetch"]] == bwd
             assert manifest["wrapping"]["forward_prefetch"] == (fwd == "on")
+
+
+@pytest.mark.parametrize("scenario", ["fsdp1_backward_pre", "fsdp1_backward_post", "fsdp1_no_backward_prefetch",
+                                      "fsdp1_forward_prefetch", "fsdp2_default", "fsdp2_no_backward_prefetch"])
+def test_prefetch_from_python_frames_without_annotations(scenario, tmp_path):
+    """Traces whose FSDP record_function labels are gone (older torch, filtered exports) fall back to the
+    Python frames (_prefetch_handle / _prefetch_unshard and the hook around them): same verdict."""
+    for rank in (0, 1):
+        doc = json.loads(gzip.decompress((TRACES / scenario / f"rank{rank}.json.gz").read_bytes()))
+        doc["traceEvents"] = [e for e in doc["traceEvents"]
+                              if not str(e.get("name", "")).startswith(("FullyShardedDataParallel.", "FSDP::"))]
+        (tmp_path / f"rank{rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    frames, labels = analyze_path(tmp_path).prefetch, analyze_path(TRACES / scenario).prefetch
+    assert (frames.framework, frames.backward_mode, frames.forward_mode, frames.backward_prefetched) == \
+        (labels.framework, labels.backward_mode, labels.forward_mode, labels.backward_prefetched)

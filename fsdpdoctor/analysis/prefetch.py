@@ -59,6 +59,8 @@ def annotate(ctx: RankContext, colls: list[Collective]) -> None:
     source = hooks if len(hooks) else frames
     if not len(source):
         return
+    # without annotations, FSDP1's prefetch frame is the same for PRE and POST: the hook around it tells
+    post_hooks = t.rows_named(lambda n: n.endswith(": _post_backward_hook"), cat=PYFUNC) if not len(hooks) else None
     for c in colls:
         tr = getattr(c, "_issue_track", None)
         if tr is None or c.issue_us is None:
@@ -69,6 +71,9 @@ def annotate(ctx: RankContext, colls: list[Collective]) -> None:
         c.fsdp_context = t.name(r)
         if c.kind == "all_gather":
             c.prefetch = _reason(c.fsdp_context)
+            if post_hooks is not None and c.fsdp_context.endswith(": _prefetch_handle"):
+                post = ctx.enclosing(post_hooks, tr, c.issue_us) is not None
+                c.prefetch = "prefetch-post" if post else "prefetch-pre" if c.phase == "backward" else "prefetch"
 
 
 def status(ctx_by_rank: dict[int, RankContext], colls: list[Collective], fw: str | None) -> PrefetchStatus | None:
