@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from fsdpdoctor.diagnose.thresholds import resolve
-from fsdpdoctor.report.format import ms, pct, size
+from fsdpdoctor.units import ms, pct, size
 from fsdpdoctor.results import Analysis, Evidence, Finding
 
 
