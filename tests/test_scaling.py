@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fsdpdoctor.analysis.scaling import FINDING_ID, RESIDUAL, scaling_report
+from fsdpdoctor.analysis.scaling import RESIDUAL
+from fsdpdoctor.diagnose.scaling import FINDING_ID, scaling_report
 from fsdpdoctor.cli import main
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.session import analyze_path

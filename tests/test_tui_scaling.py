@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("textual")
 
-from fsdpdoctor.analysis.scaling import FINDING_ID, scaling_report  # noqa: E402
+from fsdpdoctor.diagnose.scaling import FINDING_ID, scaling_report  # noqa: E402
 from fsdpdoctor.cli import main  # noqa: E402
 from pilot import check_help_theme_quit, dump, timed  # noqa: E402
 from fsdpdoctor.session import analyze_path  # noqa: E402

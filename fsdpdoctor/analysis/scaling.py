@@ -26,11 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fsdpdoctor.diagnose.thresholds import resolve
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.results import COLLECTIVE_KINDS, Analysis, Evidence, Finding
+from fsdpdoctor.results import COLLECTIVE_KINDS, Analysis, Finding
 
-FINDING_ID = "low-scaling-efficiency"
 
 # per-rank work equal within this relative tolerance counts as "the same batch"
 _SAME_WORK_TOL = 0.01
@@ -221,18 +219,16 @@ def _check_same_job(analyses: list[Analysis]) -> None:
 
 
 # ---------------------------------------------------------------------------- the report
-def scaling_report(analyses: list[Analysis], *, world_sizes: list[int] | None = None,
-                   samples_per_rank: float | None = None, tokens_per_rank: float | None = None,
-                   thresholds: dict[str, float] | None = None) -> ScalingReport:
+def measure_scaling(analyses: list[Analysis], *, world_sizes: list[int] | None = None,
+                    samples_per_rank: float | None = None, tokens_per_rank: float | None = None) -> ScalingReport:
     """Throughput, efficiency and waterfall of runs of one job at different world sizes.
 
     ``world_sizes`` overrides what the runs say (manifest / trace). Work per step
     comes from the manifests (global ``tokens_per_step``, else ``samples_per_step``)
     unless ``samples_per_rank`` / ``tokens_per_rank`` is given: a per-rank batch,
     multiplied by each run's world size. Raises InputError for inputs that cannot
-    be compared.
+    be compared. ``findings`` stays empty: ``fsdpdoctor.diagnose.scaling`` judges the report.
     """
-    th = resolve(thresholds)
     if len(analyses) < 2:
         raise InputError(None, f"scaling needs at least 2 runs, got {len(analyses)}")
     if world_sizes is not None and len(world_sizes) != len(analyses):
@@ -282,9 +278,8 @@ def scaling_report(analyses: list[Analysis], *, world_sizes: list[int] | None = 
     waterfalls = [_waterfall(base, r) for r in runs[1:] if r.world_size != base.world_size]
     dialect = analyses[order[0]].job.dialect
     notes = _notes(runs, waterfalls, mode, dialect)
-    findings = [f for w in waterfalls if (f := _finding(w, th, dialect)) is not None]
     return ScalingReport(mode=mode, unit=unit, base_world_size=base.world_size, runs=runs, waterfalls=waterfalls,
-                         findings=findings, notes=notes, dialect=dialect)
+                         notes=notes, dialect=dialect)
 
 
 def _waterfall(base: ScalingRun, run: ScalingRun) -> Waterfall:
@@ -338,73 +333,3 @@ def _notes(runs: list[ScalingRun], waterfalls: list[Waterfall], mode: str, diale
                      "threads per rank: torchrun sets OMP_NUM_THREADS=1 only for more than one process; set it "
                      "explicitly to compare like for like); gloo collective spans include waiting for the peer")
     return notes
-
-
-_FIXES = {
-    "all_reduce": ("Exposed all-reduce grew with the world size. Overlap it with backward: keep DDP's default "
-                   "buckets (bucket_cap_mb 25) or tune them so the first buckets start early, avoid "
-                   "find_unused_parameters, use gradient_as_bucket_view=True, send bf16/fp16 gradients "
-                   "(comm hook), and give each rank more work per step (larger per-rank batch or gradient "
-                   "accumulation with no_sync) so communication is amortised."),
-    "all_gather": ("Exposed all-gather grew with the world size: enable FSDP prefetching (FSDP1 "
-                   "backward_prefetch=BACKWARD_PRE, forward_prefetch; FSDP2 default implicit prefetch), wrap "
-                   "bigger units, or use hybrid sharding (HSDP) to keep all-gathers within a node."),
-    "reduce_scatter": ("Exposed reduce-scatter grew with the world size: let it overlap the next unit's backward "
-                       "(do not wrap too coarsely), reduce in bf16 (MixedPrecision reduce_dtype), or use hybrid "
-                       "sharding (HSDP) so most traffic stays inside a node."),
-}
-
-
-def _fix(key: str, dialect: str) -> str:
-    if key.startswith("comm:"):
-        kind = key[5:]
-        return _FIXES.get(kind, f"Exposed {kind} grew with the world size: overlap it with compute, batch small "
-                                "calls together, or issue it less often.")
-    if key == WAIT:
-        return ("Ranks wait for a slower one (straggler): run `fsdpdoctor analyze` on the larger run to see which "
-                "rank and why (data loading, host syncs, uneven batches, a slower node); balance the work or fix "
-                "that rank.")
-    if key == DATA:
-        return ("Data loading got slower per step: give the DataLoader workers (num_workers, persistent_workers, "
-                "pin_memory, prefetch_factor) and make sure the ranks do not contend for the same storage/CPUs.")
-    if key == COMPUTE:
-        base = "Compute per step got slower: CPU contention or smaller per-rank work. "
-        if dialect == "cpu":
-            return base + ("The ranks share the host's cores: set torch.set_num_threads / OMP_NUM_THREADS to "
-                           "cores per rank, pin ranks to cores, or scale across hosts rather than within one.")
-        return base + ("Kernels ran slower at the larger size: with strong scaling each rank's batch shrinks and "
-                       "kernels underuse the device (raise the per-rank batch); check CPU threads per rank, NUMA "
-                       "binding and host-side launch overhead.")
-    if key == IDLE:
-        return ("Idle time grew: host-side overhead (Python, launches, logging) or waits outside collectives; "
-                "look at the idle gaps of the larger run with `fsdpdoctor tui`.")
-    return "The larger run is slower for reasons the breakdown does not separate; compare the runs' timelines."
-
-
-def _finding(w: Waterfall, th: dict[str, float], dialect: str) -> Finding | None:
-    if w.efficiency >= th["scaling_efficiency_low"]:
-        return None
-    top = w.biggest
-    key = top.key if top else RESIDUAL
-    label = part_label(key)
-    impact = max(w.increase_us, 0.0)
-    lost = w.lost_efficiency
-    cause = (f"the biggest part is {label}: +{top.delta_us / 1e3:.1f} ms per step "
-             f"({100 * top.efficiency_points:.1f} points)" if top else "no single part explains it")
-    ev = [Evidence(f"{p.label}: {p.delta_us / 1e3:+.1f} ms per step ({p.base_us / 1e3:.1f} ms at "
-                   f"{w.base_world_size} -> {p.run_us / 1e3:.1f} ms at {w.world_size} ranks), "
-                   f"{100 * p.efficiency_points:+.1f} efficiency points")
-          for p in w.parts if abs(p.delta_us) > 0.005 * w.step_us]
-    ev.insert(0, Evidence(f"step {w.ideal_step_us / 1e3:.1f} ms ideal -> {w.step_us / 1e3:.1f} ms measured at "
-                          f"{w.world_size} ranks ({w.source}); base {w.base_world_size} ranks ({w.base_source})"))
-    return Finding(
-        id=FINDING_ID,
-        title=f"Scaling efficiency {100 * w.efficiency:.0f}% from {w.base_world_size} to {w.world_size} ranks",
-        severity="error" if w.efficiency < 0.5 else "warning",
-        confidence=0.6 if dialect == "cpu" else 0.8,
-        impact_us=impact, impact_frac=impact / w.step_us if w.step_us else 0.0,
-        summary=(f"At {w.world_size} ranks the job reaches {100 * w.efficiency:.0f}% of linear scaling "
-                 f"(threshold {100 * th['scaling_efficiency_low']:.0f}%): each step takes "
-                 f"{w.step_us / 1e3:.1f} ms instead of {w.ideal_step_us / 1e3:.1f} ms, losing "
-                 f"{100 * lost:.0f} points of efficiency; {cause}."),
-        fix=_fix(key, dialect), evidence=ev, ranks=[], source=None)

@@ -47,7 +47,7 @@ def register(sub) -> None:
 
 def build_report(args):
     """Load the runs and build the ScalingReport; raises InputError on bad input (before any UI)."""
-    from fsdpdoctor.analysis.scaling import scaling_report
+    from fsdpdoctor.diagnose.scaling import scaling_report
     from fsdpdoctor.session import analyze_path
 
     if len(args.runs) < 2:
