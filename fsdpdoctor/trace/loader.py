@@ -76,7 +76,6 @@ def _build(meta: dict, events: list, fmt: str, path: Path) -> RankTrace:
     trk = array("i")
     corr = array("q")
     args: dict[int, dict] = {}
-    memory: list[tuple[float, float, int]] = []
     memory_events: list[dict] = []
     keep_name: dict[int, bool] = {}
     cat_cache: dict[object, int] = {}
@@ -97,7 +96,6 @@ def _build(meta: dict, events: list, fmt: str, path: Path) -> RankTrace:
                 a = raw_args(e.args)
                 total = a.get("Total Allocated")
                 if total is not None:
-                    memory.append((float(e.ts or 0.0), float(total), int(a.get("Device Type", 0) or 0)))
                     memory_events.append({"name": "[memory]", "ph": ph, "ts": e.ts, "args": a})
             continue
         ts = e.ts
@@ -182,7 +180,6 @@ def _build(meta: dict, events: list, fmt: str, path: Path) -> RankTrace:
         corr=np.frombuffer(corr, dtype=np.int64).copy(),
         tracks=tracks,
         args=args,
-        memory=np.asarray(memory, dtype=np.float64).reshape(-1, 3),
         memory_events=memory_events,
         has_stacks=bool(np.any(cat_arr == PYFUNC)),
         format=fmt,
@@ -350,7 +347,6 @@ def merge_rank_traces(parts: list[RankTrace]) -> RankTrace:
         path=first.path, rank=first.rank, world_size=first.world_size, backend=first.backend, host=first.host,
         device_name=first.device_name, names=names, tracks=tracks, args=args,
         **{k: np.concatenate(v) for k, v in cols.items()},
-        memory=np.concatenate([t.memory for t in parts]),
         memory_events=[e for t in parts for e in t.memory_events],
         has_stacks=any(t.has_stacks for t in parts), format=first.format, rank_source=first.rank_source,
         distributed_info=first.distributed_info)

@@ -69,7 +69,6 @@ class RankTrace:
     corr: np.ndarray         # int64 correlation id (kernels/runtime), -1 when absent
     tracks: list[Track]
     args: dict[int, dict]    # row -> args, only for rows whose args we read
-    memory: np.ndarray       # (n, 3): ts, total allocated bytes, device type (0 cpu, 1 gpu)
     has_stacks: bool
     format: str              # "kineto" or "event-list"
     rank_source: str         # "distributedInfo", "file name" or "default"
