@@ -18,7 +18,7 @@ from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.collectives import is_comm_kernel
 from fsdpdoctor.results import COLLECTIVE_KINDS, PHASES, Collective, KindTime, StepBreakdown
-from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, RUNTIME
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL
 
 
 @dataclass
@@ -67,8 +67,7 @@ def step_windows(ctx: RankContext, launch_ts: dict[int, float] | None = None) ->
 
 def launch_times(ctx: RankContext) -> dict[int, float]:
     t = ctx.t
-    rt = np.nonzero(t.cat == RUNTIME)[0]
-    return {int(c): float(s) for c, s in zip(t.corr[rt], t.ts[rt]) if c >= 0}
+    return {c: float(t.ts[r]) for c, r in ctx.launch_row.items()}
 
 
 def timelines(ctx: RankContext, collectives: list[Collective], launch_ts: dict[int, float]) -> Timelines:

@@ -23,7 +23,7 @@ import numpy as np
 
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.results import Collective
-from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, KERNEL, RUNTIME
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, KERNEL
 
 _COLLECTIVE_NAME_KIND = {
     "_allgather_base": "all_gather", "all_gather": "all_gather", "allgather": "all_gather",
@@ -157,8 +157,7 @@ def _extract_gpu(ctx: RankContext) -> list[Collective]:
     if len(rows) == 0:
         return []
     # kernel -> launching runtime call (same correlation id)
-    rt = np.nonzero(t.cat == RUNTIME)[0]
-    launch_of = {int(c): int(r) for c, r in zip(t.corr[rt], rt) if c >= 0}
+    launch_of = ctx.launch_row
     param_rows = t.rows_named(lambda n: n == "record_param_comms", cat=CPU_OP)
     op_rows = t.rows_named(lambda n: (n.startswith(("c10d::", "_c10d_functional::", "c10d_functional::"))
                                       and not n.startswith(_NOT_COLLECTIVE_OPS)), cat=CPU_OP)

@@ -78,6 +78,12 @@ class RankContext:
         bwd = self.rows_prefix(BACKWARD_MARKERS[0], CPU_OP)
         return np.unique(np.concatenate([[self.main_track], self.t.track[bwd]])).astype(np.int32)
 
+    @cached_property
+    def launch_row(self) -> dict[int, int]:
+        """Correlation id -> the runtime call (cudaLaunchKernel...) that launched the device event."""
+        rt = np.nonzero(self.t.cat == RUNTIME)[0]
+        return {int(c): int(r) for c, r in zip(self.t.corr[rt], rt) if c >= 0}
+
     # -- generic lookups ----------------------------------------------
     def rows_prefix(self, prefix: str | tuple[str, ...], cat=None) -> np.ndarray:
         return self.t.rows_named(lambda n: n.startswith(prefix), cat=cat)

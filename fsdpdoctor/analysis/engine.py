@@ -48,13 +48,17 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
                 continue
         colls = coll_mod.extract(ctx)
         # step and phase of each collective, from its host issue time
+        in_steps = []
         for c in colls:
             t0 = c.issue_us if c.issue_us is not None else c.start_us
-            c.step = next((w.step for w in windows if w.start <= t0 < w.end), "out")  # type: ignore[assignment]
-            end = next((w.end for w in windows if w.step == c.step), None)
+            w = next((w for w in windows if w.start <= t0 < w.end), None)
+            if w is None:
+                continue  # issued outside the analysed steps
+            c.step = w.step
             # a kernel with no launch record was issued before the trace began: phase unknown
-            c.phase = ctx.phase_at(t0, end) if c.issue_us is not None or ctx.dialect == "cpu" else "other"
-        colls = [c for c in colls if c.step != "out"]
+            c.phase = ctx.phase_at(t0, w.end) if c.issue_us is not None or ctx.dialect == "cpu" else "other"
+            in_steps.append(c)
+        colls = in_steps
         _assume_dtype(colls, run.manifest)
         orphans = sum(1 for c in colls if c.issue_us is None and ctx.dialect == "gpu")
         if orphans:

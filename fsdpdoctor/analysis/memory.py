@@ -567,13 +567,6 @@ def config_from_manifest(manifest: dict, *, optimizer: str | None = None) -> Man
         strategy = normalize_strategy(raw)
         co = wrapping.get("cpu_offload")
         offload = bool(co.get("offload_params")) if isinstance(co, dict) else bool(co)
-        mp = wrapping.get("mixed_precision")
-        if isinstance(mp, dict) and mp.get("param_dtype"):
-            mp_dtype = normalize_dtype(mp["param_dtype"])
-            if mp_dtype != "fp32" and dtype == "fp32":
-                mixed, dtype = True, mp_dtype
-                notes.append(f"FSDP mixed precision: fp32 sharded parameters act as master weights, "
-                             f"{mp_dtype} unsharded copies for compute (same 16 B/param total)")
         units = wrapping.get("units")
         if isinstance(units, int) and units > 0 and strategy != "ddp":
             notes.append(f"{units} FSDP units: average unit {n / units:,.0f} params; the largest unit is not in the "
@@ -594,15 +587,17 @@ def config_from_manifest(manifest: dict, *, optimizer: str | None = None) -> Man
         else:
             strategy = "zero2" if no_reshard else "zero3"
         offload = bool(wrapping.get("offload"))
+    else:
+        raise ValueError(f"wrapping.kind is {kind!r}, not one of none, ddp, fsdp1, fsdp2")
+    if kind in ("fsdp1", "fsdp2"):
         mp = wrapping.get("mixed_precision")
         if isinstance(mp, dict) and mp.get("param_dtype"):
             mp_dtype = normalize_dtype(mp["param_dtype"])
             if mp_dtype != "fp32" and dtype == "fp32":
                 mixed, dtype = True, mp_dtype
-                notes.append(f"FSDP2 mixed precision: fp32 sharded parameters act as master weights, "
-                             f"{mp_dtype} unsharded copies for compute (same 16 B/param total)")
-    else:
-        raise ValueError(f"wrapping.kind is {kind!r}, not one of none, ddp, fsdp1, fsdp2")
+                notes.append(f"{'FSDP' if kind == 'fsdp1' else 'FSDP2'} mixed precision: fp32 sharded parameters "
+                             f"act as master weights, {mp_dtype} unsharded copies for compute "
+                             "(same 16 B/param total)")
     if kind == "none" and ws > 1:
         notes.append("wrapping.kind is none: every rank holds a full replica")
     notes.append("optimizer states counted in the parameter dtype, as torch.optim allocates them")

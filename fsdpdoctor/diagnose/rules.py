@@ -393,10 +393,7 @@ def input_bound(ctx: RuleContext) -> list[Finding]:
 @rule("straggler")
 def straggler(ctx: RuleContext) -> list[Finding]:
     s = ctx.a.straggler
-    if not s or s.straggler is None:
-        return []
-    limit = ctx.th["straggler_frac_cpu"] if ctx.cpu else ctx.th["straggler_frac"]
-    if s.spread_frac < limit or s.last_fraction < ctx.th["straggler_consistency"]:
+    if not _is_straggler(ctx):
         return []
     waits = [p["imbalance_us"] for p in s.per_step if p["straggler"] == s.straggler]
     impact = sum(waits) / len(waits) if waits else 0.0
@@ -433,10 +430,19 @@ def _sleep_source(ctx: RuleContext, rank: int) -> str | None:
     return ctx.a.signals.sleep_sources.get(rank) if ctx.a.signals else None
 
 
+def _is_straggler(ctx: RuleContext) -> bool:
+    """The thresholds' verdict on the straggler report (shared by the straggler and exposed-comm rules)."""
+    s = ctx.a.straggler
+    if not s or s.straggler is None:
+        return False
+    limit = ctx.th["straggler_frac_cpu"] if ctx.cpu else ctx.th["straggler_frac"]
+    return s.spread_frac >= limit and s.last_fraction >= ctx.th["straggler_consistency"]
+
+
 def straggler_wait_us(ctx: RuleContext) -> float:
     """Mean per-step wait of the non-straggler ranks, when a straggler finding applies."""
     s = ctx.a.straggler
-    if not straggler(ctx) or not s:
+    if not _is_straggler(ctx):
         return 0.0
     others = [w for r, w in s.wait_by_rank.items() if r != s.straggler]
     return sum(others) / len(others) if others else 0.0
