@@ -152,6 +152,22 @@ class StragglerReport:
 
 
 @dataclass
+class DialectTraits:
+    """What a trace dialect can and cannot show; rules ask these, never the dialect's name.
+
+    Filled by the dialect that read the rank (see analysis/dialects once it exists).
+    """
+
+    name: str = "gloo-cpu"               # "nccl-gpu" (NCCL/RCCL kernels) or "gloo-cpu" (gloo worker spans)
+    device_timeline: bool = False        # kernels on device streams with launch->start: GPU idle is measurable
+    async_collectives: bool = False      # collectives can run beside compute (own stream); False: host blocks
+    comm_includes_peer_wait: bool = True # a collective's span includes waiting for the slowest peer
+    shared_host_cores: bool = True       # ranks compete for the same CPU cores (exposure is contention-prone)
+    has_message_sizes: bool = False      # sizes (and dtypes) are recorded per collective
+    has_sequence_numbers: bool = False   # collectives carry a process-group sequence number (`Seq`)
+
+
+@dataclass
 class JobInfo:
     world_size: int | None
     ranks_analyzed: list[int]
@@ -166,6 +182,7 @@ class JobInfo:
     manifest: dict | None = None
     samples_per_step: float | None = None
     tokens_per_step: float | None = None
+    traits: DialectTraits = field(default_factory=DialectTraits)
 
 
 @dataclass
@@ -190,6 +207,10 @@ class Finding:
     evidence: list[Evidence] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
     source: str | None = None
+    # root cause first: ids of findings this one explains (shown under it, not as peers) ...
+    consequences: list[str] = field(default_factory=list)
+    # ... and, on a consequence, the id of the finding that explains it
+    caused_by: str | None = None
 
 
 @dataclass

@@ -16,7 +16,7 @@ from fsdpdoctor.analysis.breakdown import (
 )
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.results import (
-    Analysis, Collective, CollectiveStat, JobInfo, RankSummary, Signals, StepBreakdown,
+    Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals, StepBreakdown,
 )
 from fsdpdoctor.trace.loader import Run
 from fsdpdoctor.trace.table import ANNOTATION
@@ -186,4 +186,12 @@ def _job_info(run: Run, ctxs: list[RankContext], summaries: list[RankSummary], f
         wrapping_details=details, steps=steps,
         devices=sorted({r.device_name for r in run.ranks if r.device_name}),
         has_stacks=any(r.has_stacks for r in run.ranks), manifest=run.manifest or None,
-        samples_per_step=m.get("samples_per_step"), tokens_per_step=m.get("tokens_per_step"))
+        samples_per_step=m.get("samples_per_step"), tokens_per_step=m.get("tokens_per_step"),
+        traits=_traits(ctxs[0].dialect if ctxs else "cpu"))
+
+
+def _traits(dialect: str) -> DialectTraits:
+    if dialect == "gpu":
+        return DialectTraits(name="nccl-gpu", device_timeline=True, async_collectives=True,
+                             shared_host_cores=False, has_message_sizes=True)
+    return DialectTraits(name="gloo-cpu")

@@ -14,7 +14,7 @@ from typing import Callable
 
 from fsdpdoctor.diagnose.thresholds import resolve
 from fsdpdoctor.units import ms, pct, size
-from fsdpdoctor.results import Analysis, Evidence, Finding
+from fsdpdoctor.results import Analysis, DialectTraits, Evidence, Finding
 
 
 @dataclass
@@ -29,6 +29,10 @@ class RuleContext:
     @property
     def cpu(self) -> bool:
         return self.a.job.dialect == "cpu"
+
+    @property
+    def traits(self) -> DialectTraits:
+        return self.a.job.traits
 
     @property
     def wrap(self) -> dict:
