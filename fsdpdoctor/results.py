@@ -280,6 +280,78 @@ class DdpInfo:
     bucket_nelems: list[int] = field(default_factory=list)
 
 
+IDLE_CAUSES = ("launch", "host_sync", "data_loading", "collective_wait", "profiler", "other")
+
+
+@dataclass
+class GpuIdleStep:
+    """One step of one rank on a device timeline: when no kernel, memcpy or memset runs on any stream."""
+
+    step: int | None
+    duration_us: float
+    busy_us: float                        # union of all device activity (kernels, memcpy, memset)
+    idle_us: float                        # duration_us - busy_us
+    by_cause: dict[str, float] = field(default_factory=dict)   # IDLE_CAUSES -> idle time; sums to idle_us
+
+
+@dataclass
+class GpuIdle:
+    """GPU idle time of one rank, attributed to what the host was doing meanwhile (see analysis/gpu_idle.py)."""
+
+    rank: int
+    steps: list[GpuIdleStep]
+    idle_us: float                        # mean per step
+    idle_frac: float                      # idle / step time
+    by_cause: dict[str, float]            # mean per step
+    kernels: int = 0                      # device events with a launch record in the analysed steps
+    queue_delay_median_us: float | None = None   # kernel start - end of its launch call (median)
+    queue_empty_frac: float | None = None        # share of kernels that started at most QUEUE_EMPTY_US after launch
+    sources: dict[str, list[list]] = field(default_factory=dict)  # cause -> [[user frame, us per step], ...]
+    stack_events_per_step: float = 0.0   # Python-frame events recorded per step (with_stack)
+    with_stack: bool = False
+    record_shapes: bool | None = None
+
+
+@dataclass
+class RankSetup:
+    """How one rank was set up, as far as its trace and the manifest say (analysis/setup.py)."""
+
+    rank: int
+    world_size: int | None
+    backend: str | None                   # distributedInfo.backend ("nccl", "gloo", "undefined"...)
+    pg_backends: list[str] = field(default_factory=list)   # pg_config backend_config, e.g. "cuda:gloo"
+    device_kernels: int = 0               # compute/comm kernels on device streams
+    gloo_spans: int = 0                   # gloo:* worker spans (collectives staged through host memory)
+    collectives: int = 0                  # collectives in the analysed steps
+    has_backward: bool = False            # autograd backward ran in the analysed steps
+    wrapper: str | None = None            # "ddp", "fsdp1", "fsdp2" seen in the trace, else None
+
+
+@dataclass
+class RecomputeInfo:
+    """Activation checkpointing: forward work re-run inside backward (analysis/recompute.py)."""
+
+    rank: int
+    method: str                           # which marker found the regions
+    regions_per_step: float
+    recompute_us: float                   # mean per step: device time launched from recompute regions
+    recompute_frac: float                 # of the step
+    compute_frac: float | None            # of compute time (device busy)
+
+
+@dataclass
+class OffloadInfo:
+    """Host<->device copies (CPU offload, pinned/pageable transfers) of one rank (analysis/recompute.py)."""
+
+    rank: int
+    h2d_us: float                         # mean per step, union of HtoD copies
+    d2h_us: float
+    exposed_us: float                     # copy time not under any compute kernel
+    copies_per_step: float
+    offload_configured: bool = False      # the manifest says FSDP CPUOffload / offload_params
+    by_phase: dict[str, float] = field(default_factory=dict)   # exposed copy time by host phase
+
+
 @dataclass
 class Signals:
     """Structural facts the diagnosis rules read, beyond the time breakdown."""
@@ -288,3 +360,7 @@ class Signals:
     dataloader: list[DataLoaderInfo] = field(default_factory=list)
     ddp: DdpInfo | None = None
     sleep_sources: dict[int, str] = field(default_factory=dict)   # rank -> user line calling time.sleep
+    gpu_idle: list[GpuIdle] = field(default_factory=list)          # device-timeline traces only
+    setup: list[RankSetup] = field(default_factory=list)
+    recompute: list[RecomputeInfo] = field(default_factory=list)   # ranks with activation checkpointing
+    offload: list[OffloadInfo] = field(default_factory=list)       # device-timeline ranks with H2D/D2H copies

@@ -7,6 +7,9 @@ from collections import defaultdict
 import numpy as np
 
 from fsdpdoctor.analysis import collectives as coll_mod
+from fsdpdoctor.analysis import gpu_idle as gpu_idle_mod
+from fsdpdoctor.analysis import recompute as recompute_mod
+from fsdpdoctor.analysis import setup as setup_mod
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis import prefetch as prefetch_mod
 from fsdpdoctor.analysis import signals as signals_mod
@@ -33,6 +36,7 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
     steps_by_rank: dict[int, list[StepBreakdown]] = {}
     backward_end: dict[int, dict] = {}
     host_syncs, loaders = [], []
+    idles, setups, recomputes, offloads = [], [], [], []
     sleep_sources: dict[int, str] = {}
     for trace in run.ranks:
         ctx = RankContext(trace)
@@ -99,10 +103,15 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
         dl = signals_mod.dataloader(ctx, windows, bds)
         if dl:
             loaders.append(dl)
+        setups.append(setup_mod.rank_setup(ctx, windows, colls))
+        idles.append(gpu_idle_mod.gpu_idle(ctx, windows, (run.manifest or {}).get("options")))
+        recomputes.append(recompute_mod.recompute(ctx, windows))
+        offloads.append(recompute_mod.offload(ctx, windows, run.manifest))
 
     ctx_by_rank = {c.t.rank: c for c in ctxs}
     fw = next((f for f in (prefetch_mod.framework(c) for c in ctxs) if f), None)
     prefetch = prefetch_mod.status(ctx_by_rank, all_colls, fw)
+    setup_mod.single_rank_prefetch(prefetch, run.world_size)
     hosts = {r.host for r in run.ranks if r.host}
     if run.manifest and isinstance(run.manifest.get("hosts"), dict):
         hosts = set(run.manifest["hosts"].values())
@@ -115,7 +124,9 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
     job = _job_info(run, ctxs, summaries, fw)
     means = [s.mean for s in summaries if s.mean]
     overall = mean_breakdown(means, -1) if means else None
-    sig = Signals(host_syncs=host_syncs, dataloader=loaders, sleep_sources=sleep_sources,
+    sig = Signals(host_syncs=host_syncs, dataloader=loaders, sleep_sources=sleep_sources, setup=setups,
+                  gpu_idle=[x for x in idles if x], recompute=[x for x in recomputes if x],
+                  offload=[x for x in offloads if x],
                   ddp=signals_mod.ddp(ctxs, all_colls, steps_by_rank, backward_end) if job.wrapping == "ddp" else None)
     if any(c.dialect == "cpu" for c in ctxs) and all_colls:
         notes.append("CPU/gloo trace: communication time is the gloo worker span, which includes waiting for peers; "

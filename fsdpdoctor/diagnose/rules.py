@@ -385,13 +385,17 @@ def input_bound(ctx: RuleContext) -> list[Finding]:
     if worst.slow_frame:
         ev.append(Evidence(f"slowest frame under __next__: {worst.slow_frame} ({ms(worst.slow_frame_us)} per step)",
                            source=worst.slow_frame))
-    return [ctx.finding(
+    found = ctx.finding(
         "input-bound", f"{'Highly' if high else 'Moderately'} input-bound: data loading is {pct(f)} of the step",
         m.data_loading_us,
         f"The training loop waits {ms(m.data_loading_us)} per step for the next batch "
         f"({'single-process loading in the training process' if single else 'the worker processes do not keep up'}).",
         fix, confidence=0.9, evidence=ev, source=worst.slow_frame,
-        severity="error" if high else "warning")]
+        severity="error" if high else "warning")
+    from fsdpdoctor.diagnose.gpu_rules import dominant_idle_cause
+    if dominant_idle_cause(ctx) == "data_loading":
+        found.consequences.append("gpu-idle")  # the GPU idles because it waits for the batch
+    return [found]
 
 
 @rule("straggler")
@@ -514,5 +518,8 @@ def diagnose(analysis: Analysis, thresholds: dict[str, float] | None = None) -> 
     findings.sort(key=lambda f: (-f.impact_us, order.get(f.severity, 3)))
     return findings
 
+
+# rule modules beside this one register on import (setup faults, device-timeline rules)
+from fsdpdoctor.diagnose import gpu_rules, setup_rules  # noqa: E402,F401
 
 RULE_IDS = [i for ids, _ in RULES for i in ids.split(",")]

@@ -60,6 +60,19 @@ THRESHOLDS: list[Threshold] = [
     Threshold("forward_exposed_frac", 0.02, "share of step", "exposed forward all-gather share above which "
               "forward prefetch (when off) is suggested", "our choice: below 2% of a step the saving is within "
               "step-to-step noise"),
+    Threshold("gpu_idle_frac", 0.10, "share of step", "GPU idle time a host-side fix could give back (launch, "
+              "syncs, loading, collective waits, profiler; not the unexplained rest) above which gpu-idle fires",
+              "same bar as exposed_comm_frac: below a tenth of the step, other costs dominate"),
+    Threshold("launch_queue_empty_frac", 0.50, "share of kernels", "kernels that start within 50 us of their "
+              "launch call (empty queue) above which the job is host-bound", "by definition: when most kernels "
+              "find nothing queued ahead of them, the GPU runs work as fast as the host produces it"),
+    Threshold("recompute_frac", 0.02, "share of step", "activation recompute time per step above which it is "
+              "reported (info)", "our choice, as forward_exposed_frac: below 2% the cost is within step noise"),
+    Threshold("recompute_warn_frac", 0.25, "share of step", "recompute above which it is a warning",
+              "recomputing the whole forward costs one extra forward, about 1/4 of a step whose backward takes "
+              "twice the forward (Chen et al. 2016, sublinear memory cost): more means recompute beyond it"),
+    Threshold("offload_exposed_frac", 0.05, "share of step", "host<->device copy time under no kernel above which "
+              "offload-exposed fires", "XProf input-pipeline bands: 5% of the step is a moderate stall"),
     Threshold("scaling_efficiency_low", 0.80, "ratio", "scaling efficiency below which it is a finding",
               "common practice: data-parallel scaling above 80-90% is expected"),
 ]

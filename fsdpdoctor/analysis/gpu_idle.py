@@ -1,0 +1,174 @@
+"""GPU idle time of one rank, attributed to what the host was doing meanwhile.
+
+Idle is the time in a step when no device activity runs on any stream: the step window minus the
+union of every kernel, memcpy and memset (a copy keeps the device busy even if no SM computes; HTA
+counts memcpy/memset as neither compute nor idle, we count them as busy so that "idle" means the
+device had nothing at all to do). Each idle instant gets one cause, the first that holds:
+
+1. ``data_loading``: the host is inside ``enumerate(DataLoader)#...__next__``;
+2. ``collective_wait``: the host is blocked in a collective (a ``c10d::`` op or ``Work.wait``);
+3. ``host_sync``: a sync (``cudaStreamSynchronize``, ``.item()``...) drained the queue: from the sync's
+   start until the next device activity;
+4. ``other``: the host sleeps (``time.sleep``), or runs no torch op for longer than ``LONG_GAP_US``
+   (Python work that launches nothing: logging, I/O, untraced code), or is outside its step;
+5. ``launch``: the host is dispatching and launching (inside CPU ops and runtime calls, or in the
+   short gaps between them): the GPU waits for the host to queue the next kernel. With ``with_stack``,
+   the part of it the profiler itself adds is ``profiler`` (``STACK_EVENT_COST_US`` per recorded
+   Python frame that starts there).
+
+The kernel queue tells a host-bound job from a busy GPU: a kernel that starts right after its launch
+call had nothing queued ahead of it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.breakdown import StepWindow
+from fsdpdoctor.analysis.context import RankContext
+from fsdpdoctor.results import IDLE_CAUSES, GpuIdle, GpuIdleStep
+from fsdpdoctor.trace.table import CPU_OP, DEVICE_CATEGORIES, PYFUNC, RUNTIME
+
+# A host thread that launches work runs a torch op every few tens of microseconds; a stretch of
+# 1 ms with no op at all is Python doing something else (between two ops of even a tiny model,
+# the CUDA traces here show median gaps of ~10 us).
+LONG_GAP_US = 1000.0
+# Kernel launch latency is ~5-10 us on current GPUs (CUDA programming guide, launch overhead); a
+# kernel starting within a few launch latencies of its launch call found an empty queue.
+QUEUE_EMPTY_US = 50.0
+# Host time the profiler adds per recorded Python frame with with_stack=True: measured 200k calls of
+# a trivial Python function under torch.profiler (torch 2.13, CPU): 0.10 us/call without, 0.59 with.
+STACK_EVENT_COST_US = 0.5
+_COMM_OPS = ("c10d::", "_c10d_functional::", "c10d_functional::", "record_param_comms")
+_MAX_SOURCE_PIECES = 400  # longest idle pieces per cause looked up for a user frame
+
+
+def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None = None) -> GpuIdle | None:
+    """Per-step GPU idle of one rank and its causes; None when the trace has no device timeline."""
+    t = ctx.t
+    dev = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
+    if not len(dev) or not windows:
+        return None
+    busy = ctx.set_of(dev)
+    causes = _cause_sets(ctx, dev)
+    stack_starts = np.sort(t.ts[(t.cat == PYFUNC) & np.isin(t.track, ctx.compute_tracks)])
+    steps, pieces_by_cause = [], {c: [] for c in IDLE_CAUSES}
+    for w in windows:
+        idle = iv.subtract(np.array([[w.start, w.end]]), busy) if w.end > w.start else iv.EMPTY
+        by_cause, rest = {}, idle
+        for cause in ("data_loading", "collective_wait", "host_sync", "other", "launch"):
+            part = iv.intersect(rest, causes[cause]) if len(causes[cause]) else iv.EMPTY
+            rest = iv.subtract(rest, part)
+            if cause == "launch" and len(part) and len(stack_starts):
+                # the profiler's own share of launch time: a fixed cost per Python frame it recorded
+                n = _starts_inside(stack_starts, part)
+                prof = min(n * STACK_EVENT_COST_US, iv.total(part))
+                by_cause["profiler"] = prof
+                by_cause["launch"] = iv.total(part) - prof
+            else:
+                by_cause[cause] = iv.total(part)
+            pieces_by_cause[cause].append(part)
+        by_cause["other"] = by_cause.get("other", 0.0) + iv.total(rest)
+        pieces_by_cause["other"].append(rest)
+        by_cause = {c: float(by_cause.get(c, 0.0)) for c in IDLE_CAUSES}
+        dur = w.end - w.start
+        idle_us = iv.total(idle)
+        steps.append(GpuIdleStep(step=w.step, duration_us=dur, busy_us=dur - idle_us, idle_us=idle_us,
+                                 by_cause=by_cause))
+    n = len(steps)
+    step_us = sum(s.duration_us for s in steps) / n
+    idle_us = sum(s.idle_us for s in steps) / n
+    out = GpuIdle(rank=t.rank, steps=steps, idle_us=idle_us, idle_frac=idle_us / step_us if step_us else 0.0,
+                  by_cause={c: sum(s.by_cause[c] for s in steps) / n for c in IDLE_CAUSES})
+    _queue(ctx, dev, windows, out)
+    in_steps = iv.as_set([w.start for w in windows], [w.end for w in windows])
+    out.stack_events_per_step = _starts_inside(stack_starts, in_steps) / n
+    out.with_stack = bool((options or {}).get("with_stack", t.has_stacks))
+    rs = (options or {}).get("record_shapes")
+    out.record_shapes = bool(rs) if rs is not None else None
+    for cause, parts in pieces_by_cause.items():
+        if cause in ("launch", "host_sync", "other", "data_loading", "collective_wait") and parts:
+            src = _sources(ctx, iv.union(*parts), n)
+            if src:
+                out.sources["launch" if cause == "launch" else cause] = src
+    return out
+
+
+def _cause_sets(ctx: RankContext, dev: np.ndarray) -> dict[str, np.ndarray]:
+    t = ctx.t
+    host = np.isin(t.track, ctx.compute_tracks)
+    ops = np.nonzero(host & np.isin(t.cat, (CPU_OP, RUNTIME)))[0]
+    op_set = ctx.set_of(ops)
+    comm_ids = t.ids_of(lambda n: n.startswith(_COMM_OPS))
+    comm = ops[np.isin(t.name_id[ops], comm_ids)]
+    collective = iv.union(ctx.set_of(comm) if len(comm) else iv.EMPTY, ctx.wait_set)
+    # a sync drains the queue: its cost lasts until the device runs something again
+    sync = ctx.sync_rows[np.isin(t.track[ctx.sync_rows], ctx.compute_tracks)] if len(ctx.sync_rows) else ctx.sync_rows
+    shadow = iv.EMPTY
+    if len(sync):
+        starts = np.sort(t.ts[dev])
+        ends = t.ts[sync] + t.dur[sync]
+        k = np.searchsorted(starts, ends)
+        nxt = np.where(k < len(starts), starts[np.minimum(k, len(starts) - 1)], ends)
+        shadow = iv.as_set(t.ts[sync], np.maximum(nxt, ends))
+    # launching: inside ops, or in gaps between them shorter than LONG_GAP_US
+    launch = _close_gaps(op_set, LONG_GAP_US)
+    sleep = ctx.set_of(ctx.sleep_rows) if len(ctx.sleep_rows) else iv.EMPTY
+    # "other" as a cause set: sleeps; whatever launch does not cover is "other" by elimination
+    return {"data_loading": ctx.dataloader_set, "collective_wait": collective, "host_sync": shadow,
+            "other": sleep, "launch": launch}
+
+
+def _close_gaps(s: np.ndarray, gap: float) -> np.ndarray:
+    if len(s) < 2:
+        return s
+    keep = np.concatenate([[True], s[1:, 0] - s[:-1, 1] > gap])
+    idx = np.nonzero(keep)[0]
+    ends = np.maximum.reduceat(s[:, 1], idx)
+    return np.stack([s[idx, 0], ends], axis=1)
+
+
+def _starts_inside(sorted_starts: np.ndarray, s: np.ndarray) -> int:
+    if not len(s) or not len(sorted_starts):
+        return 0
+    lo = np.searchsorted(sorted_starts, s[:, 0], side="left")
+    hi = np.searchsorted(sorted_starts, s[:, 1], side="left")
+    return int(np.sum(hi - lo))
+
+
+def _queue(ctx: RankContext, dev: np.ndarray, windows: list[StepWindow], out: GpuIdle) -> None:
+    """Launch -> start delay of the device work launched in the analysed steps."""
+    t = ctx.t
+    lr = ctx.launch_row
+    rows = [(int(r), lr[int(c)]) for r, c in zip(dev, t.corr[dev]) if c >= 0 and int(c) in lr]
+    if not rows:
+        return
+    k = np.array([r for r, _ in rows])
+    la = np.array([l for _, l in rows])
+    lts = t.ts[la]
+    inside = np.zeros(len(k), dtype=bool)
+    for w in windows:
+        inside |= (lts >= w.start) & (lts < w.end)
+    if not inside.any():
+        return
+    delay = t.ts[k[inside]] - (t.ts[la[inside]] + t.dur[la[inside]])
+    out.kernels = int(inside.sum())
+    out.queue_delay_median_us = float(np.median(delay))
+    out.queue_empty_frac = float(np.mean(delay <= QUEUE_EMPTY_US))
+
+
+def _sources(ctx: RankContext, pieces: np.ndarray, nsteps: int) -> list[list]:
+    """Innermost user frames on the main thread during the longest idle pieces: [[frame, us per step]]."""
+    if not ctx.t.has_stacks or not len(pieces):
+        return []
+    lengths = pieces[:, 1] - pieces[:, 0]
+    order = np.argsort(-lengths)[:_MAX_SOURCE_PIECES]
+    acc: dict[str, float] = {}
+    for i in order:
+        mid = float((pieces[i, 0] + pieces[i, 1]) / 2)
+        src = ctx.source_line(ctx.main_track, mid)
+        if src:
+            acc[src] = acc.get(src, 0.0) + float(lengths[i])
+    top = sorted(acc.items(), key=lambda kv: -kv[1])[:5]
+    return [[s, us / nsteps] for s, us in top]

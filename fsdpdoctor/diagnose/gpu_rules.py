@@ -1,0 +1,180 @@
+"""Rules on the device timeline: the GPU waiting for the host, recompute and copy costs.
+
+Registered with ``@rule`` on import (``diagnose/rules.py`` imports this module).
+"""
+
+from __future__ import annotations
+
+from fsdpdoctor.analysis.gpu_idle import QUEUE_EMPTY_US
+from fsdpdoctor.diagnose.rules import RuleContext, rule
+from fsdpdoctor.results import Evidence, Finding, GpuIdle
+from fsdpdoctor.units import ms, pct
+
+CAUSE_LABEL = {
+    "launch": "launching kernels (Python and dispatch overhead, no work queued)",
+    "host_sync": "host syncs that drain the kernel queue",
+    "data_loading": "waiting for the next batch (DataLoader)",
+    "collective_wait": "the host blocked in a collective",
+    "profiler": "profiler overhead (with_stack records every Python call)",
+    "other": "host work outside torch ops (Python, I/O, sleep) or outside the step",
+}
+CAUSE_FIX = {
+    "launch": "Give the GPU more work per launch: a larger micro-batch (or fewer, larger ops), "
+              "torch.compile(model) to fuse kernels, or CUDA graphs (torch.compile(mode=\"reduce-overhead\")) "
+              "to replay the step without Python launch cost",
+    "host_sync": "Remove the host syncs from the step (.item(), .cpu(), printing tensors, torch.cuda.synchronize()): "
+                 "keep values on the device and read them every N steps",
+    "data_loading": "DataLoader(..., num_workers=4, pin_memory=True, persistent_workers=True) and move the batch with "
+                    ".to(device, non_blocking=True)",
+    "collective_wait": "Let collectives run asynchronously (NCCL, no Work.wait() in the step); see the communication "
+                       "findings",
+    "profiler": "For timing runs profile with with_stack=False (and record_shapes=False): stacks add a fixed cost "
+                "to every Python call and inflate host time",
+    "other": "Look at what the host does between steps at the source lines shown (logging, checkpoint I/O, sleeps)",
+}
+# idle the host side can give back: everything but "other", whose cause is not known
+SHORT = {"launch": "kernel launch overhead", "host_sync": "host syncs", "data_loading": "data loading",
+         "collective_wait": "collective waits", "profiler": "profiler overhead", "other": "other host work"}
+FIXABLE = ("launch", "host_sync", "collective_wait", "profiler", "data_loading")
+
+
+def _mean_idle(idles: list[GpuIdle]) -> dict[str, float]:
+    n = len(idles)
+    out = {c: sum(g.by_cause.get(c, 0.0) for g in idles) / n for c in idles[0].by_cause}
+    out["_idle"] = sum(g.idle_us for g in idles) / n
+    return out
+
+
+def host_bound(ctx: RuleContext, idles: list[GpuIdle]) -> bool:
+    """Most kernels started right after their launch: the queue was empty, the host is the bottleneck."""
+    fr = [g.queue_empty_frac for g in idles if g.queue_empty_frac is not None]
+    return bool(fr) and sum(fr) / len(fr) >= ctx.th["launch_queue_empty_frac"]
+
+
+def _verdict(ctx: RuleContext) -> tuple[dict[str, float], bool, str] | None:
+    """(mean idle by cause, host-bound?, dominant fixable cause) when a gpu-idle finding applies."""
+    idles = ctx.a.signals.gpu_idle if ctx.a.signals else []
+    if not ctx.traits.device_timeline or not idles or not ctx.step_us:
+        return None
+    m = _mean_idle(idles)
+    bound = host_bound(ctx, idles)
+    fixable = sum(m[c] for c in FIXABLE)
+    cause = max(FIXABLE, key=lambda c: m[c])
+    # Idle with a full queue (kernels waiting long after launch) is the GPU waiting on itself (stream
+    # dependencies, events missing from a filtered trace), not the host: no host-side fix applies.
+    # Loading stalls the GPU whatever the queue looked like the rest of the step.
+    if ctx.frac(fixable) < ctx.th["gpu_idle_frac"] or not (bound or cause == "data_loading"):
+        return None
+    return m, bound, cause
+
+
+def dominant_idle_cause(ctx: RuleContext) -> str | None:
+    """The cause of most GPU idle time when a gpu-idle finding applies (input-bound lists it as consequence)."""
+    v = _verdict(ctx)
+    return v[2] if v else None
+
+
+@rule("gpu-idle")
+def gpu_idle(ctx: RuleContext) -> list[Finding]:
+    v = _verdict(ctx)
+    if v is None:
+        return []
+    m, bound, cause = v
+    idles = ctx.a.signals.gpu_idle
+    fixable = sum(m[c] for c in FIXABLE)
+    input_bound = cause == "data_loading" and ctx.frac(ctx.a.mean.data_loading_us) >= ctx.th["input_bound_frac"]
+    delays = [g.queue_delay_median_us for g in idles if g.queue_delay_median_us is not None]
+    empty = [g.queue_empty_frac for g in idles if g.queue_empty_frac is not None]
+    split = ", ".join(f"{SHORT[c]} {ms(m[c])}" for c in sorted(m, key=lambda c: -m[c])
+                      if c != "_idle" and m[c] >= 0.005 * ctx.step_us)
+    ev = [Evidence(f"GPU idle {ms(m['_idle'])} per step ({pct(ctx.frac(m['_idle']))}): {split}",
+                   time_us=m["_idle"])]
+    if delays:
+        ev.append(Evidence(f"kernel queue: median {delays[len(delays) // 2]:.0f} us from launch to start; "
+                           f"{pct(sum(empty) / len(empty))} of kernels started within "
+                           f"{QUEUE_EMPTY_US:.0f} us of their launch (queue empty)"))
+    ev += [Evidence(f"rank {g.rank}: idle {pct(g.idle_frac)} of the step, {ms(g.by_cause.get(cause, 0.0))} "
+                    f"{SHORT[cause]}", rank=g.rank, time_us=g.idle_us) for g in idles[:8]]
+    srcs = [s for g in idles for s in g.sources.get(cause, [])]
+    srcs.sort(key=lambda s: -s[1])
+    for frame, us in srcs[:3]:
+        ev.append(Evidence(f"host at {frame} during {ms(us)} of idle per step", source=frame, time_us=us))
+    profiled = [g for g in idles if g.with_stack]
+    fix = CAUSE_FIX[cause]
+    second = sorted((c for c in FIXABLE if c != cause), key=lambda c: -m[c])[0]
+    if ctx.frac(m[second]) >= ctx.th["gpu_idle_frac"]:
+        fix += f"; then for {CAUSE_LABEL[second].split(' (')[0]}: {CAUSE_FIX[second]}"
+    if profiled and cause != "profiler" and m["profiler"] >= 0.01 * ctx.step_us:
+        ev.append(Evidence(f"with_stack=True: about {ms(m['profiler'])} of the idle is the profiler's own cost "
+                           f"({profiled[0].stack_events_per_step:.0f} Python frames recorded per step)"))
+    impact = m["data_loading"] if input_bound else fixable
+    f = ctx.finding(
+        "gpu-idle",
+        f"GPU idle {pct(ctx.frac(m['_idle']))} of the step, mostly {SHORT[cause]}"
+        + (" (host-bound)" if bound and cause != "data_loading" else ""),
+        impact,
+        f"No kernel runs on any stream for {ms(m['_idle'])} per step. Most of it the host was "
+        f"{CAUSE_LABEL[cause]}."
+        + (" Kernels start right after they are launched: the GPU waits for the host, not the other way "
+           "round." if bound else ""),
+        fix, confidence=0.85 if bound else 0.7, evidence=ev, source=srcs[0][0] if srcs else None,
+        ranks=[g.rank for g in idles])
+    if input_bound:
+        f.caused_by = "input-bound"
+    return [f]
+
+
+@rule("activation-recompute")
+def activation_recompute(ctx: RuleContext) -> list[Finding]:
+    rs = ctx.a.signals.recompute if ctx.a.signals else []
+    if not rs or not ctx.step_us:
+        return []
+    us = sum(r.recompute_us for r in rs) / len(rs)
+    if ctx.frac(us) < ctx.th["recompute_frac"]:
+        return []
+    cf = [r.compute_frac for r in rs if r.compute_frac is not None]
+    ev = [Evidence(f"rank {r.rank}: {r.regions_per_step:.0f} recompute region(s) per step, {ms(r.recompute_us)} "
+                   f"({pct(r.recompute_frac)} of the step" + (f", {pct(r.compute_frac)} of GPU compute)"
+                                                               if r.compute_frac is not None else ")"),
+                   rank=r.rank, time_us=r.recompute_us) for r in rs[:8]]
+    ev.append(Evidence(f"found by: {rs[0].method}"))
+    return [ctx.finding(
+        "activation-recompute", f"Activation checkpointing re-runs {pct(ctx.frac(us))} of the step", us,
+        f"Checkpointed blocks recompute their forward during backward: {ms(us)} per step"
+        + (f" ({pct(sum(cf) / len(cf))} of GPU compute)" if cf else "")
+        + ". This buys activation memory with time; it is worth it only while memory is the limit.",
+        "If memory allows, checkpoint fewer blocks (wrap every other block, or use selective activation "
+        "checkpointing of the cheap ops only); otherwise keep it",
+        confidence=0.8, evidence=ev,
+        # a deliberate memory/time trade: a warning only past a full extra forward's cost
+        severity="warning" if ctx.frac(us) >= ctx.th["recompute_warn_frac"] else "info")]
+
+
+@rule("offload-exposed")
+def offload_exposed(ctx: RuleContext) -> list[Finding]:
+    infos = ctx.a.signals.offload if ctx.a.signals else []
+    if not infos or not ctx.traits.device_timeline or not ctx.step_us:
+        return []
+    n = len(infos)
+    exposed = sum(o.exposed_us for o in infos) / n
+    if ctx.frac(exposed) < ctx.th["offload_exposed_frac"]:
+        return []
+    configured = any(o.offload_configured for o in infos)
+    phases: dict[str, float] = {}
+    for o in infos:
+        for p, v in o.by_phase.items():
+            phases[p] = phases.get(p, 0.0) + v / n
+    where = ", ".join(f"{p} {ms(v)}" for p, v in sorted(phases.items(), key=lambda kv: -kv[1]) if v > 0)
+    fix = ("CPU offload moves parameters/gradients over PCIe every step: turn it off if the model fits "
+           "(FSDP CPUOffload(offload_params=False) / no OffloadPolicy), or offload only the optimizer state"
+           if configured else
+           "Copy from pinned memory with non_blocking=True (DataLoader(pin_memory=True); tensor.pin_memory()), "
+           "keep tensors on the device between steps, and avoid .cpu()/.to('cpu') inside the step")
+    return [ctx.finding(
+        "offload-exposed", f"Host<->device copies leave the GPU idle {pct(ctx.frac(exposed))} of the step", exposed,
+        f"{ms(exposed)} per step of HtoD/DtoH copies run while no kernel runs"
+        + (" (CPU offload is configured)" if configured else "") + f"; by phase: {where or '-'}.",
+        fix, confidence=0.75 if configured else 0.6,
+        evidence=[Evidence(f"rank {o.rank}: HtoD {ms(o.h2d_us)}, DtoH {ms(o.d2h_us)}, exposed {ms(o.exposed_us)}, "
+                           f"{o.copies_per_step:.0f} copies per step", rank=o.rank, time_us=o.exposed_us)
+                  for o in infos[:8]])]

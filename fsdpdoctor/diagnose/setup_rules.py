@@ -1,0 +1,153 @@
+"""Setup faults: how the job was launched and wired, diagnosed before anything they cause.
+
+A setup fault lists in ``consequences`` the ids of the findings it explains (the diagnosis shows
+those under it, not as peers). Registered with ``@rule`` on import (``diagnose/rules.py`` imports
+this module).
+"""
+
+from __future__ import annotations
+
+from fsdpdoctor.diagnose.rules import RuleContext, rule
+from fsdpdoctor.results import Evidence, Finding, RankSetup
+from fsdpdoctor.units import ms, pct
+
+# what a collective backend that cannot overlap or a missing peer makes the other rules report
+COMM_CONSEQUENCES = ["exposed-comm-high", "low-overlap", "low-bus-bandwidth", "latency-bound-collectives",
+                     "fsdp-forward-prefetch-off", "fsdp1-no-backward-prefetch", "fsdp1-backward-post",
+                     "fsdp2-backward-prefetch-ineffective", "straggler"]
+PREFETCH_IDS = ["fsdp-forward-prefetch-off", "fsdp1-no-backward-prefetch", "fsdp1-backward-post",
+                "fsdp2-backward-prefetch-ineffective"]
+_NO_BACKEND = (None, "", "undefined", "none")
+
+
+def _setups(ctx: RuleContext) -> list[RankSetup]:
+    return ctx.a.signals.setup if ctx.a.signals else []
+
+
+def _finding(ctx: RuleContext, *args, consequences: list[str] | None = None, **kw) -> Finding:
+    f = ctx.finding(*args, **kw)
+    f.consequences = list(consequences or [])
+    return f
+
+
+def _cuda_gloo(s: RankSetup) -> bool:
+    """CUDA tensors go through gloo: the default backend is gloo on a GPU job, a process group maps
+    cuda to gloo, or all collectives run as gloo worker spans while kernels run on the device."""
+    if not s.device_kernels:
+        return False
+    return ((s.backend or "").lower() == "gloo" or any("cuda:gloo" in b for b in s.pg_backends)
+            or (s.gloo_spans > 0 and not any("nccl" in b or "rccl" in b for b in s.pg_backends)
+                and (s.backend or "").lower() not in ("nccl", "rccl")))
+
+
+@rule("cpu-staged-collectives")
+def cpu_staged_collectives(ctx: RuleContext) -> list[Finding]:
+    setups = [s for s in _setups(ctx) if _cuda_gloo(s)]
+    manifest_gloo = (ctx.a.job.backend or "").lower() == "gloo" and ctx.traits.device_timeline
+    if not setups and not manifest_gloo:
+        return []
+    m = ctx.a.mean
+    # NCCL would run these collectives on their own stream beside compute: what is exposed now is the
+    # most it could give back
+    impact = m.exposed_comm_us if m else 0.0
+    ev = [Evidence(f"rank {s.rank}: backend {s.backend or '?'}"
+                   + (f", process groups {', '.join(s.pg_backends)}" if s.pg_backends else "")
+                   + f", {s.device_kernels} device kernels, {s.gloo_spans} gloo spans", rank=s.rank)
+          for s in setups[:8]]
+    if manifest_gloo and not setups:
+        ev.append(Evidence(f"manifest/trace backend: {ctx.a.job.backend}; the trace has device kernels"))
+    return [_finding(
+        ctx, "cpu-staged-collectives", "Collectives on GPU tensors run over gloo (staged through host memory)",
+        impact,
+        "The job computes on the GPU but its process group uses gloo for CUDA tensors: every collective copies "
+        "the tensor to host memory, reduces it on the CPU and copies it back, blocking the launching thread. "
+        "Nothing overlaps and the bandwidth is the host's; the communication and prefetch findings below "
+        "follow from this.",
+        "dist.init_process_group(backend=\"nccl\")  (or \"cpu:gloo,cuda:nccl\" to keep gloo for CPU tensors); "
+        "one GPU per rank: torch.cuda.set_device(local_rank). NCCL refuses two ranks on one GPU: give each rank "
+        "its own device",
+        confidence=0.9, evidence=ev, severity=ctx.severity(impact, floor="warning"),
+        ranks=[s.rank for s in setups] or None, consequences=COMM_CONSEQUENCES)]
+
+
+@rule("ranks-never-communicate")
+def ranks_never_communicate(ctx: RuleContext) -> list[Finding]:
+    setups = _setups(ctx)
+    ws = ctx.a.job.world_size
+    if not setups or not ws or ws <= 1:
+        return []
+    training = [s for s in setups if s.has_backward]
+    if not training:
+        return []  # no backward in the analysed steps (inference, or a trace fragment): nothing to synchronise
+    no_pg = all(s.backend in _NO_BACKEND and not s.pg_backends for s in setups) and (
+        (ctx.a.job.backend or None) in _NO_BACKEND)
+    silent = sum(s.collectives for s in setups) == 0
+    if not (no_pg or silent):
+        return []
+    wrapped = [s.wrapper for s in setups if s.wrapper]
+    why = ("no process group was initialised (backend undefined)" if no_pg else
+           "not one collective ran in the analysed steps" + ("" if wrapped else " and no DDP/FSDP wrapper is in "
+                                                               "the trace"))
+    return [_finding(
+        ctx, "ranks-never-communicate", f"{ws} processes train, but their ranks never communicate", 0.0,
+        f"The job runs with world size {ws} and computes a backward pass, yet {why}: gradients are never "
+        "synchronised, so every process trains its own model replica on its own data (and, if each saves a "
+        "checkpoint, only one of the diverged replicas survives).",
+        "dist.init_process_group(backend=\"nccl\") in every process, then wrap the model: "
+        "DDP(model, device_ids=[local_rank]) or fully_shard(model); with Accelerate, launch with "
+        "`accelerate launch --multi_gpu` (or pass the config file) and call accelerator.prepare(model, "
+        "optimizer, loader)",
+        confidence=0.85 if silent and not wrapped else 0.75, severity="error",
+        evidence=[Evidence(f"rank {s.rank}: backend {s.backend or 'none'}, {s.collectives} collectives, "
+                           f"wrapper {s.wrapper or 'none'}", rank=s.rank) for s in setups[:8]]
+        + [Evidence(f"world size {ws} (distributedInfo / manifest)")],
+        consequences=[])]
+
+
+@rule("wrapper-world-size-1")
+def wrapper_world_size_1(ctx: RuleContext) -> list[Finding]:
+    job = ctx.a.job
+    if job.world_size != 1 or job.wrapping not in ("ddp", "fsdp1", "fsdp2"):
+        return []
+    m = ctx.a.mean
+    # what the wrapper costs alone: its collectives (on one rank they reduce nothing)
+    impact = m.exposed_comm_us if m else 0.0
+    name = {"ddp": "DDP", "fsdp1": "FSDP", "fsdp2": "FSDP2 (fully_shard)"}[job.wrapping]
+    return [_finding(
+        ctx, "wrapper-world-size-1", f"{name} at world size 1: nothing to overlap, prefetch cannot be judged",
+        impact,
+        f"The model is wrapped in {name} but the job has one rank: collectives reduce or gather nothing, so "
+        "communication overlap and FSDP prefetch cannot be observed here (the prefetch status says so). "
+        "Timings of this run do not predict a multi-GPU run.",
+        "Profile with the world size you train at (torchrun --nproc-per-node N); for single-GPU training drop "
+        "the wrapper" + (f" (it costs {ms(impact)} per step here)" if impact >= 1.0 else ""),
+        confidence=0.95, severity="info",
+        evidence=[Evidence(f"world size 1, wrapping {job.wrapping} ({job.wrapping_source})")]
+        + ([Evidence(f"{name} collectives: {ms(m.comm_us)} per step ({pct(ctx.frac(m.comm_us))})")]
+           if m and m.comm_us else []),
+        consequences=PREFETCH_IDS + ["exposed-comm-high", "low-overlap", "low-bus-bandwidth"])]
+
+
+@rule("mixed-backends")
+def mixed_backends(ctx: RuleContext) -> list[Finding]:
+    setups = _setups(ctx)
+    backends = {s.rank: (s.backend or "").lower() for s in setups if s.backend not in _NO_BACKEND}
+    pgs = {s.rank: tuple(s.pg_backends) for s in setups if s.pg_backends}
+    if len(set(backends.values())) <= 1 and len(set(pgs.values())) <= 1:
+        return []
+    groups: dict[str, list[int]] = {}
+    for r, b in sorted(backends.items()):
+        groups.setdefault(b + (f" ({', '.join(pgs.get(r, ()))})" if r in pgs else ""), []).append(r)
+    for r, p in sorted(pgs.items()):
+        if r not in backends:
+            groups.setdefault(f"? ({', '.join(p)})", []).append(r)
+    return [_finding(
+        ctx, "mixed-backends", "Ranks use different collective backends", 0.0,
+        "Ranks of one job initialised their process groups with different backends; collectives between "
+        "them cannot match, and a job that runs anyway is not the job you think (ranks from different "
+        "launches in one folder?).",
+        "Initialise every rank with the same backend: dist.init_process_group(backend=\"nccl\") everywhere "
+        "(set it explicitly instead of relying on defaults or environment variables)",
+        confidence=0.8, severity="error",
+        evidence=[Evidence(f"{b}: ranks {', '.join(map(str, rs))}") for b, rs in groups.items()],
+        consequences=COMM_CONSEQUENCES)]
