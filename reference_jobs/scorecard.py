@@ -2,7 +2,8 @@
 
     python reference_jobs/scorecard.py [--traces traces] [--markdown]
 
-For each scenario folder with an expected.json: a rule listed in "must" that
+For each scenario folder with an expected.json (CPU scenarios in traces/<name>/, GPU recordings in
+traces/cuda/<name>/): a rule listed in "must" that
 fires is a true positive, one that does not is a false negative; a rule listed
 in "must_not" that fires is a false positive. Rules firing where expected.json
 says nothing either way are counted as "unlisted" (neither right nor wrong).
@@ -19,10 +20,15 @@ from fsdpdoctor.diagnose.rules import RULE_IDS
 from fsdpdoctor.session import analyze_path
 
 
+def scenario_files(traces: Path) -> list[Path]:
+    """expected.json of every CPU scenario and every GPU (CUDA) recording."""
+    return sorted(traces.glob("*/expected.json")) + sorted(traces.glob("cuda/*/expected.json"))
+
+
 def scorecard(traces: Path) -> tuple[dict, list[str]]:
     stats = {r: defaultdict(int) for r in RULE_IDS}
     failures = []
-    for exp_path in sorted(traces.glob("*/expected.json")):
+    for exp_path in scenario_files(traces):
         exp = json.loads(exp_path.read_text())
         fired = {f.id for f in analyze_path(exp_path.parent).findings}
         must, must_not = set(exp["must"]), set(exp["must_not"])
@@ -35,7 +41,7 @@ def scorecard(traces: Path) -> tuple[dict, list[str]]:
             elif r in fired:
                 s["unlisted"] += 1
         if must - fired or must_not & fired:
-            failures.append(f"{exp_path.parent.name}: missing {sorted(must - fired)}, forbidden {sorted(must_not & fired)}")
+            failures.append(f"{exp_path.parent.relative_to(traces)}: missing {sorted(must - fired)}, forbidden {sorted(must_not & fired)}")
     return stats, failures
 
 

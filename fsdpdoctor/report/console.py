@@ -43,6 +43,7 @@ def summary(a: Analysis) -> Panel:
         lines.append("\n")
         lines.append(f"communication {ms(m.comm_us)}: exposed {ms(m.exposed_comm_us)}, overlapped "
                      f"{ms(m.overlapped_comm_us)} (overlap {pct(m.overlap_frac)})")
+    lines.append_text(gpu_lines(a))
     if a.prefetch:
         p = a.prefetch
         lines.append(f"\nprefetch ({p.framework}): backward {p.backward_mode} "
@@ -57,6 +58,33 @@ def summary(a: Analysis) -> Panel:
             lines.append(f"\nranks balanced: at most {pct(s.spread_frac)} of a step waiting for another rank "
                          "(median over steps)")
     return Panel(lines, title=f"fsdpdoctor: {a.source}", title_align="left")
+
+
+def gpu_lines(a: Analysis) -> Text:
+    """GPU idle by cause, recompute and copies (device-timeline traces), averaged over ranks."""
+    out = Text()
+    sig = a.signals
+    idles = sig.gpu_idle if sig else []
+    if idles:
+        n = len(idles)
+        idle = sum(g.idle_us for g in idles) / n
+        step = idle / max(sum(g.idle_frac for g in idles) / n, 1e-9)
+        causes = {c: sum(g.by_cause.get(c, 0.0) for g in idles) / n for c in idles[0].by_cause}
+        parts = ", ".join(f"{c.replace('_', ' ')} {ms(v)}" for c, v in sorted(causes.items(), key=lambda kv: -kv[1])
+                          if v >= 0.005 * step)
+        out.append(f"\nGPU idle {ms(idle)} ({pct(idle / step if step else None)}): {parts or '-'}")
+        q = [g.queue_delay_median_us for g in idles if g.queue_delay_median_us is not None]
+        if q:
+            out.append(f"; kernels start {sorted(q)[len(q) // 2]:.0f} us after launch (median)")
+    for r in (sig.recompute if sig else [])[:1]:
+        out.append(f"\nactivation recompute {ms(r.recompute_us)} per step ({pct(r.recompute_frac)})")
+    offs = sig.offload if sig else []
+    step_us = a.mean.duration_us if a.mean else 0.0
+    if offs and sum(o.h2d_us + o.d2h_us for o in offs) / len(offs) >= 0.01 * step_us:
+        n = len(offs)
+        out.append(f"\nhost<->device copies: HtoD {ms(sum(o.h2d_us for o in offs) / n)}, DtoH "
+                   f"{ms(sum(o.d2h_us for o in offs) / n)}, exposed {ms(sum(o.exposed_us for o in offs) / n)}")
+    return out
 
 
 def _steps(steps: list[int]) -> str:
