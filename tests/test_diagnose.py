@@ -146,5 +146,9 @@ def test_public_mi300_exposed_all_reduce():
 @pytest.mark.parametrize("name", ["cpu_gloo_only", "resnet50_loader_num_workers_4", "ddp_a100_rank0"])
 def test_public_no_false_alarms(name):
     a = analyze_path(PUBLIC / name)
-    assert not [f for f in a.findings if f.severity in ("warning", "error")], \
+    # ddp_a100_rank0's GPU is idle ~76% of every step with ~85% of kernels starting within 50 us of
+    # their launch: it is host-bound, and gpu-idle says so (checked from the raw events in
+    # test_gpu_rules.test_public_a100_ddp_is_host_bound)
+    real = {"gpu-idle"} if name == "ddp_a100_rank0" else set()
+    assert not [f for f in a.findings if f.severity in ("warning", "error") and f.id not in real], \
         [(f.id, f.severity, f.title) for f in a.findings]
