@@ -453,3 +453,13 @@ def test_public_mi300_recompute_share_matches_raw_events():
     assert r.regions_per_step == pytest.approx(len(frames) / n)
     f = finding(a, "activation-recompute")
     assert f is not None and f.severity == "info"
+
+
+def test_wrapped_but_silent_ranks_are_a_warning(tmp_path):
+    """DDP is in the trace but no collective ran: maybe no_sync() micro-steps only, so less sure."""
+    for r in (0, 1):
+        tr = _training_rank(Trace(rank=r, world_size=2), with_collective=False)
+        tr.x("DistributedDataParallel.forward", "user_annotation", 5, 150)
+        tr.write(tmp_path, f"rank{r}.json")
+    f = finding(analyze_path(tmp_path), "ranks-never-communicate")
+    assert f is not None and f.severity == "warning" and "no_sync" in f.summary

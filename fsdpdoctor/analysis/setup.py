@@ -26,7 +26,8 @@ def rank_setup(ctx: RankContext, windows: list[StepWindow], colls: list[Collecti
     if wrapper is None and (len(ctx.rows_prefix("DistributedDataParallel.forward", ANNOTATION))
                             or len(t.rows_named(lambda n: "reducer::" in n, cat=CPU_OP))):
         wrapper = "ddp"
-    return RankSetup(rank=t.rank, world_size=t.world_size, backend=t.backend, pg_backends=pg_backends,
+    backend = str(t.backend) if t.backend is not None else None
+    return RankSetup(rank=t.rank, world_size=t.world_size, backend=backend, pg_backends=pg_backends,
                      device_kernels=int(np.count_nonzero(t.cat == KERNEL)),
                      gloo_spans=int(len(t.rows_named(lambda n: n.startswith("gloo:")))),
                      collectives=len(colls), has_backward=bool(len(bwd)), wrapper=wrapper)

@@ -85,6 +85,8 @@ def ranks_never_communicate(ctx: RuleContext) -> list[Finding]:
     if not (no_pg or silent):
         return []
     wrapped = [s.wrapper for s in setups if s.wrapper]
+    # a wrapper that never synchronised in the window may be accumulating under no_sync(): less sure
+    unsure = silent and not no_pg and bool(wrapped)
     why = ("no process group was initialised (backend undefined)" if no_pg else
            "not one collective ran in the analysed steps" + ("" if wrapped else " and no DDP/FSDP wrapper is in "
                                                                "the trace"))
@@ -92,12 +94,14 @@ def ranks_never_communicate(ctx: RuleContext) -> list[Finding]:
         ctx, "ranks-never-communicate", f"{ws} processes train, but their ranks never communicate", 0.0,
         f"The job runs with world size {ws} and computes a backward pass, yet {why}: gradients are never "
         "synchronised, so every process trains its own model replica on its own data (and, if each saves a "
-        "checkpoint, only one of the diverged replicas survives).",
+        "checkpoint, only one of the diverged replicas survives)."
+        + (f" ({wrapped[0]} is in the trace: unless every profiled step is a no_sync() accumulation "
+           "micro-step, its collectives never ran.)" if unsure else ""),
         "dist.init_process_group(backend=\"nccl\") in every process, then wrap the model: "
         "DDP(model, device_ids=[local_rank]) or fully_shard(model); with Accelerate, launch with "
         "`accelerate launch --multi_gpu` (or pass the config file) and call accelerator.prepare(model, "
         "optimizer, loader)",
-        confidence=0.85 if silent and not wrapped else 0.75, severity="error",
+        confidence=0.5 if unsure else 0.85, severity="warning" if unsure else "error",
         evidence=[Evidence(f"rank {s.rank}: backend {s.backend or 'none'}, {s.collectives} collectives, "
                            f"wrapper {s.wrapper or 'none'}", rank=s.rank) for s in setups[:8]]
         + [Evidence(f"world size {ws} (distributedInfo / manifest)")],
