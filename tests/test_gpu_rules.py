@@ -463,3 +463,24 @@ def test_wrapped_but_silent_ranks_are_a_warning(tmp_path):
         tr.write(tmp_path, f"rank{r}.json")
     f = finding(analyze_path(tmp_path), "ranks-never-communicate")
     assert f is not None and f.severity == "warning" and "no_sync" in f.summary
+
+
+def test_gpu_idle_in_gloo_collectives_is_caused_by_the_setup(tmp_path):
+    """The host blocks 600 us per step in gloo all-reduces of CUDA tensors: the GPU idle is the setup's."""
+    for r in (0, 1):
+        tr = Trace(rank=r, world_size=2, backend="gloo", pg=("cpu:gloo,cuda:gloo",))
+        for i, n in enumerate((1, 2, 3)):
+            s = i * 1000.0
+            tr.step(n, s, 999)
+            tr.x("aten::mm", "cpu_op", s + 10, 100)
+            tr.launch(s + 20, s + 27, 200)
+            tr.x("c10d::allreduce_", "cpu_op", s + 300, 600)
+            tr.x("gloo:all_reduce", "cpu_op", s + 310, 580, tid=3)
+        tr.write(tmp_path, f"rank{r}.json")
+    a = analyze_path(tmp_path)
+    g = a.signals.gpu_idle[0]
+    assert max(g.by_cause, key=g.by_cause.get) == "collective_wait"
+    setup, idle = finding(a, "cpu-staged-collectives"), finding(a, "gpu-idle")
+    assert setup is not None and idle is not None
+    assert idle.caused_by == "cpu-staged-collectives" and "gpu-idle" in setup.consequences
+    assert setup.impact_us >= 0.5 * a.mean.duration_us

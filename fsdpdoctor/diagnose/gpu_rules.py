@@ -121,6 +121,10 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
         ranks=[g.rank for g in idles])
     if input_bound:
         f.caused_by = "input-bound"
+    elif cause == "collective_wait":
+        from fsdpdoctor.diagnose.setup_rules import cuda_over_gloo
+        if cuda_over_gloo(ctx):
+            f.caused_by = "cpu-staged-collectives"  # the host blocks in gloo collectives of CUDA tensors
     return [f]
 
 

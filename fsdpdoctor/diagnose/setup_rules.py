@@ -30,6 +30,12 @@ def _finding(ctx: RuleContext, *args, consequences: list[str] | None = None, **k
     return f
 
 
+def cuda_over_gloo(ctx: RuleContext) -> bool:
+    """The setup fault cpu-staged-collectives applies (gpu-idle names it as the cause of collective waits)."""
+    return any(_cuda_gloo(s) for s in _setups(ctx)) or (
+        str(ctx.a.job.backend or "").lower() == "gloo" and ctx.traits.device_timeline)
+
+
 def _cuda_gloo(s: RankSetup) -> bool:
     """CUDA tensors go through gloo: the default backend is gloo on a GPU job, a process group maps
     cuda to gloo, or all collectives run as gloo worker spans while kernels run on the device."""
@@ -43,13 +49,17 @@ def _cuda_gloo(s: RankSetup) -> bool:
 @rule("cpu-staged-collectives")
 def cpu_staged_collectives(ctx: RuleContext) -> list[Finding]:
     setups = [s for s in _setups(ctx) if _cuda_gloo(s)]
-    manifest_gloo = (ctx.a.job.backend or "").lower() == "gloo" and ctx.traits.device_timeline
-    if not setups and not manifest_gloo:
+    if not cuda_over_gloo(ctx):
         return []
+    manifest_gloo = not setups
     m = ctx.a.mean
-    # NCCL would run these collectives on their own stream beside compute: what is exposed now is the
-    # most it could give back
-    impact = m.exposed_comm_us if m else 0.0
+    # NCCL would run these collectives on their own stream beside compute: what is exposed now, or the
+    # GPU idle while the host blocks in them (gloo spans are host time), is the most it could give back
+    idles = ctx.a.signals.gpu_idle if ctx.a.signals else []
+    blocked = sum(g.by_cause.get("collective_wait", 0.0) for g in idles) / len(idles) if idles else 0.0
+    impact = max(m.exposed_comm_us if m else 0.0, blocked)
+    from fsdpdoctor.diagnose.gpu_rules import dominant_idle_cause
+    extra = ["gpu-idle"] if dominant_idle_cause(ctx) == "collective_wait" else []
     ev = [Evidence(f"rank {s.rank}: backend {s.backend or '?'}"
                    + (f", process groups {', '.join(s.pg_backends)}" if s.pg_backends else "")
                    + f", {s.device_kernels} device kernels, {s.gloo_spans} gloo spans", rank=s.rank)
@@ -67,7 +77,7 @@ def cpu_staged_collectives(ctx: RuleContext) -> list[Finding]:
         "one GPU per rank: torch.cuda.set_device(local_rank). NCCL refuses two ranks on one GPU: give each rank "
         "its own device",
         confidence=0.9, evidence=ev, severity=ctx.severity(impact, floor="warning"),
-        ranks=[s.rank for s in setups] or None, consequences=COMM_CONSEQUENCES)]
+        ranks=[s.rank for s in setups] or None, consequences=COMM_CONSEQUENCES + extra)]
 
 
 @rule("ranks-never-communicate")
