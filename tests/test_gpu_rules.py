@@ -394,7 +394,9 @@ def test_public_healthy_traces_raise_nothing_from_these_rules():
     # recsys: GPU idle ~54%, yet the median kernel waits ~11 ms in the queue: the idle is the GPU
     # waiting on stream dependencies / events filtered out of this sampled trace, not the host.
     # cpu_gloo_only: a 30-event fragment with no backward and no device.
-    for name in ("resnet50_loader_num_workers_4", "recsys_2_of_128_ranks", "cpu_gloo_only"):
+    # v100 and mi300: the GPU is idle under 4% of the step; mi300's recompute is ~5% (info).
+    for name in ("resnet50_loader_num_workers_4", "recsys_2_of_128_ranks", "cpu_gloo_only",
+                 "v100_trace_diff_test", "mi300_rccl_ddp_act_checkpoint"):
         a = analyze_path(_public(name))
         bad = [(f.id, f.severity) for f in a.findings if f.id in MY_RULES and f.severity != "info"]
         assert not bad, (name, bad)
@@ -407,7 +409,8 @@ def test_public_a100_ddp_is_host_bound():
     batch-norm and small convolutions one by one and the GPU waits for it. Checked from the raw JSON."""
     doc = _raw(_public("ddp_a100_rank0"))
     ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
-    launch = {e["args"]["correlation"]: e for e in ev if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    launch = {e["args"]["correlation"]: e for e in ev
+              if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
     steps = sorted(e["ts"] for e in ev if str(e["name"]).startswith("ProfilerStep#")
                    and e.get("cat") == "user_annotation")
     delays = [e["ts"] - (launch[c]["ts"] + launch[c]["dur"]) for e in ev

@@ -41,7 +41,7 @@ QUEUE_EMPTY_US = 50.0
 # a trivial Python function under torch.profiler (torch 2.13, CPU): 0.10 us/call without, 0.59 with.
 STACK_EVENT_COST_US = 0.5
 _COMM_OPS = ("c10d::", "_c10d_functional::", "c10d_functional::", "record_param_comms")
-_MAX_SOURCE_PIECES = 400  # longest idle pieces per cause looked up for a user frame
+_MAX_SOURCE_PIECES = 150  # longest idle pieces per cause looked up for a user frame (each lookup scans the frames)
 
 
 def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None = None) -> GpuIdle | None:
@@ -88,10 +88,11 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
     rs = (options or {}).get("record_shapes")
     out.record_shapes = bool(rs) if rs is not None else None
     for cause, parts in pieces_by_cause.items():
-        if cause in ("launch", "host_sync", "other", "data_loading", "collective_wait") and parts:
+        # frames only for causes that hold a material part of the idle time
+        if parts and out.by_cause.get(cause, 0.0) >= 0.05 * idle_us > 0:
             src = _sources(ctx, iv.union(*parts), n)
             if src:
-                out.sources["launch" if cause == "launch" else cause] = src
+                out.sources[cause] = src
     return out
 
 

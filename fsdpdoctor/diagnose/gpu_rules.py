@@ -98,7 +98,8 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
     srcs = [s for g in idles for s in g.sources.get(cause, [])]
     srcs.sort(key=lambda s: -s[1])
     for frame, us in srcs[:3]:
-        ev.append(Evidence(f"host at {frame} during {ms(us)} of idle per step", source=frame, time_us=us))
+        ev.append(Evidence(f"host at {frame} during at least {ms(us)} of idle per step (longest gaps)",
+                           source=frame, time_us=us))
     profiled = [g for g in idles if g.with_stack]
     fix = CAUSE_FIX[cause]
     second = sorted((c for c in FIXABLE if c != cause), key=lambda c: -m[c])[0]
