@@ -487,3 +487,18 @@ def test_gpu_idle_in_gloo_collectives_is_caused_by_the_setup(tmp_path):
     assert setup is not None and idle is not None
     assert idle.caused_by == "cpu-staged-collectives" and "gpu-idle" in setup.consequences
     assert setup.impact_us >= 0.5 * a.mean.duration_us
+
+
+def test_scorecard_covers_the_cuda_set(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "reference_jobs"))
+    import scorecard
+
+    names = {p.parent.name for p in scorecard.scenario_files(ROOT / "traces") if p.parent.parent.name == "cuda"}
+    assert names == set(CUDA_SCENARIOS)
+    (tmp_path / "cuda").symlink_to(CUDA)
+    stats, failures = scorecard.scorecard(tmp_path)
+    assert not failures
+    assert stats["gpu-idle"]["tp"] == len(CUDA_SCENARIOS) and stats["gpu-idle"]["fn"] == 0
+    assert stats["fsdp2-backward-prefetch-ineffective"]["fp"] == 0
