@@ -502,3 +502,22 @@ def test_scorecard_covers_the_cuda_set(tmp_path):
     assert not failures
     assert stats["gpu-idle"]["tp"] == len(CUDA_SCENARIOS) and stats["gpu-idle"]["fn"] == 0
     assert stats["fsdp2-backward-prefetch-ineffective"]["fp"] == 0
+
+
+@needs_public
+def test_public_host_to_device_copies_match_raw_events():
+    """resnet50 (num_workers=0) copies each batch HtoD: the per-step union matches the raw events, and
+    the exposed part (~1% of the step) stays below the offload finding's bar."""
+    doc = _raw(_public("resnet50_loader_num_workers_0"))
+    ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    h2d = [(e["ts"], e["ts"] + e["dur"]) for e in ev
+           if str(e.get("cat")).lower() in ("gpu_memcpy", "memcpy") and "HtoD" in e["name"]]
+    a = analyze_path(_public("resnet50_loader_num_workers_0"))
+    o = a.signals.offload[0]
+    # the analysis' step windows; the union inside each is computed here
+    windows = [(b.start_us, b.start_us + b.duration_us) for b in a.ranks[0].steps]
+    per_step = [brute_union([(max(x, s), min(y, e)) for x, y in h2d if min(y, e) > max(x, s)]) for s, e in windows]
+    assert per_step and all(p > 0 for p in per_step)
+    assert o.h2d_us == pytest.approx(sum(per_step) / len(per_step))
+    assert o.exposed_us <= o.h2d_us + o.d2h_us
+    assert finding(a, "offload-exposed") is None

@@ -50,6 +50,7 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
     dev = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
     if not len(dev) or not windows:
         return None
+    options = options if isinstance(options, dict) else {}
     busy = ctx.set_of(dev)
     causes = _cause_sets(ctx, dev)
     stack_starts = np.sort(t.ts[(t.cat == PYFUNC) & np.isin(t.track, ctx.compute_tracks)])
@@ -84,8 +85,8 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
     _queue(ctx, dev, windows, out)
     in_steps = iv.as_set([w.start for w in windows], [w.end for w in windows])
     out.stack_events_per_step = _starts_inside(stack_starts, in_steps) / n
-    out.with_stack = bool((options or {}).get("with_stack", t.has_stacks))
-    rs = (options or {}).get("record_shapes")
+    out.with_stack = bool(options.get("with_stack", t.has_stacks))
+    rs = options.get("record_shapes")
     out.record_shapes = bool(rs) if rs is not None else None
     for cause, parts in pieces_by_cause.items():
         # frames only for causes that hold a material part of the idle time

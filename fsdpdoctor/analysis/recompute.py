@@ -127,7 +127,8 @@ def offload(ctx: RankContext, windows: list[StepWindow], manifest: dict | None) 
         launch = lr.get(int(t.corr[r])) if t.corr[r] >= 0 else None
         ph = ctx.phase_at(float(t.ts[launch])) if launch is not None else "other"
         by_phase[ph] = by_phase.get(ph, 0.0) + float(max(e, 0.0)) / n
-    wrap = (manifest or {}).get("wrapping") or {}
+    wrap = manifest.get("wrapping") if isinstance(manifest, dict) else None
+    wrap = wrap if isinstance(wrap, dict) else {}
     configured = any(bool(wrap.get(k)) for k in ("cpu_offload", "offload", "offload_params", "offload_policy"))
     return OffloadInfo(rank=t.rank, h2d_us=tot["h2d"] / n, d2h_us=tot["d2h"] / n, exposed_us=tot["exposed"] / n,
                        copies_per_step=float(in_steps.sum()) / n, offload_configured=configured, by_phase=by_phase)
