@@ -101,6 +101,8 @@ def _cause_sets(ctx: RankContext, dev: np.ndarray) -> dict[str, np.ndarray]:
     t = ctx.t
     host = np.isin(t.track, ctx.compute_tracks)
     ops = np.nonzero(host & np.isin(t.cat, (CPU_OP, RUNTIME)))[0]
+    # old traces record ProfilerStep#N as an op: it spans the step and says nothing about launching
+    ops = ops[~np.isin(ops, ctx.step_rows)] if len(ctx.step_rows) else ops
     op_set = ctx.set_of(ops)
     comm_ids = t.ids_of(lambda n: n.startswith(_COMM_OPS))
     comm = ops[np.isin(t.name_id[ops], comm_ids)]
