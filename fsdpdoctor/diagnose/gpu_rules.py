@@ -102,6 +102,9 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
                            source=frame, time_us=us))
     profiled = [g for g in idles if g.with_stack]
     fix = CAUSE_FIX[cause]
+    if cause == "launch" and ctx.a.job.wrapping in ("fsdp1", "fsdp2"):
+        # FSDP's hooks do host work per unit (and FSDP2 per parameter) in every forward and backward
+        fix += "; with FSDP, fewer and larger units (wrap blocks, not single layers) cut the per-unit hook work"
     second = sorted((c for c in FIXABLE if c != cause), key=lambda c: -m[c])[0]
     if ctx.frac(m[second]) >= ctx.th["gpu_idle_frac"]:
         fix += f"; then for {CAUSE_LABEL[second].split(' (')[0]}: {CAUSE_FIX[second]}"
