@@ -8,10 +8,10 @@ import numpy as np
 
 from fsdpdoctor.analysis import collectives as coll_mod
 from fsdpdoctor.analysis import gpu_idle as gpu_idle_mod
-from fsdpdoctor.analysis import recompute as recompute_mod
-from fsdpdoctor.analysis import setup as setup_mod
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis import prefetch as prefetch_mod
+from fsdpdoctor.analysis import recompute as recompute_mod
+from fsdpdoctor.analysis import setup as setup_mod
 from fsdpdoctor.analysis import signals as signals_mod
 from fsdpdoctor.analysis import stragglers
 from fsdpdoctor.analysis.breakdown import (
