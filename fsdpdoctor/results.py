@@ -320,6 +320,7 @@ class RankSetup:
     world_size: int | None
     backend: str | None                   # distributedInfo.backend ("nccl", "gloo", "undefined"...)
     pg_backends: list[str] = field(default_factory=list)   # pg_config backend_config, e.g. "cuda:gloo"
+    default_pg_backend: str | None = None # backend_config of the default (world) process group
     device_kernels: int = 0               # compute/comm kernels on device streams
     gloo_spans: int = 0                   # gloo:* worker spans (collectives staged through host memory)
     collectives: int = 0                  # collectives in the analysed steps

@@ -521,3 +521,14 @@ def test_public_host_to_device_copies_match_raw_events():
     assert o.h2d_us == pytest.approx(sum(per_step) / len(per_step))
     assert o.exposed_us <= o.h2d_us + o.d2h_us
     assert finding(a, "offload-exposed") is None
+
+
+def test_side_gloo_group_and_subgroups_are_not_faults(tmp_path):
+    """An NCCL job that keeps a gloo group for CPU objects, and ranks that belong to different
+    subgroups (meshes): neither is a setup fault."""
+    _training_rank(Trace(rank=0, world_size=2, pg=("cuda:nccl", "cpu:gloo,cuda:gloo", "cuda:nccl"))).write(
+        tmp_path, "rank0.json")
+    _training_rank(Trace(rank=1, world_size=2, pg=("cuda:nccl", "cpu:gloo,cuda:gloo"))).write(tmp_path, "rank1.json")
+    a = analyze_path(tmp_path)
+    assert a.signals.setup[0].default_pg_backend == "cuda:nccl"
+    assert not {f.id for f in a.findings} & {"cpu-staged-collectives", "mixed-backends"}

@@ -19,7 +19,11 @@ def rank_setup(ctx: RankContext, windows: list[StepWindow], colls: list[Collecti
     t = ctx.t
     dist = t.distributed_info or {}
     pgs = dist.get("pg_config") if isinstance(dist.get("pg_config"), list) else []
-    pg_backends = sorted({str(p.get("backend_config")) for p in pgs if isinstance(p, dict) and p.get("backend_config")})
+    pgs = [p for p in pgs if isinstance(p, dict)]
+    pg_backends = sorted({str(p.get("backend_config")) for p in pgs if p.get("backend_config")})
+    default = next((p for p in pgs if p.get("pg_desc") == "default_pg"),
+                   next((p for p in pgs if str(p.get("pg_name")) == "0"), None))
+    default_backend = str(default["backend_config"]) if default and default.get("backend_config") else None
     in_steps = iv.as_set([w.start for w in windows], [w.end for w in windows])
     bwd = iv.intersect(ctx.backward_set, in_steps) if len(ctx.backward_set) and len(in_steps) else iv.EMPTY
     wrapper = prefetch_mod.framework(ctx)
@@ -28,6 +32,7 @@ def rank_setup(ctx: RankContext, windows: list[StepWindow], colls: list[Collecti
         wrapper = "ddp"
     backend = str(t.backend) if t.backend is not None else None
     return RankSetup(rank=t.rank, world_size=t.world_size, backend=backend, pg_backends=pg_backends,
+                     default_pg_backend=default_backend,
                      device_kernels=int(np.count_nonzero(t.cat == KERNEL)),
                      gloo_spans=int(len(t.rows_named(lambda n: n.startswith("gloo:")))),
                      collectives=len(colls), has_backward=bool(len(bwd)), wrapper=wrapper)

@@ -37,13 +37,15 @@ def cuda_over_gloo(ctx: RuleContext) -> bool:
 
 
 def _cuda_gloo(s: RankSetup) -> bool:
-    """CUDA tensors go through gloo: the default backend is gloo on a GPU job, a process group maps
-    cuda to gloo, or all collectives run as gloo worker spans while kernels run on the device."""
+    """CUDA tensors go through gloo: on a GPU job the default process group is gloo (or maps cuda to
+    gloo), or collectives run as gloo worker spans and no process group uses NCCL. A side group on gloo
+    beside an NCCL default group (for CPU objects, a common pattern) is not a fault."""
     if not s.device_kernels:
         return False
-    return ((s.backend or "").lower() == "gloo" or any("cuda:gloo" in b for b in s.pg_backends)
+    backend = (s.backend or "").lower()
+    return (backend == "gloo" or "cuda:gloo" in (s.default_pg_backend or "")
             or (s.gloo_spans > 0 and not any("nccl" in b or "rccl" in b for b in s.pg_backends)
-                and (s.backend or "").lower() not in ("nccl", "rccl")))
+                and backend not in ("nccl", "rccl")))
 
 
 @rule("cpu-staged-collectives")
@@ -146,7 +148,8 @@ def wrapper_world_size_1(ctx: RuleContext) -> list[Finding]:
 def mixed_backends(ctx: RuleContext) -> list[Finding]:
     setups = _setups(ctx)
     backends = {s.rank: (s.backend or "").lower() for s in setups if s.backend not in _NO_BACKEND}
-    pgs = {s.rank: tuple(s.pg_backends) for s in setups if s.pg_backends}
+    # only the default (world) group: subgroups differ between ranks by design (meshes, HSDP)
+    pgs = {s.rank: (s.default_pg_backend,) for s in setups if s.default_pg_backend}
     if len(set(backends.values())) <= 1 and len(set(pgs.values())) <= 1:
         return []
     groups: dict[str, list[int]] = {}
