@@ -324,6 +324,7 @@ class RankSetup:
     device_kernels: int = 0               # compute/comm kernels on device streams
     gloo_spans: int = 0                   # gloo:* worker spans (collectives staged through host memory)
     collectives: int = 0                  # collectives in the analysed steps
+    collective_kinds: list[str] = field(default_factory=list)   # kinds seen (COLLECTIVE_KINDS)
     has_backward: bool = False            # autograd backward ran in the analysed steps
     wrapper: str | None = None            # "ddp", "fsdp1", "fsdp2" seen in the trace, else None
 

@@ -532,3 +532,33 @@ def test_side_gloo_group_and_subgroups_are_not_faults(tmp_path):
     a = analyze_path(tmp_path)
     assert a.signals.setup[0].default_pg_backend == "cuda:nccl"
     assert not {f.id for f in a.findings} & {"cpu-staged-collectives", "mixed-backends"}
+
+
+def test_only_broadcasts_do_not_synchronise_gradients(tmp_path):
+    for r in (0, 1):
+        tr = _training_rank(Trace(rank=r, world_size=2), with_collective=False)
+        tr.x("c10d::broadcast_", "cpu_op", 700, 50)
+        tr.corr += 1
+        tr.x("cudaLaunchKernel", "cuda_runtime", 705, 5, correlation=tr.corr)
+        tr.x("ncclDevKernel_Broadcast_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "kernel", 710, 30,
+             tid=8, pid=0, correlation=tr.corr)
+        tr.write(tmp_path, f"rank{r}.json")
+    a = analyze_path(tmp_path)
+    assert sum(s.collectives for s in a.signals.setup) == 2
+    f = finding(a, "ranks-never-communicate")
+    assert f is not None and f.severity == "error" and "only broadcast" in f.summary
+
+
+def test_pipeline_parallel_p2p_is_not_called_silent(tmp_path):
+    """Only send/recv between the ranks: pipeline parallelism, one replica, nothing to reduce."""
+    for r in (0, 1):
+        tr = _training_rank(Trace(rank=r, world_size=2), with_collective=False)
+        tr.x("c10d::send", "cpu_op", 700, 50)
+        tr.corr += 1
+        tr.x("cudaLaunchKernel", "cuda_runtime", 705, 5, correlation=tr.corr)
+        tr.x("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", "kernel", 710, 30,
+             tid=8, pid=0, correlation=tr.corr)
+        tr.write(tmp_path, f"rank{r}.json")
+    a = analyze_path(tmp_path)
+    assert a.signals.setup[0].collective_kinds == ["p2p"]
+    assert finding(a, "ranks-never-communicate") is None

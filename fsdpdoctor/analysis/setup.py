@@ -35,7 +35,9 @@ def rank_setup(ctx: RankContext, windows: list[StepWindow], colls: list[Collecti
                      default_pg_backend=default_backend,
                      device_kernels=int(np.count_nonzero(t.cat == KERNEL)),
                      gloo_spans=int(len(t.rows_named(lambda n: n.startswith("gloo:")))),
-                     collectives=len(colls), has_backward=bool(len(bwd)), wrapper=wrapper)
+                     collectives=len(colls),
+                     collective_kinds=sorted({c.kind for c in colls}),
+                     has_backward=bool(len(bwd)), wrapper=wrapper)
 
 
 def single_rank_prefetch(p: PrefetchStatus | None, world_size: int | None) -> None:

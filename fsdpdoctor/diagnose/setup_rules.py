@@ -93,15 +93,21 @@ def ranks_never_communicate(ctx: RuleContext) -> list[Finding]:
         return []  # no backward in the analysed steps (inference, or a trace fragment): nothing to synchronise
     no_pg = all(s.backend in _NO_BACKEND and not s.pg_backends for s in setups) and (
         (ctx.a.job.backend or None) in _NO_BACKEND)
-    silent = sum(s.collectives for s in setups) == 0
+    wrapped = [s.wrapper for s in setups if s.wrapper]
+    # nothing at all, or (with no wrapper to do it) only barriers and broadcasts of the initial state:
+    # those leave the replicas apart. Point-to-point or all-to-all traffic is model/pipeline
+    # parallelism, where one replica needs no gradient reduction: not claimed.
+    kinds = {k for s in setups for k in s.collective_kinds}
+    silent = sum(s.collectives for s in setups) == 0 or (not wrapped and kinds <= {"broadcast", "barrier"})
     if not (no_pg or silent):
         return []
-    wrapped = [s.wrapper for s in setups if s.wrapper]
     # a wrapper that never synchronised in the window may be accumulating under no_sync(): less sure
     unsure = silent and not no_pg and bool(wrapped)
+    any_coll = sum(s.collectives for s in setups)
     why = ("no process group was initialised (backend undefined)" if no_pg else
-           "not one collective ran in the analysed steps" + ("" if wrapped else " and no DDP/FSDP wrapper is in "
-                                                               "the trace"))
+           ("not one collective ran in the analysed steps" if not any_coll else
+            f"its {any_coll} collective(s) are only {' and '.join(sorted(kinds))}: they reduce no gradients")
+           + ("" if wrapped else " and no DDP/FSDP wrapper is in the trace"))
     return [_finding(
         ctx, "ranks-never-communicate", f"{ws} processes train, but their ranks never communicate", 0.0,
         f"The job runs with world size {ws} and computes a backward pass, yet {why}: gradients are never "
