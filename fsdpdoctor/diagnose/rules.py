@@ -638,6 +638,10 @@ def diagnose(analysis: Analysis, thresholds: dict[str, float] | None = None) -> 
     findings: list[Finding] = []
     for _, fn in RULES:
         findings.extend(fn(ctx))
+    # the per-rank flag in the JSON says what the finding says
+    slow = {r for f in findings if f.id == "straggler" for r in f.ranks}
+    for r in analysis.ranks:
+        r.is_straggler = r.rank in slow
     return fold_consequences(findings)
 
 
