@@ -646,14 +646,17 @@ def diagnose(analysis: Analysis, thresholds: dict[str, float] | None = None) -> 
 
 
 def _cost_order(f: Finding) -> tuple:
-    return (-SEVERITY_RANK.get(f.severity, 0), -f.impact_us, f.id)
+    # severity first; among equals the finding that explains more (a setup fault) claims first
+    return (-SEVERITY_RANK.get(f.severity, 0), -len(f.consequences), -f.impact_us, f.id)
 
 
 def fold_consequences(findings: list[Finding]) -> list[Finding]:
     """Root cause first: fold the findings a root names in ``consequences`` under it.
 
-    Roots claim in order of severity then impact (a setup fault before a straggler), a finding
-    is claimed once, and a root that is itself claimed hands its consequences to nobody else.
+    Roots claim in order of severity, then how much they explain, then impact (a setup fault
+    before a straggler), a finding
+    is claimed once, a finding that already claimed others stays a root (no chains, no cycles),
+    and a finding claimed before its own turn hands its consequences to nobody.
     A consequence gets ``caused_by`` and is capped at "info", so only its root gates ``check``.
     Returned order: roots by cost (most costly first), each followed by its consequences.
     """
@@ -668,7 +671,7 @@ def fold_consequences(findings: list[Finding]) -> list[Finding]:
         claimed = []
         for cid in dict.fromkeys(root.consequences):
             for g in by_id.get(cid, []):
-                if g is root or g.caused_by or id(g) in children:
+                if g is root or g.caused_by or children.get(id(g)):  # a root with effects stays a root
                     continue
                 g.caused_by = root.id
                 g.severity = "info"
