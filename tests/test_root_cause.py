@@ -135,6 +135,16 @@ def test_fold_claims_once_more_severe_root_first_and_survives_cycles():
     assert [f.severity for f in out] == ["error", "info", "info"]
 
 
+def test_fold_flattens_chains_under_the_final_root():
+    overlap = _f("low-overlap", "info", 400.0)
+    comm = _f("exposed-comm-high", "error", 400.0, ["low-overlap"])
+    strag = _f("straggler", "warning", 300.0, ["exposed-comm-high"])
+    out = fold_consequences([overlap, comm, strag])
+    assert [f.id for f in out] == ["straggler", "exposed-comm-high", "low-overlap"]
+    assert comm.caused_by == overlap.caused_by == "straggler"
+    assert strag.consequences == ["exposed-comm-high", "low-overlap"] and comm.consequences == []
+
+
 # ------------------------------------------------------------------ user frames
 def test_library_frames_are_not_user_code():
     assert not is_user_frame("transformers/models/qwen2/modeling_qwen2.py(210): forward")

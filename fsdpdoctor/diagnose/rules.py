@@ -290,7 +290,7 @@ def exposed_comm(ctx: RuleContext) -> list[Finding]:
                     f"up to {pct(ctx.th['exposed_comm_frac_sync'])} (noise study); this is above it.")
     out.append(ctx.finding(
         "exposed-comm-high", f"Exposed communication is {pct(total)} of the step", exposed, summary, fix,
-        confidence=_sync_confidence(ctx, 0.85),
+        confidence=_sync_confidence(ctx, 0.85), consequences=["low-overlap"],  # the same time, seen as overlap
         evidence=[Evidence(f"communication {ms(m.comm_us)} per step, overlapped {ms(m.overlapped_comm_us)} "
                            f"({pct(m.overlap_frac)})")] +
                  [Evidence(f"rank {r.rank}: exposed {ms(r.mean.exposed_comm_us)} per step", rank=r.rank,
@@ -655,8 +655,8 @@ def fold_consequences(findings: list[Finding]) -> list[Finding]:
 
     Roots claim in order of severity, then how much they explain, then impact (a setup fault
     before a straggler), a finding
-    is claimed once, a finding that already claimed others stays a root (no chains, no cycles),
-    and a finding claimed before its own turn hands its consequences to nobody.
+    is claimed once (so no cycles), a claimed finding's own effects move up under the new root
+    (one level: root, then all its effects), and a finding claimed before its turn claims nothing.
     A consequence gets ``caused_by`` and is capped at "info", so only its root gates ``check``.
     Returned order: roots by cost (most costly first), each followed by its consequences.
     """
@@ -671,12 +671,16 @@ def fold_consequences(findings: list[Finding]) -> list[Finding]:
         claimed = []
         for cid in dict.fromkeys(root.consequences):
             for g in by_id.get(cid, []):
-                if g is root or g.caused_by or children.get(id(g)):  # a root with effects stays a root
+                if g is root or g.caused_by:
                     continue
                 g.caused_by = root.id
                 g.severity = "info"
                 g.consequences = []
                 claimed.append(g)
+                # an effect that had claimed effects of its own hands them up: one level under the root
+                for h in children.pop(id(g), []):
+                    h.caused_by = root.id
+                    claimed.append(h)
         root.consequences = list(dict.fromkeys(g.id for g in claimed))
         children[id(root)] = sorted(claimed, key=_cost_order)
     out: list[Finding] = []
