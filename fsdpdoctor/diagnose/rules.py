@@ -493,15 +493,22 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     r = s.straggler
     impact = s.wait_us
     cause = s.cause or "unknown"
-    frame = s.cause_source or (_sleep_source(ctx, r) if cause == "sleep" else None)
+    # extra work of its own (a frame only it spends the time in) or the same work done slower (a slower
+    # or busier device/core): a frame holding at least half of the wait tells them apart
+    top = s.cause_frames[0] if s.cause_frames else None
+    own_work = top is not None and top["extra_us"] >= 0.5 * s.wait_us
+    frame = (s.cause_source if own_work else None) or (_sleep_source(ctx, r) if cause == "sleep" else None)
+    if cause == "compute" and not own_work:
+        cause = "slower at the same work"
     where = f" in {frame}" if frame else ""
     fixes = {"data loading": "Give rank {r} a faster input pipeline (num_workers, local data, no slow storage)",
              "sleep": "Remove the sleep/wait on rank {r}{where} (a barrier, checkpoint or logging call on one rank?)",
              "host sync": "Remove the host syncs on rank {r}{where} (.item(), .cpu(), print of tensors)",
              "compute": "Rank {r} computes {extra} more per step{where}: give every rank the same work (rank-"
-                        "specific code, uneven shapes -> bucket by length)" + (
-                            "; check its device (clocks, thermal, other jobs)" if ctx.traits.device_timeline else
-                            "; on shared hosts check that no other process takes its cores"),
+                        "specific code, uneven shapes -> bucket by length)",
+             "slower at the same work": "Rank {r} runs the same code {extra} per step slower than the others: " + (
+                 "check its device (clocks, thermal, other processes on it)" if ctx.traits.device_timeline else
+                 "check that no other process takes its cores (pin ranks to cores, fewer jobs per host)"),
              "idle": "Rank {r} is idle outside ops: look for Python work, logging or I/O only it does"}
     ev = [Evidence(f"rank {r} was the last to arrive in {s.steps_last} of {s.steps_total} steps; a healthy rank "
                    f"is last that often by chance with probability {s.chance:.2f} ({len(ctx.a.ranks)} ranks)",
