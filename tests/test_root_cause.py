@@ -92,6 +92,23 @@ def test_verdict_needs_consistency_materiality_and_signal_above_noise():
     assert straggler_verdict(_ctx(_report(1, 1, 400.0, 0.0))) > 0
 
 
+def test_own_extra_work_is_named_and_the_same_work_slower_is_not():
+    from fsdpdoctor.diagnose.rules import straggler
+
+    own = _report(5, 5, 300.0, 20.0, extra=290.0)
+    own.cause, own.cause_source = "compute", "job.py(10): rank_specific_eval"
+    own.cause_frames = [{"frame": own.cause_source, "culprit_us": 290.0, "others_us": 0.0, "extra_us": 290.0}]
+    f = straggler(_ctx(own))[0]
+    assert f.source == own.cause_source and "(compute)" in f.title and own.cause_source in f.fix
+    same = _report(5, 5, 300.0, 20.0, extra=290.0)
+    same.cause, same.cause_source = "compute", "job.py(3): forward"
+    # the extra time is spread over frames every rank runs: no frame holds half the wait
+    same.cause_frames = [{"frame": "job.py(3): forward", "culprit_us": 900.0, "others_us": 800.0, "extra_us": 100.0}]
+    f = straggler(_ctx(same))[0]
+    assert f.source is None and "same work" in f.title and "cores" in f.fix  # CPU trait: no device words
+    assert "GPU" not in f.fix
+
+
 # ------------------------------------------------------------------ synthetic: severity and folding
 def test_one_severity_scale_and_floor_never_makes_an_error():
     th = defaults()
