@@ -87,6 +87,18 @@ def test_verdict_needs_consistency_materiality_and_signal_above_noise():
     # confidence grows with the culprit's extra time explaining the wait
     assert straggler_verdict(_ctx(_report(5, 5, 300.0, 20.0, extra=300.0))) > \
         straggler_verdict(_ctx(_report(5, 5, 300.0, 20.0, extra=0.0)))
+    # below 3 deviations of noise: a verdict only when an own-work frame holds the wait and the
+    # consistency is unlikely by chance (two independent lines of evidence)
+    weak = _report(5, 5, 150.0, 100.0, extra=150.0)
+    assert weak.chance <= th["straggler_chance"] and straggler_verdict(_ctx(weak)) == 0.0
+    weak.cause_frames = [{"frame": "job.py(9): only_rank1", "culprit_us": 150.0, "others_us": 0.0, "extra_us": 150.0}]
+    assert straggler_verdict(_ctx(weak)) > 0
+    shared = _report(5, 5, 150.0, 100.0, extra=150.0)  # the same frame on every rank, just slower
+    shared.cause_frames = [{"frame": "job.py(3): forward", "culprit_us": 400.0, "others_us": 250.0, "extra_us": 150.0}]
+    assert straggler_verdict(_ctx(shared)) == 0.0
+    lucky = _report(3, 3, 150.0, 100.0, extra=150.0)  # 3 of 3 at 2 ranks happens by chance 1 in 4
+    lucky.cause_frames = weak.cause_frames
+    assert straggler_verdict(_ctx(lucky)) == 0.0
     # one step: no noise estimate, only a wait of a quarter of the step is trusted
     assert straggler_verdict(_ctx(_report(1, 1, 100.0, 0.0))) == 0.0
     assert straggler_verdict(_ctx(_report(1, 1, 400.0, 0.0))) > 0

@@ -493,10 +493,7 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     r = s.straggler
     impact = s.wait_us
     cause = s.cause or "unknown"
-    # extra work of its own (a frame only it spends the time in) or the same work done slower (a slower
-    # or busier device/core): a frame holding at least half of the wait tells them apart
-    top = s.cause_frames[0] if s.cause_frames else None
-    own_work = top is not None and top["extra_us"] >= 0.5 * s.wait_us
+    own_work = _own_work_frame(s)
     frame = (s.cause_source if own_work else None) or (_sleep_source(ctx, r) if cause == "sleep" else None)
     if cause == "compute" and not own_work:
         cause = "slower at the same work"
@@ -545,13 +542,26 @@ def _sleep_source(ctx: RuleContext, rank: int) -> str | None:
     return ctx.a.signals.sleep_sources.get(rank) if ctx.a.signals else None
 
 
+def _own_work_frame(s) -> dict | None:
+    """The culprit's frame holding work of its own: at least half of the others' wait for it, in a frame the
+    other ranks spend at most half as long in (a sleep, an eval or a checkpoint only it runs). Extra time
+    spread over frames every rank runs is the same work done slower (busier cores, a slower device)."""
+    top = s.cause_frames[0] if s.cause_frames else None
+    if top and top["extra_us"] >= 0.5 * s.wait_us and top["others_us"] <= 0.5 * top["culprit_us"]:
+        return top
+    return None
+
+
 def straggler_verdict(ctx: RuleContext) -> float:
     """The confidence that the report's rank is a straggler, 0.0 when the evidence does not hold.
 
-    Three tests, all measured in this run: the same rank is last in most steps (``straggler_consistency``);
-    the others' wait for it is material (``straggler_min_frac`` of the step) and stands above the run's own
-    step-to-step noise (``straggler_noise_z`` robust standard deviations). Confidence grows as the
-    consistency gets unlikely by chance and as the culprit's own extra time accounts for the wait.
+    All measured in this run: the same rank is last in most steps (``straggler_consistency``) and the
+    others' wait for it is material (``straggler_min_frac`` of the step). Then either the wait stands
+    ``straggler_noise_z`` robust standard deviations above the run's step-to-step noise, or two independent
+    lines of evidence agree: a consistency unlikely by chance (``straggler_chance``) and a frame of the
+    culprit's own work that holds the wait, with the wait at least above one standard deviation of noise.
+    Confidence grows as the consistency gets unlikely by chance and as the culprit's extra time accounts
+    for the wait.
     """
     s = ctx.a.straggler
     if not s or s.straggler is None or not s.steps_total:
@@ -559,7 +569,10 @@ def straggler_verdict(ctx: RuleContext) -> float:
     if s.last_fraction < ctx.th["straggler_consistency"] or ctx.frac(s.wait_us) < ctx.th["straggler_min_frac"]:
         return 0.0
     if s.noise_us > 0:
-        if s.wait_us < ctx.th["straggler_noise_z"] * s.noise_us:
+        above_noise = s.wait_us >= ctx.th["straggler_noise_z"] * s.noise_us
+        corroborated = (s.chance <= ctx.th["straggler_chance"] and _own_work_frame(s) is not None
+                        and s.wait_us >= s.noise_us)
+        if not (above_noise or corroborated):
             return 0.0
     elif ctx.frac(s.wait_us) < ctx.th["severity_error_frac"]:
         return 0.0  # one step: no noise estimate, so only a wait of a quarter of the step is trusted

@@ -56,6 +56,11 @@ THRESHOLDS: list[Threshold] = [
               "step-to-step noise (1.4826 x MAD of consecutive step-time differences / sqrt 2)",
               "three standard deviations; docs/noise-study.md: healthy runs 0.0-2.4, injected 100-300 ms sleep and "
               "250 ms extra matmul 4.1-269"),
+    Threshold("straggler_chance", 0.10, "probability",
+              "a wait between one and straggler_noise_z noise deviations still makes a straggler when the "
+              "same rank is last this unlikely by chance and a frame of its own work holds the wait",
+              "two independent lines of evidence; 0.10 admits 5 of 5 steps at 2 ranks (0.06), 3 of 3 at 4 "
+              "ranks; docs/noise-study.md: no healthy run has an own-work frame"),
     Threshold("straggler_min_frac", 0.05, "share of step", "the wait must also be material",
               "the warning band of the severity scale (severity_warning_frac)"),
     Threshold("host_sync_per_step", 1, "calls per step", "user-code host syncs (.item(), synchronize) per step",
