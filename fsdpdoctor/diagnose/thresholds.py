@@ -39,9 +39,9 @@ THRESHOLDS: list[Threshold] = [
               "rule of thumb: HTA's comm/comp overlap guidance; below 10% of step, other costs dominate"),
     Threshold("exposed_comm_frac_sync", 0.50, "share of step",
               "the same where collectives block the host and ranks share cores (CPU/gloo)",
-              "docs/noise-study.md: 13 healthy 2-rank gloo runs (DDP, FSDP1, FSDP2) expose 0.03-0.40 of the step "
-              "(FSDP: every collective synchronous by design, median 0.28); injected faults sit inside that range, "
-              "so only more than half of the step is reported"),
+              "docs/noise-study.md: 26 healthy 2-rank gloo runs (DDP, FSDP1, FSDP2) expose 0.03-0.40 of the step "
+              "(FSDP: every collective blocks the host by design); injected faults sit inside that range, so "
+              "only more than half of the step is reported"),
     Threshold("overlap_low_frac", 0.50, "share of comm", "comm/compute overlap below which 'low overlap' is reported "
               "(GPU traces; with exposed comm above exposed_comm_frac)", "HTA get_comm_comp_overlap; our choice of 50%"),
     Threshold("input_bound_frac", 0.05, "share of step", "data loading not hidden by compute: moderately input-bound",
@@ -54,8 +54,9 @@ THRESHOLDS: list[Threshold] = [
     Threshold("straggler_noise_z", 3.0, "robust standard deviations",
               "the others' wait for the last rank (median over its steps) must exceed this many times the run's own "
               "step-to-step noise (1.4826 x MAD of consecutive step-time differences / sqrt 2)",
-              "three standard deviations; docs/noise-study.md: healthy runs 0.0-2.4, injected 100-300 ms sleep and "
-              "250 ms extra matmul 4.1-269"),
+              "three standard deviations; docs/noise-study.md: 26 healthy runs 0.0-2.4 (and 3.5 for a real "
+              "machine-made straggler at load 9), injected 30-200 ms sleeps and 60-250 ms extra matmul 3.2-269 "
+              "(one at 1.2, caught by straggler_chance)"),
     Threshold("straggler_chance", 0.10, "probability",
               "a wait between one and straggler_noise_z noise deviations still makes a straggler when the "
               "same rank is last this unlikely by chance and a frame of its own work holds the wait",
