@@ -353,8 +353,7 @@ def message_sizes(ctx: RuleContext) -> list[Finding]:
             "latency-bound-collectives", f"{len(small) / nrs:.0f} small collectives per step", exposed,
             f"{len(small) / nrs:.0f} collectives per step move less than {size(ctx.th['small_message_bytes'])} "
             f"each ({', '.join(kinds)}); their cost is latency, not bandwidth.",
-            "Coalesce them: larger DDP buckets (bucket_cap_mb), larger FSDP units, all_reduce_coalesced / "
-            "torch._foreach ops for scalars", confidence=0.7,
+            _latency_fix(ctx), confidence=0.7,
             evidence=[Evidence(f"median size {size(sorted(c.size_bytes for c in small)[len(small) // 2])}, "
                                f"exposed {ms(exposed)} per step", time_us=exposed)]))
     if ctx.traits.async_collectives and ctx.traits.has_message_sizes:
@@ -375,6 +374,16 @@ def message_sizes(ctx: RuleContext) -> list[Finding]:
                                    f"{c.busbw_gbps:.1f} GB/s", rank=c.rank, step=c.step, time_us=c.duration_us)
                           for c in slow[:5]]))
     return out
+
+
+def _latency_fix(ctx: RuleContext) -> str:
+    cap = ctx.wrap.get("bucket_cap_mb")
+    if ctx.a.job.wrapping == "ddp":
+        return (f"DDP(model, bucket_cap_mb={max(25, 2 * float(cap)):g})  # now {cap}" if cap is not None else
+                "DDP(model, bucket_cap_mb=25 or more)") + "; coalesce scalar all-reduces (torch._foreach / one tensor)"
+    if ctx.a.job.wrapping in ("fsdp1", "fsdp2"):
+        return "Wrap larger FSDP units (several blocks per unit) so each all-gather/reduce-scatter moves more"
+    return "Coalesce them: bucket small tensors into one collective (all_reduce_coalesced, flatten then split)"
 
 
 # ------------------------------------------------------------------ DDP
@@ -479,9 +488,9 @@ def input_bound(ctx: RuleContext) -> list[Finding]:
         m.data_loading_us,
         f"The training loop waits {ms(m.data_loading_us)} per step for the next batch "
         f"({'single-process loading in the training process' if single else 'the worker processes do not keep up'}).",
-        fix, confidence=0.9, evidence=ev, source=worst.slow_frame, floor="warning",
-        # the loader explains the idle time it leaves (on a GPU: the device idles for the batch)
-        consequences=["gpu-idle", "host-bound", "idle-high"])]
+        # where the device idles mostly for the batch, the device-idle rule's finding is claimed here
+        # (consequences set where the idle causes are known: gpu-idle, see the device-timeline rules)
+        fix, confidence=0.9, evidence=ev, source=worst.slow_frame, floor="warning")]
 
 
 @rule("straggler")
