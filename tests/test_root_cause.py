@@ -217,6 +217,16 @@ def test_straggler_claims_the_exposed_comm_it_causes():
     assert next(f for f in d["findings"] if f["id"] == "exposed-comm-high")["caused_by"] == "straggler"
 
 
+@needs_traces
+def test_straggler_wait_is_located_and_never_counted_as_prefetch_cost():
+    a = analyze_path(TRACES / "straggler")
+    s = a.straggler
+    mine = [p for p in s.per_step if p["straggler"] == s.straggler]
+    # the wait lands in the DDP all-reduce in backward (the first collective after the delay, no buffers)
+    assert {(p["kind"], p["phase"]) for p in mine} <= {(c.kind, c.phase) for c in a.collective_events}
+    assert all(0 < p["mean_wait_us"] <= p["imbalance_us"] for p in mine)
+
+
 # injected faults whose rule has no measurable cost on a CPU trace, so severity (cost) keeps them at info:
 # forward_prefetch=False is FSDP1's default; a host sync has no device queue to drain on CPU
 NOT_GATING_ON_CPU = {"fsdp-forward-prefetch-off", "host-sync"}

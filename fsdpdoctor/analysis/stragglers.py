@@ -69,16 +69,18 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool)
             if same_clock and all(c.issue_us is not None for c in cs):
                 issue = np.array([c.issue_us for c in cs])
                 lead = float(issue.max() - issue.min())
-            cands.append((float(waits.max()), int(np.argmin(durs)), k, lead, waits))
+            cands.append((float(waits.max()), int(np.argmin(durs)), k, lead, waits, cs[0]))
         if not cands:
             continue
-        wait, ci, k, lead, waits = max(cands, key=lambda c: c[0])
+        wait, ci, k, lead, waits, coll = max(cands, key=lambda c: c[0])
         for r, w in zip(rank_ids, waits):
             total_wait[r] += float(w)
         st_time = float(np.median([step_time.get((r, st), 0.0) for r in rank_ids])) or 1.0
         culprits[rank_ids[ci]] += 1
         per_step.append({"step": st, "straggler": rank_ids[ci], "imbalance_us": wait,
-                         "imbalance_frac": wait / st_time, "collective_index": k, "arrival_lead_us": lead})
+                         "imbalance_frac": wait / st_time, "collective_index": k, "arrival_lead_us": lead,
+                         # where the wait lands (rules subtract it from what a comm fix would save there)
+                         "kind": coll.kind, "phase": coll.phase, "mean_wait_us": float(waits.mean())})
     if not per_step:
         return None
     culprit, count = max(culprits.items(), key=lambda kv: kv[1])

@@ -167,7 +167,8 @@ def forward_prefetch(ctx: RuleContext) -> list[Finding]:
         return []
     fwd = [c for c in ctx.a.collective_events if c.kind == "all_gather" and c.phase == "forward"]
     nsteps = max(len(ctx.a.job.steps), 1) * max(len(ctx.a.ranks), 1)
-    exposed = sum(c.exposed_us for c in fwd) / nsteps
+    # waiting for a straggler in the first forward gather is the straggler's cost, not prefetch's
+    exposed = max(sum(c.exposed_us for c in fwd) / nsteps - straggler_wait_in(ctx, "all_gather", "forward"), 0.0)
     if ctx.frac(exposed) < ctx.th["forward_exposed_frac"]:
         return []
     if p.framework == "fsdp1" and ctx.wrap.get("forward_prefetch") is True:
@@ -534,6 +535,8 @@ def straggler(ctx: RuleContext) -> list[Finding]:
            for p in s.per_step[:6]]
     explained = _straggler_explains_comm(ctx)
     conseq = ["exposed-comm-high", "low-overlap", "low-bus-bandwidth"] if explained else []
+    if straggler_wait_in(ctx, "all_gather", "forward"):
+        conseq.append("fsdp-forward-prefetch-off")  # its exposed forward gathers hold the wait
     summary = (f"Rank {r} was the last to arrive in {s.steps_last} of {s.steps_total} steps and the others wait "
                f"{ms(impact)} per step for it ({pct(ctx.frac(impact))} of the step) in their first collective "
                "after the delay.")
@@ -596,6 +599,16 @@ def _straggler_explains_comm(ctx: RuleContext) -> float:
     exposed = sum(waiters) / len(waiters) if waiters else 0.0
     share = min(straggler_wait_us(ctx) / exposed, 1.0) if exposed else 0.0
     return share if share >= 0.5 else 0.0
+
+
+def straggler_wait_in(ctx: RuleContext, kind: str, phase: str | None = None) -> float:
+    """Per rank and step, the wait for the straggler that collectives of this kind (and phase) absorb."""
+    s = ctx.a.straggler
+    if not straggler_verdict(ctx) or not s.steps_total:
+        return 0.0
+    waits = [p.get("mean_wait_us", 0.0) for p in s.per_step if p["straggler"] == s.straggler
+             and p.get("kind") == kind and (phase is None or p.get("phase") == phase)]
+    return sum(waits) / s.steps_total
 
 
 def straggler_wait_us(ctx: RuleContext) -> float:
