@@ -196,7 +196,7 @@ def fsdp2_backward_prefetch(ctx: RuleContext) -> list[Finding]:
     nsteps = max(len(ctx.a.job.steps), 1) * max(len(ctx.a.ranks), 1)
     exposed = sum(c.exposed_us for c in bwd_ag) / nsteps
     lists = ctx.wrap.get("backward_prefetch") or {}
-    self_ref = [m for m, targets in lists.items() if m in (targets or [])]
+    self_ref = [m or "<root module>" for m, targets in lists.items() if m in (targets or [])]
     ev = [Evidence(f"{p.backward_on_demand} of {p.backward_all_gathers} backward all-gathers issued on demand under "
                    f"FSDP::pre_backward; {p.backward_prefetched} under FSDP::backward_prefetch"),
           Evidence(f"{p.empty_prefetch_annotations} of {p.prefetch_annotations} prefetch annotations gathered nothing")]
@@ -643,8 +643,8 @@ def host_sync(ctx: RuleContext) -> list[Finding]:
         where = f"your code at {src}" if src else "code outside DDP/FSDP/optimizer internals (no user frame found)"
         cost = ("Each one blocks the host until the queued kernels finish, so the next kernels launch late and "
                 "the GPU idles." if device else
-                "On this CPU trace there is no device queue to drain, so it costs nothing measurable here; on a "
-                "GPU the same line would stall the launch queue every step.")
+                "On this CPU trace nothing waits for it, so it costs nothing measurable here (run on CUDA, each "
+                "call would drain the device queue before the next launch).")
         out.append(ctx.finding(
             "host-sync", f"Host sync inside the step: {label}", us,
             f"{per_rank_step:.0f} call(s) per step ({', '.join(names)}) from {where}. {cost}",
