@@ -115,11 +115,6 @@ def _wrap_site(ctx: RuleContext) -> str | None:
     return w.get("call_site") or w.get("source") or w.get("wrapped_at")
 
 
-def _wrap_call(ctx: RuleContext, default: str) -> str:
-    kind = ctx.a.job.wrapping
-    return {"fsdp1": "FSDP(model, ...", "ddp": "DDP(model, ...", "fsdp2": "fully_shard(block, ..."}.get(kind, default)
-
-
 # ------------------------------------------------------------------ FSDP prefetch
 @rule("fsdp1-no-backward-prefetch", "fsdp1-backward-post")
 def fsdp1_backward_prefetch(ctx: RuleContext) -> list[Finding]:
