@@ -321,3 +321,27 @@ def test_moderate_straggler_is_found_with_its_frame(tmp_path, kind):
     assert f.source and ("straggler_sleep_before_forward" if kind == "sleep" else "extra_matmul") in f.source
     # moderate: well under the 0.45 of a step the old single-fraction test required on CPU
     assert f.impact_frac < 0.8
+
+
+# ------------------------------------------------------------------ rendering agrees with the finding
+def _console_text(a) -> str:
+    from rich.console import Console
+
+    from fsdpdoctor.report.console import render
+
+    con = Console(record=True, width=120)
+    render(a, console=con)
+    return con.export_text()
+
+
+@needs_traces
+def test_console_header_and_findings_agree_with_the_straggler_finding():
+    a = analyze_path(TRACES / "straggler", thresholds={"exposed_comm_frac_sync": 0.1})
+    f = next(f for f in a.findings if f.id == "straggler")
+    text = _console_text(a)
+    assert f"straggler: rank {f.ranks[0]} (last in" in text
+    assert "caused by the above" in text and "explains: exposed-comm-high" in text
+    # the effect is printed after its cause
+    assert text.index("[straggler]") < text.index("[exposed-comm-high]")
+    healthy = _console_text(analyze_path(TRACES / "ddp_default"))
+    assert "no straggler: rank" in healthy and "slowest rank" not in healthy

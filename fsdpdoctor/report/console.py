@@ -64,9 +64,9 @@ def straggler_line(a: Analysis) -> str | None:
         return (f"straggler: rank {f.ranks[0] if f.ranks else s.straggler} (last in {s.steps_last} of "
                 f"{s.steps_total} steps; the others wait {ms(f.impact_us)} = {pct(f.impact_frac)} of the step "
                 "for it)")
-    noise = f", step-to-step noise {ms(s.noise_us)}" if s.noise_us else ""
-    return (f"no straggler: the others wait at most {ms(s.wait_us)} per step for any one rank "
-            f"(rank {s.straggler} last in {s.steps_last} of {s.steps_total} steps{noise})")
+    noise = f"; step-to-step noise {ms(s.noise_us)}" if s.noise_us else ""
+    return (f"no straggler: rank {s.straggler} was last in {s.steps_last} of {s.steps_total} steps, the others "
+            f"waiting {ms(s.wait_us)} per step for it (median{noise})")
 
 
 def _steps(steps: list[int]) -> str:
