@@ -345,3 +345,32 @@ def test_console_header_and_findings_agree_with_the_straggler_finding():
     assert text.index("[straggler]") < text.index("[exposed-comm-high]")
     healthy = _console_text(analyze_path(TRACES / "ddp_default"))
     assert "no straggler: rank" in healthy and "slowest rank" not in healthy
+
+
+@needs_traces
+def test_tui_lists_effects_under_their_cause_and_marks_the_slow_rank():
+    import asyncio
+
+    pytest.importorskip("textual")
+    from pilot import dump
+
+    from fsdpdoctor.tui.app import FsdpDoctorApp
+    from fsdpdoctor.tui.findings import FindingsPane
+
+    a = analyze_path(TRACES / "straggler", thresholds={"exposed_comm_frac_sync": 0.1})
+
+    async def run():
+        app = FsdpDoctorApp(analysis=a)
+        async with app.run_test(size=(100, 34)) as pilot:
+            await pilot.pause()
+            pane = app.query_one(FindingsPane)
+            assert [f.id for f in pane.shown][:2] == ["straggler", "exposed-comm-high"]
+            assert "↳" in dump(app) and "explains exposed-comm-high" in dump(app)
+            await pilot.press("j")
+            await pilot.pause()
+            assert pane.current.id == "exposed-comm-high" and "caused by straggler" in dump(app)
+            await pilot.press("2")
+            await pilot.pause()
+            assert "1 ◀ slow" in dump(app)
+
+    asyncio.run(run())
