@@ -77,7 +77,8 @@ THRESHOLDS: list[Threshold] = [
     Threshold("ddp_tiny_bucket_bytes", 2e6, "bytes", "mean bucket size below which buckets are 'tiny'",
               "DDP's first bucket is 1 MB by design; 25 MB default afterwards"),
     Threshold("ddp_single_bucket_overlap", 0.10, "share of comm", "overlap below which one bucket per backward means "
-              "no overlap", "fsdp-signatures.md §5.2: one 1000 MB bucket overlaps 0.01-0.02, default 0.23-0.30"),
+              "no overlap", "bundled 2-rank DDP runs: one 1000 MB bucket (ddp_one_bucket) overlaps 0.02, default buckets 0.42-0.72 "
+              "(ddp_default, dataloader_fixed, host_sync, ddp_tiny_buckets)"),
     Threshold("forward_exposed_frac", 0.02, "share of step", "exposed forward all-gather share above which "
               "forward prefetch (when off) is suggested", "our choice: below 2% of a step the saving is within "
               "step-to-step noise"),
