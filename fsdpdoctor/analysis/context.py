@@ -41,17 +41,17 @@ def _installed_libraries() -> frozenset[str]:
     try:
         from importlib import metadata
 
-        tops = set()
+        editable = set()
         for dist in metadata.distributions():
             try:
                 direct = dist.read_text("direct_url.json") or ""
             except Exception:  # noqa: BLE001 - a broken dist-info must not break the analysis
                 direct = ""
-            if '"editable": true' in direct.replace("'", '"').lower():
-                continue
-            top = (dist.read_text("top_level.txt") or "").split()
-            tops.update(top)
-        return frozenset(tops)
+            if '"editable": true' in direct.replace("'", '"').replace(" ", "").replace(":true", ": true").lower():
+                editable.add((dist.metadata["Name"] or "").lower())
+        # top-level names from RECORD as well as top_level.txt (wheels without the latter too)
+        return frozenset(top for top, dists in metadata.packages_distributions().items()
+                         if not any(d.lower() in editable for d in dists))
     except Exception:  # noqa: BLE001
         return frozenset()
 
