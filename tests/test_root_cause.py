@@ -58,6 +58,24 @@ def test_step_noise_ignores_a_constant_delay_and_sees_jitter():
     assert stragglers.step_time_noise([_rank(0, [100.0]), _rank(1, [100.0])]) == 0.0
 
 
+def test_saving_is_the_next_latest_ranks_wait_with_three_ranks():
+    from fsdpdoctor.results import Collective
+
+    colls, ranks = [], []
+    # per step one collective; rank 2 arrives last, rank 1 100 ms before it, rank 0 300 ms before it
+    for r, dur in ((0, 300e3), (1, 100e3), (2, 1e3)):
+        for st in range(4):
+            t0 = st * 1e6
+            colls.append(Collective(rank=r, index=st, step=st, kind="all_reduce", raw_name="allreduce",
+                                    phase="backward", start_us=t0, end_us=t0 + dur + st * 10.0))
+        ranks.append(_rank(r, [1e6, 1e6 + 50, 1e6 - 50, 1e6]))
+    rep = stragglers.analyze(colls, ranks, same_clock=False)
+    assert rep.straggler == 2 and rep.steps_last == rep.steps_total == 4
+    assert rep.wait_us == pytest.approx(299e3, rel=1e-3)    # the earliest rank's wait
+    assert rep.saving_us == pytest.approx(99e3, rel=1e-3)   # the step ends when rank 1 arrives
+    assert rep.chance == pytest.approx(3 * (1 / 3) ** 4)
+
+
 def _ctx(report: StragglerReport, step_us: float = 1000.0, nranks: int = 2) -> RuleContext:
     mean = StepBreakdown(rank=-1, step=None, start_us=0.0, duration_us=step_us)
     ranks = [RankSummary(rank=r, file="", dialect="cpu", steps=[mean], mean=mean) for r in range(nranks)]

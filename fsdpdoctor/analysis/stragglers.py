@@ -80,12 +80,16 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool)
         per_step.append({"step": st, "straggler": rank_ids[ci], "imbalance_us": wait,
                          "imbalance_frac": wait / st_time, "collective_index": k, "arrival_lead_us": lead,
                          # where the wait lands (rules subtract it from what a comm fix would save there)
-                         "kind": coll.kind, "phase": coll.phase, "mean_wait_us": float(waits.mean())})
+                         "kind": coll.kind, "phase": coll.phase, "mean_wait_us": float(waits.mean()),
+                         # had it arrived with the others, the step ends when the next-latest rank arrives:
+                         # the saving is the smallest wait among the other ranks
+                         "saving_us": float(np.sort(waits)[1])})
     if not per_step:
         return None
     culprit, count = max(culprits.items(), key=lambda kv: kv[1])
     nsteps = len(per_step)
     mine = [p["imbalance_us"] for p in per_step if p["straggler"] == culprit]
+    saving = [p["saving_us"] for p in per_step if p["straggler"] == culprit]
     return StragglerReport(method="wait" + ("+arrival" if same_clock else ""), straggler=culprit,
                            spread_frac=float(np.median([p["imbalance_frac"] for p in per_step])),
                            last_fraction=count / nsteps, per_step=per_step,
@@ -93,6 +97,7 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool)
                            steps_last=count, steps_total=nsteps,
                            chance=chance_last(count, nsteps, len(rank_ids)),
                            wait_us=float(np.median(mine)) if mine else 0.0,
+                           saving_us=float(np.median(saving)) if saving else 0.0,
                            noise_us=step_time_noise(ranks))
 
 

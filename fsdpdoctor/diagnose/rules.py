@@ -496,7 +496,7 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     if not verdict:
         return []
     r = s.straggler
-    impact = s.wait_us
+    impact = s.saving_us or s.wait_us  # with more than 2 ranks the step ends when the next-latest arrives
     cause = s.cause or "unknown"
     own_work = _own_work_frame(s)
     frame = (s.cause_source if own_work else None) or (_sleep_source(ctx, r) if cause == "sleep" else None)
@@ -533,8 +533,11 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     if straggler_wait_in(ctx, "all_gather", "forward"):
         conseq.append("fsdp-forward-prefetch-off")  # its exposed forward gathers hold the wait
     summary = (f"Rank {r} was the last to arrive in {s.steps_last} of {s.steps_total} steps and the others wait "
-               f"{ms(impact)} per step for it ({pct(ctx.frac(impact))} of the step) in their first collective "
-               "after the delay.")
+               f"{ms(s.wait_us)} per step for it ({pct(ctx.frac(s.wait_us))} of the step) in their first "
+               "collective after the delay.")
+    if impact < 0.99 * s.wait_us:
+        summary += (f" Without it each step would end when the next-latest rank arrives: {ms(impact)} "
+                    f"({pct(ctx.frac(impact))}) shorter.")
     if explained:
         summary += (f" That wait is {pct(explained)} of the other ranks' exposed communication: the "
                     "communication is slow because of this rank, not the network.")
