@@ -149,6 +149,16 @@ class StragglerReport:
     wait_by_rank: dict[int, float] = field(default_factory=dict)
     cause: str | None = None            # "data loading", "compute", "host sync", "sleep", "idle"
     cause_evidence: str | None = None
+    # evidence for a verdict, measured in this run (the verdict is the diagnosis')
+    steps_last: int = 0                 # steps in which `straggler` was the rank waited for
+    steps_total: int = 0                # steps with matched collectives
+    chance: float = 1.0                 # chance a healthy rank is last that often (binomial, any of N ranks)
+    wait_us: float = 0.0                # others' wait for it: median over the steps it was last (longest wait)
+    saving_us: float = 0.0              # what the step would save without it: the next-latest rank's wait (median)
+    noise_us: float = 0.0               # the run's own step-to-step jitter of step time (robust sd)
+    extra_us: float = 0.0               # the culprit's extra time per step in `cause`
+    cause_source: str | None = None     # the culprit's own user frame holding its extra time
+    cause_frames: list[dict] = field(default_factory=list)   # frame, culprit_us, others_us, extra_us
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -22,10 +22,42 @@ _FRAME_RE = re.compile(r"^(?P<file>[^()<>]+)\((?P<line>\d+)\): (?P<func>.+)$")
 _NOT_USER = ("torch/", "site-packages/", "dist-packages/", "fsdpdoctor/capture", "/lib/python", "importlib/",
              "<frozen", "numpy/", "multiprocessing/", "concurrent/")
 _STDLIB = set(getattr(sys, "stdlib_module_names", ()))
+# Kineto names frames relative to their sys.path entry ("transformers/models/...py"), dropping the
+# site-packages prefix, so libraries are told apart by their top-level package: the common ones of
+# training jobs, plus whatever is installed (not editable) where the analysis runs
+_LIBRARIES = frozenset("""
+torch torchvision torchaudio torchtext torchdata torchao torchtune torchtitan functorch triton
+transformers accelerate datasets tokenizers safetensors huggingface_hub peft trl diffusers evaluate
+timm lightning pytorch_lightning lightning_fabric deepspeed megatron apex transformer_engine flash_attn
+xformers fairscale composer colossalai bitsandbytes vllm thunder webdataset
+numpy scipy pandas pyarrow sklearn einops tqdm wandb tensorboard mlflow hydra omegaconf sentencepiece
+PIL cv2 fsspec absl jax yaml rich click packaging typing_extensions fsdpdoctor
+""".split())
+
+
+@lru_cache(maxsize=1)
+def _installed_libraries() -> frozenset[str]:
+    """Top-level packages of the distributions installed here, except editable ones (the user's own)."""
+    try:
+        from importlib import metadata
+
+        editable = set()
+        for dist in metadata.distributions():
+            try:
+                direct = dist.read_text("direct_url.json") or ""
+            except Exception:  # noqa: BLE001 - a broken dist-info must not break the analysis
+                direct = ""
+            if '"editable": true' in direct.replace("'", '"').replace(" ", "").replace(":true", ": true").lower():
+                editable.add((dist.metadata["Name"] or "").lower())
+        # top-level names from RECORD as well as top_level.txt (wheels without the latter too)
+        return frozenset(top for top, dists in metadata.packages_distributions().items()
+                         if not any(d.lower() in editable for d in dists))
+    except Exception:  # noqa: BLE001
+        return frozenset()
 
 
 def is_user_frame(name: str) -> bool:
-    """A Python frame in the user's code, not torch/stdlib/site-packages."""
+    """A Python frame in the user's code, not torch/stdlib/site-packages or a known library."""
     m = _FRAME_RE.match(name)
     if not m:
         return False
@@ -34,6 +66,8 @@ def is_user_frame(name: str) -> bool:
         return False
     stem = f.rsplit("/", 1)[-1].removesuffix(".py")
     top = f.split("/", 1)[0].removesuffix(".py")
+    if "/" in f and (top in _LIBRARIES or top in _installed_libraries()):
+        return False
     return stem not in _STDLIB and top not in _STDLIB
 
 

@@ -119,6 +119,7 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
     strag = stragglers.analyze(all_colls, summaries, same_clock)
     if strag:
         stragglers.attribute_cause(strag, summaries)
+        stragglers.culprit_frames(strag, {c.t.rank: c for c in ctxs}, windows_by_rank)
         for s in summaries:
             s.wait_us = strag.wait_by_rank.get(s.rank, 0.0)
     job = _job_info(run, ctxs, summaries, fw)

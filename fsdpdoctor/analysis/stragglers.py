@@ -1,25 +1,44 @@
-"""Which rank makes the others wait, and why.
+"""Which rank makes the others wait, how sure we are, and why.
 
 Collectives are matched across ranks by (step, order within the step). A
 collective cannot finish on any rank before the last rank joins, so an early
 rank's execution span includes its wait: for the k-th collective of a step,
 rank r waited ``dur_k(r) - min_r dur_k``. A delay on one rank is absorbed
-almost entirely by the first collective after it (fsdp-signatures.md §7), so
-per step we keep the collective with the largest wait; the rank that waited
-least there is that step's straggler, and the wait (as a share of the step)
-its imbalance. Summing waits over all collectives instead adds up noise: on
-shared CPU cores every gloo span jitters by milliseconds. This is clock-free,
-so it works across hosts; where clocks are comparable (one host) the issue-time
-lead of the last rank is recorded as a cross-check.
+almost entirely by the first collective after it, so per step we keep the
+collective with the largest wait; the rank that waited least there is that
+step's last rank, and the wait (as a share of the step) its imbalance. Summing
+waits over all collectives instead adds up noise: on shared CPU cores every
+gloo span jitters by milliseconds. This is clock-free, so it works across
+hosts; where clocks are comparable (one host) the issue-time lead of the last
+rank is recorded as a cross-check.
+
+The report carries the evidence a verdict needs, measured in this run; the
+verdict itself (thresholds) is the diagnosis' job:
+
+- consistency: how many steps the same rank was last, and the chance that a
+  healthy rank is last that often (with N ranks a rank is last 1/N of steps
+  when nothing singles it out: a binomial tail, times N for "any rank");
+- the others' wait for it (median over the steps it was last);
+- the run's own step-to-step noise: a MAD-based spread of the differences of
+  consecutive step times (a constant straggler adds none), so that a wait is
+  judged against what this machine does anyway;
+- what the culprit spends its extra time on (compute, sleep, loading, host
+  sync) and the culprit's own user frames where it goes, compared with the
+  same frames on the other ranks.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import numpy as np
 
+from fsdpdoctor.analysis.context import RankContext, is_user_frame
 from fsdpdoctor.results import Collective, RankSummary, StragglerReport
+from fsdpdoctor.trace.table import PYFUNC
+
+MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution -> its standard deviation
 
 
 def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool) -> StragglerReport | None:
@@ -39,7 +58,7 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool)
         n = min(len(x) for x in lists)
         if n == 0:
             continue
-        best = None  # (wait, culprit index, k, lead)
+        cands = []  # (wait, culprit index, k, lead, waits)
         for k in range(n):
             cs = [x[k] for x in lists]
             if len({c.kind for c in cs}) > 1:
@@ -50,25 +69,63 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool)
             if same_clock and all(c.issue_us is not None for c in cs):
                 issue = np.array([c.issue_us for c in cs])
                 lead = float(issue.max() - issue.min())
-            if best is None or waits.max() > best[0]:
-                best = (float(waits.max()), int(np.argmin(durs)), k, lead, waits)
-        if best is None:
+            cands.append((float(waits.max()), int(np.argmin(durs)), k, lead, waits, cs[0]))
+        if not cands:
             continue
-        wait, ci, k, lead, waits = best
+        wait, ci, k, lead, waits, coll = max(cands, key=lambda c: c[0])
         for r, w in zip(rank_ids, waits):
             total_wait[r] += float(w)
         st_time = float(np.median([step_time.get((r, st), 0.0) for r in rank_ids])) or 1.0
         culprits[rank_ids[ci]] += 1
         per_step.append({"step": st, "straggler": rank_ids[ci], "imbalance_us": wait,
-                         "imbalance_frac": wait / st_time, "collective_index": k, "arrival_lead_us": lead})
+                         "imbalance_frac": wait / st_time, "collective_index": k, "arrival_lead_us": lead,
+                         # where the wait lands (rules subtract it from what a comm fix would save there)
+                         "kind": coll.kind, "phase": coll.phase, "mean_wait_us": float(waits.mean()),
+                         # had it arrived with the others, the step ends when the next-latest rank arrives:
+                         # the saving is the smallest wait among the other ranks
+                         "saving_us": float(np.sort(waits)[1])})
     if not per_step:
         return None
     culprit, count = max(culprits.items(), key=lambda kv: kv[1])
     nsteps = len(per_step)
+    mine = [p["imbalance_us"] for p in per_step if p["straggler"] == culprit]
+    saving = [p["saving_us"] for p in per_step if p["straggler"] == culprit]
     return StragglerReport(method="wait" + ("+arrival" if same_clock else ""), straggler=culprit,
                            spread_frac=float(np.median([p["imbalance_frac"] for p in per_step])),
                            last_fraction=count / nsteps, per_step=per_step,
-                           wait_by_rank={r: total_wait[r] / nsteps for r in rank_ids})
+                           wait_by_rank={r: total_wait[r] / nsteps for r in rank_ids},
+                           steps_last=count, steps_total=nsteps,
+                           chance=chance_last(count, nsteps, len(rank_ids)),
+                           wait_us=float(np.median(mine)) if mine else 0.0,
+                           saving_us=float(np.median(saving)) if saving else 0.0,
+                           noise_us=step_time_noise(ranks))
+
+
+def chance_last(k: int, n: int, nranks: int) -> float:
+    """Chance that some healthy rank is last in at least k of n steps (each rank last 1/N of steps).
+
+    Binomial tail P(X >= k), X ~ B(n, 1/N), times N for "any of the N ranks" (a Bonferroni bound).
+    """
+    if n <= 0 or nranks < 2:
+        return 1.0
+    q = 1.0 / nranks
+    tail = sum(math.comb(n, i) * q ** i * (1 - q) ** (n - i) for i in range(k, n + 1))
+    return min(1.0, nranks * tail)
+
+
+def step_time_noise(ranks: list[RankSummary]) -> float:
+    """Step-to-step jitter of step time in this run (a robust standard deviation, us).
+
+    From the differences of consecutive steps, pooled over ranks: a constant delay (a straggler)
+    adds nothing, and a slow drift (the machine getting busier) adds little, unlike a spread
+    around the median. For differences d of two independent steps, sigma = 1.4826 * MAD / sqrt(2)
+    with the median of |d| as MAD (consecutive differences have median ~0).
+    """
+    diffs = []
+    for r in ranks:
+        d = [s.duration_us for s in r.steps]
+        diffs.extend(abs(b - a) for a, b in zip(d, d[1:]))
+    return MAD_TO_SIGMA * float(np.median(diffs)) / math.sqrt(2) if diffs else 0.0
 
 
 def attribute_cause(report: StragglerReport, ranks: list[RankSummary]) -> None:
@@ -95,5 +152,52 @@ def attribute_cause(report: StragglerReport, ranks: list[RankSummary]) -> None:
     if amount <= 0:
         return
     report.cause = cause
+    report.extra_us = amount
     report.cause_evidence = (f"rank {s.rank} spends {amount / 1e3:.1f} ms/step more on {cause} than the median "
                              f"of the other ranks")
+
+
+def culprit_frames(report: StragglerReport, ctxs: dict[int, RankContext], windows: dict[int, list]) -> None:
+    """The culprit's own user frames where its extra time goes, against the same frames elsewhere.
+
+    Per rank, inclusive time per step of every user-code Python frame on the main thread. A
+    frame the culprit spends much longer in than the other ranks (median) holds its extra
+    work; of nested frames that all carry it (train_step > micro_step > slow_fn) the innermost,
+    the one with the least inclusive time, is named.
+    """
+    if report.straggler not in ctxs or len(ctxs) < 2:
+        return
+    per_rank: dict[int, dict[str, float]] = {}
+    for rank, ctx in ctxs.items():
+        t = ctx.t
+        wins = windows.get(rank) or []
+        if not t.has_stacks or not wins:
+            continue
+        rows = t.rows_named(is_user_frame, cat=PYFUNC)
+        rows = rows[t.track[rows] == ctx.main_track] if len(rows) else rows
+        if not len(rows):
+            continue
+        ts = t.ts[rows]
+        inside = np.zeros(len(rows), dtype=bool)
+        for w in wins:
+            inside |= (ts >= w.start) & (ts < w.end)
+        acc: dict[str, float] = defaultdict(float)
+        for r in rows[inside]:
+            acc[t.name(int(r))] += float(t.dur[r])
+        per_rank[rank] = {k: v / len(wins) for k, v in acc.items()}
+    mine = per_rank.get(report.straggler)
+    others = [v for r, v in per_rank.items() if r != report.straggler]
+    if not mine or not others:
+        return
+    diffs = []
+    for name, us in mine.items():
+        base = float(np.median([o.get(name, 0.0) for o in others]))
+        diffs.append((us - base, us, base, name))
+    top = max(d[0] for d in diffs)
+    if top <= 0:
+        return
+    heavy = [d for d in diffs if d[0] >= 0.8 * top]
+    extra, us, base, name = min(heavy, key=lambda d: d[1])
+    report.cause_source = name
+    report.cause_frames = [{"frame": n, "culprit_us": u, "others_us": b, "extra_us": e}
+                           for e, u, b, n in sorted(diffs, reverse=True)[:5] if e > 0]

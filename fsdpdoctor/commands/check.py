@@ -64,7 +64,8 @@ def run(args) -> int:
         for f in a.findings:
             mark = "FAIL" if f in failing else "ok  "
             where = f" at {f.source}" if f.source else ""
-            print(f"{mark} {f.severity:7s} {f.id}: {f.title} ({f.impact_us / 1e3:.1f} ms/step){where}")
+            cause = f"  [caused by {f.caused_by}]" if f.caused_by else ""
+            print(f"{mark} {f.severity:7s} {f.id}: {f.title} ({f.impact_us / 1e3:.1f} ms/step){where}{cause}")
         for b in budgets:
             print(f"FAIL budget  {b}")
         print(f"fsdpdoctor check: {'FAILED' if failed else 'passed'} "

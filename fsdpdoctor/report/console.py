@@ -49,14 +49,9 @@ def summary(a: Analysis) -> Panel:
         lines.append(f"\nprefetch ({p.framework}): backward {p.backward_mode} "
                      f"({p.backward_prefetched}/{p.backward_all_gathers} backward all-gathers prefetched), "
                      f"forward {p.forward_mode}")
-    if a.straggler and a.straggler.straggler is not None:
-        s = a.straggler
-        if straggler_rank(a) is not None:
-            lines.append(f"\nstraggler: rank {s.straggler} (slowest in {pct(s.last_fraction)} of steps; the others "
-                         f"wait {pct(s.spread_frac)} of the step for it)")
-        else:
-            lines.append(f"\nranks balanced: at most {pct(s.spread_frac)} of a step waiting for another rank "
-                         "(median over steps)")
+    line = straggler_line(a)
+    if line:
+        lines.append("\n" + line)
     return Panel(lines, title=f"fsdpdoctor: {a.source}", title_align="left")
 
 
@@ -87,6 +82,21 @@ def gpu_lines(a: Analysis) -> Text:
     return out
 
 
+def straggler_line(a: Analysis) -> str | None:
+    """One line on rank balance that says what the straggler finding says (header and TUI use it too)."""
+    s = a.straggler
+    if not s or s.straggler is None:
+        return None
+    f = next((f for f in a.findings if f.id == "straggler"), None)
+    if f is not None:
+        return (f"straggler: rank {f.ranks[0] if f.ranks else s.straggler} (last in {s.steps_last} of "
+                f"{s.steps_total} steps; the others wait {ms(f.impact_us)} = {pct(f.impact_frac)} of the step "
+                "for it)")
+    noise = f"; step-to-step noise {ms(s.noise_us)}" if s.noise_us else ""
+    return (f"no straggler: rank {s.straggler} was last in {s.steps_last} of {s.steps_total} steps, the others "
+            f"waiting {ms(s.wait_us)} per step for it (median{noise})")
+
+
 def _steps(steps: list[int]) -> str:
     if not steps:
         return "-"
@@ -97,9 +107,12 @@ def findings_table(a: Analysis, evidence_lines: int = 2) -> Group | Text:
     """Findings as short blocks, most costly first: title, impact, what, where, fix."""
     if not a.findings:
         return Text("No findings above the thresholds.", style="green")
-    blocks: list = [Text("Findings (most costly first)", style="bold")]
+    blocks: list = [Text("Findings (most costly first; effects under their cause)", style="bold")]
     for f in a.findings:
-        head = Text()
+        indent = 4 if f.caused_by else 0
+        head = Text(" " * indent)
+        if f.caused_by:
+            head.append("caused by the above: ", style="dim")
         head.append(f"{f.severity.upper()} ", style=SEVERITY_STYLE.get(f.severity, ""))
         head.append(f.title, style="bold")
         head.append(f"  {ms(f.impact_us)}/step ({pct(f.impact_frac)})  [{f.id}]", style="dim")
@@ -112,7 +125,9 @@ def findings_table(a: Analysis, evidence_lines: int = 2) -> Group | Text:
             body.append(f.source, style="cyan")
         body.append("\nfix: ", style="green")
         body.append(f.fix)
-        blocks += [head, Padding(body, (0, 0, 0, 2))]
+        if f.consequences:
+            body.append(f"\nexplains: {', '.join(f.consequences)} (below)", style="dim")
+        blocks += [head, Padding(body, (0, 0, 0, 2 + indent))]
     return Group(*blocks)
 
 

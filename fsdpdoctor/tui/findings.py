@@ -18,8 +18,16 @@ SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:
-    """Most costly first; severity breaks ties."""
-    return sorted(findings, key=lambda f: (-(f.impact_us or 0.0), SEVERITY_ORDER.get(f.severity, 3), f.id))
+    """Root causes most costly first (severity breaks ties), each followed by the findings it explains."""
+    key = lambda f: (-(f.impact_us or 0.0), SEVERITY_ORDER.get(f.severity, 3), f.id)  # noqa: E731
+    roots = sorted((f for f in findings if not f.caused_by), key=key)
+    out: list[Finding] = []
+    for root in roots:
+        out.append(root)
+        out.extend(sorted((f for f in findings if f.caused_by == root.id and f not in out), key=key))
+    # a consequence whose root is absent (filtered JSON, old files) stays visible at the end
+    out.extend(sorted((f for f in findings if f not in out), key=key))
+    return out
 
 
 def matches(f: Finding, query: str) -> bool:
@@ -121,6 +129,8 @@ class FindingsPane(Horizontal):
             return
         for i, f in enumerate(self.shown):
             prompt = Text(no_wrap=False)
+            if f.caused_by:
+                prompt.append("  ↳ ", style=pal.muted)
             prompt.append(SEVERITY_BADGE.get(f.severity, f.severity[:4].upper()), style=pal.severity(f.severity))
             prompt.append(f"  {ms(f.impact_us)}/step  {pct(f.impact_frac)}\n", style=pal.muted)
             prompt.append(f.title)
@@ -129,7 +139,8 @@ class FindingsPane(Horizontal):
             lst.add_option(Option(Text("nothing matches the filter", style=pal.muted), disabled=True))
         q = self.filter_text.strip()
         status.update(f"{len(self.shown)} of {len(self.findings)} match “{q}”" if q else
-                      f"{len(self.findings)} finding{'s' if len(self.findings) != 1 else ''}, most costly first")
+                      f"{len(self.findings)} finding{'s' if len(self.findings) != 1 else ''}, most costly first"
+                      + ("; ↳ effects under their cause" if any(f.caused_by for f in self.findings) else ""))
         index = 0
         if keep_id is not None:
             for i, f in enumerate(self.shown):
@@ -172,6 +183,12 @@ class FindingsPane(Horizontal):
         if f.source:
             t.append("source ", style=pal.muted)
             t.append(f"{f.source}\n", style=pal.style("text-accent"))
+        if f.caused_by:
+            t.append("caused by ", style=pal.muted)
+            t.append(f"{f.caused_by} (severity capped: fix the cause first)\n")
+        if f.consequences:
+            t.append("explains ", style=pal.muted)
+            t.append(", ".join(f.consequences) + "\n")
         t.append(f"\n{f.summary}")
         head.update(t)
         fix.load_text(f.fix)
