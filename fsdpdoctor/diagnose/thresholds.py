@@ -62,6 +62,15 @@ THRESHOLDS: list[Threshold] = [
               "step-to-step noise"),
     Threshold("scaling_efficiency_low", 0.80, "ratio", "scaling efficiency below which it is a finding",
               "common practice: data-parallel scaling above 80-90% is expected"),
+    Threshold("diff_confidence", 0.95, "probability", "confidence level of the intervals `diff` and "
+              "`check --baseline` put on a change (per-step samples, Welch t): a change counts only when its "
+              "interval excludes zero", "statistical convention (95%); a gate at 95% fails about 1 in 20 "
+              "comparisons of identical runs per metric it tests, so the gate tests few metrics"),
+    Threshold("diff_job_share", 0.50, "share of the change", "part of a significant step-time change that "
+              "components growing (or shrinking) beyond the common factor must explain for it to be the job's; "
+              "otherwise every component scaled alike and the environment changed (contention, clocks)",
+              "meaning: the majority of the change; a uniform slow-down has no excess, a one-component "
+              "regression puts all of it in that component"),
 ]
 
 BY_NAME = {t.name: t for t in THRESHOLDS}
