@@ -159,8 +159,10 @@ class RankClock:
     rank: int
     offset_us: float                    # this rank's clock minus the reference clock, at t0_us
     drift_ppm: float = 0.0              # rate difference (0 unless measurable over the run)
-    uncertainty_us: float = 0.0         # standard error of the offset
+    uncertainty_us: float = 0.0         # standard error of the offset (or half the causal bounds, if narrower)
     n_matched: int = 0                  # matched collectives the estimate rests on
+    bound_lo_us: float | None = None    # hard bounds on the offset: no collective ends before every rank issued it
+    bound_hi_us: float | None = None
 
 
 @dataclass
