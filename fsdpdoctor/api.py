@@ -59,6 +59,21 @@ def load_analysis(path: str | Path, *, ranks: list[int] | None = None, steps: se
     return analyze_path(path, ranks=ranks, steps=steps, thresholds=thresholds, progress=progress)
 
 
+def analyze_with_traces(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
+                        thresholds: dict[str, float] | None = None, progress=None):
+    """(Analysis, per-rank trace tables): a trace is read once for both; a saved JSON has no tables."""
+    if is_analysis_json(path):
+        return load_analysis(path, ranks=ranks, steps=steps), []
+    from fsdpdoctor.analysis.engine import analyze_run
+    from fsdpdoctor.diagnose import diagnose
+    from fsdpdoctor.trace.loader import load_run
+
+    run = load_run(path, ranks=ranks, progress=progress)
+    a = analyze_run(run, steps=steps)
+    a.findings = diagnose(a, thresholds=thresholds)
+    return a, run.ranks
+
+
 def _pandas():
     try:
         import pandas as pd
@@ -137,5 +152,5 @@ def save_json(a: Analysis, path: str | Path, include_events: bool = False) -> No
     Path(path).write_text(a.to_json(include_events=include_events))
 
 
-__all__ = ["analyze", "load_analysis", "is_analysis_json", "steps_df", "step_table_df", "collectives_df",
+__all__ = ["analyze", "load_analysis", "analyze_with_traces", "is_analysis_json", "steps_df", "step_table_df", "collectives_df",
            "ranks_df", "findings_df", "save_json"]
