@@ -32,7 +32,7 @@ from fsdpdoctor.trace.table import CATEGORY_NAMES, RankTrace
 TID_STEPS = 1
 TID_COLLECTIVES = 10          # lanes 10.. for overlapping collectives
 TID_FINDINGS = 100            # one track per finding
-TID_TRACE = 1000              # the original tracks: 1000 + track index
+TID_TRACE = 1000              # the original tracks from 1000 (plus a lane where events do not nest)
 SEVERITY_COLOR = {"error": "terrible", "warning": "bad", "info": "generic_work"}   # chrome://tracing cnames
 
 
@@ -175,20 +175,57 @@ def _finding_events(a: Analysis, t) -> list[dict]:
     return ev
 
 
+def nest_lanes(starts, ends) -> list[int]:
+    """A lane per slice such that the slices of one lane nest (none partly overlaps another).
+
+    Kineto's per-thread events almost always nest; the few that do not (a Python frame
+    ending just after the op it encloses began) would be misdrawn, so they move to an
+    extra lane. Input in any order; the lanes are returned in input order.
+    """
+    order = sorted(range(len(starts)), key=lambda i: (starts[i], -(ends[i] - starts[i])))
+    stacks: list[list[float]] = []
+    out = [0] * len(starts)
+    for i in order:
+        s, e = starts[i], ends[i]
+        for lane, stack in enumerate(stacks):
+            while stack and stack[-1] <= s:
+                stack.pop()
+            if not stack or e <= stack[-1]:
+                stack.append(e)
+                out[i] = lane
+                break
+        else:
+            stacks.append([e])
+            out[i] = len(stacks) - 1
+    return out
+
+
 def _raw_events(tr: RankTrace, t) -> list[dict]:
     """The rank's own trace events (complete slices), on the aligned clock."""
     pid = pid_of(tr.rank)
     ev: list[dict] = []
-    for i, track in enumerate(tr.tracks):
-        name = track.name or (f"stream {track.tid}" if track.is_device else f"thread {track.tid}")
-        ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": TID_TRACE + i, "args": {"name": name}})
-        ev.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": TID_TRACE + i,
-                   "args": {"sort_index": TID_TRACE + i}})
     names, cats = tr.names, CATEGORY_NAMES
+    rows_by_track: dict[int, list[int]] = defaultdict(list)
     for row in range(tr.n_events):
-        ev.append({"ph": "X", "name": names[tr.name_id[row]], "cat": cats[tr.cat[row]], "pid": pid,
-                   "tid": TID_TRACE + int(tr.track[row]), "ts": t(tr.rank, float(tr.ts[row])),
-                   "dur": float(tr.dur[row])})
+        rows_by_track[int(tr.track[row])].append(row)
+    tid = TID_TRACE
+    for i, track in enumerate(tr.tracks):
+        rows = rows_by_track.get(i, [])
+        if not rows:
+            continue
+        starts = [t(tr.rank, float(tr.ts[r])) for r in rows]
+        ends = [s + float(tr.dur[r]) for s, r in zip(starts, rows)]
+        lanes = nest_lanes(starts, ends)
+        base = track.name or (f"stream {track.tid}" if track.is_device else f"thread {track.tid}")
+        for lane in range(max(lanes) + 1):
+            ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid + lane,
+                       "args": {"name": base + (f" (overlapping events {lane})" if lane else "")}})
+            ev.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid + lane,
+                       "args": {"sort_index": tid + lane}})
+        for r, s, e, lane in zip(rows, starts, ends, lanes):
+            ev.append({"ph": "X", "name": names[tr.name_id[r]], "cat": cats[tr.cat[r]], "pid": pid,
+                       "tid": tid + lane, "ts": s, "dur": e - s})
+        tid += max(lanes) + 1
     return ev
 
 
