@@ -162,6 +162,11 @@ def compare(base: Analysis, new: Analysis, thresholds: dict[str, float] | None =
     level = th["diff_confidence"]
     step = estimate("step", step_samples(base, "step"), step_samples(new, "step"), level)
     c = Comparison(base=base.source, new=new.source, level=level, step=step)
+    for what, b, n in (("world size", base.job.world_size, new.job.world_size),
+                       ("wrapping", base.job.wrapping, new.job.wrapping),
+                       ("trace dialect", base.job.dialect, new.job.dialect)):
+        if b != n:
+            c.notes.append(f"the runs differ in {what} ({b} vs {n}): this compares different jobs")
     if step.n_base < 2 and step.n_new < 2:
         c.notes.append("one profiled step per run: no step-to-step noise to judge a change by; profile more steps")
     comps: dict[str, ComponentChange] = {}
