@@ -164,3 +164,17 @@ def test_bad_json_side_is_input_error(capsys, tmp_path, traces_dir):
     bad.write_text('{"source": "x", "schema_version": "9.0"}')
     rc, _, err = run_cli(capsys, "diff", str(bad), str(traces_dir / "straggler"))
     assert rc == 2 and err.count("\n") == 1
+
+
+def test_real_busy_machine_recording_is_the_environment(capsys, traces_dir, repo_root):
+    busy = repo_root / "tests" / "data" / "ddp_default_busy"
+    for base in ("ddp_default", "scaling_2proc"):
+        rc, out, _ = run_cli(capsys, "diff", str(traces_dir / base), str(busy), "--fail-on-regression", "--json")
+        d = json.loads(out)
+        assert rc == 0 and d["verdict"] == "environment-slower", d["reasons"]
+        assert d["step"]["significant"] and d["step"]["rel"] > 1.0
+
+
+def test_job_mismatch_is_noted(traces_dir):
+    c = compare(load_analysis(traces_dir / "ddp_default"), load_analysis(traces_dir / "fsdp2_default"))
+    assert any("wrapping" in n for n in c.notes)

@@ -242,8 +242,9 @@ def _verdict(c: Comparison, comps: dict[str, ComponentChange], job_share: float)
                               f"{_pct(f.share.diff if f.share else None)})" for f in bad]
             else:
                 c.verdict = "environment-slower"
-                c.reasons.append(f"every component slowed by a similar factor ({ratios}) and no finding appeared "
-                                 "or grew: the machine changed (contention, clocks, another job), not the job")
+                c.reasons.append(f"no part of the step changed its share beyond noise (time ratios: {ratios}) and "
+                                 "no finding appeared or grew: every part slowed alike, so the machine changed "
+                                 "(contention, clocks, another job), not the job")
         else:
             if job or good:
                 c.verdict = "improvement"
@@ -252,8 +253,8 @@ def _verdict(c: Comparison, comps: dict[str, ComponentChange], job_share: float)
                 c.reasons += [f"finding {f.id} is {f.status}" for f in good]
             else:
                 c.verdict = "environment-faster"
-                c.reasons.append(f"every component sped up by a similar factor ({ratios}): the machine changed, "
-                                 "not the job")
+                c.reasons.append(f"no part of the step changed its share beyond noise (time ratios: {ratios}): "
+                                 "every part sped up alike, so the machine changed, not the job")
     elif bad:
         c.verdict = "regression"
         c.reasons += [f"finding {f.id} is {f.status}: {f.component.replace('_', ' ')} share "
