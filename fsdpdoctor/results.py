@@ -173,6 +173,7 @@ class ClockReport:
     t0_us: float                        # reference time the offsets refer to (median matched end time)
     method: str                         # "collective-end"
     ranks: list[RankClock] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # ranks left unaligned, and why
 
     def of(self, rank: int) -> RankClock | None:
         return next((r for r in self.ranks if r.rank == rank), None)

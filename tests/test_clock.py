@@ -99,3 +99,30 @@ def test_a_lead_below_the_uncertainty_is_not_reported():
     assert aligned_lead(far, clock, same_clock=False) == pytest.approx(300.0)
     # no estimate and different hosts: no cross-rank timing at all
     assert aligned_lead(far, None, same_clock=False) is None
+
+
+def test_pairs_that_are_not_one_collective_are_outvoted():
+    # 5 pairs agree on an offset of 1000 us; 2 (another process group) would say 50 ms
+    colls = []
+    for k in range(7):
+        t = k * 100_000.0
+        wrong = k in (2, 5)
+        colls.append(_coll(0, k, t, t + 2000))
+        o = 50_000 if wrong else 1000
+        colls.append(_coll(1, k, t + o + 500, t + o + 2000 + (k % 3) * 10))
+    rc = estimate(colls, [0, 1]).of(1)
+    assert rc.n_matched == 5
+    assert abs(rc.offset_us - 1000) <= max(2 * rc.uncertainty_us, 20)
+
+
+def test_no_majority_means_no_estimate_and_a_note():
+    colls = []
+    for k in range(4):
+        t = k * 100_000.0
+        o = 1000 if k < 2 else 60_000
+        colls.append(_coll(0, k, t, t + 2000))
+        colls.append(_coll(1, k, t + o + 500, t + o + 2000))
+    rep = estimate(colls, [0, 1])
+    assert rep.of(1) is None and any("rank 1" in n for n in rep.notes)
+    # and cross-rank issue times are then not compared across hosts
+    assert aligned_lead([colls[0], colls[1]], rep, same_clock=False) is None

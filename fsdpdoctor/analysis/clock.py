@@ -11,9 +11,13 @@ milliseconds) and its standard error ``1.2533 * 1.4826 * MAD / sqrt(n)`` (the me
 asymptotic efficiency on normal noise times the MAD's consistency constant).
 
 Causality also bounds the offset: no rank ends a collective before every rank has
-started it, so ``offset_r - offset_ref <= min(end_r - start_ref)`` and
-``>= -min(end_ref - start_r)`` (the same reasoning as NTP's round-trip bounds). The
-estimate is kept inside those bounds, and the uncertainty is at most half their width.
+started it, so each matched pair confines the offset to
+``[start_r - end_ref, end_r - start_ref]`` (the same reasoning as NTP's round-trip
+bounds). A pair whose interval excludes the others' common range was not one
+collective (different process groups, diverged order): we keep the largest set of
+pairs whose intervals share a point (Marzullo's algorithm, as NTP does) and give no
+estimate unless that set is a majority of the pairs. The estimate is kept inside the
+common range, and the uncertainty is at most half its width.
 
 Drift (clock rate difference) is fitted only when the run is long enough to show it:
 at least ``MIN_DRIFT_POINTS`` matched collectives and a slope whose t-interval
@@ -54,40 +58,66 @@ def matched_ends(colls: list[Collective], ref: int, rank: int) -> list[tuple[Col
     return pairs
 
 
+def consistent(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Mask of the largest set of intervals [lo, hi] that share a point (Marzullo's algorithm)."""
+    edges = sorted([(v, 0) for v in lo] + [(v, 1) for v in hi])   # opens sort before closes at a tie
+    best, best_at, open_now = 0, None, 0
+    for value, kind in edges:
+        open_now += 1 if kind == 0 else -1
+        if kind == 0 and open_now > best:
+            best, best_at = open_now, value
+    if best_at is None:
+        return np.zeros(len(lo), bool)
+    return (lo <= best_at) & (best_at <= hi)
+
+
+def _fit_drift(t: np.ndarray, d: np.ndarray, t0: float) -> float:
+    """Slope of d against t (us per us), 0 unless the run is long enough and the slope is clear."""
+    n = len(d)
+    if n < MIN_DRIFT_POINTS or float(t.max() - t.min()) <= 0:
+        return 0.0
+    mad = float(np.median(np.abs(d - np.median(d))))
+    keep = np.abs(d - np.median(d)) <= 3 * 1.4826 * mad if mad > 0 else np.ones(n, bool)
+    if keep.sum() < MIN_DRIFT_POINTS:
+        return 0.0
+    tt, dd = t[keep] - t0, d[keep]
+    slope, icpt = np.polyfit(tt, dd, 1)
+    resid = dd - (slope * tt + icpt)
+    sxx = float(np.sum((tt - tt.mean()) ** 2))
+    se = math.sqrt(float(np.sum(resid ** 2)) / max(len(dd) - 2, 1) / sxx) if sxx > 0 else math.inf
+    return float(slope) if abs(slope) > 2.0 * se else 0.0   # ~95% two-sided for the sizes this needs
+
+
 def _estimate_rank(pairs: list[tuple[Collective, Collective]], rank: int) -> RankClock | None:
     if not pairs:
         return None
     t = np.array([x.end_us for x, _ in pairs])
     d = np.array([y.end_us - x.end_us for x, y in pairs])
-    hi = min(y.end_us - x.start_us for x, y in pairs)      # o_r - o_ref <= end_r - start_ref
-    lo = max(y.start_us - x.end_us for x, y in pairs)      # o_r - o_ref >= start_r - end_ref
     t0 = float(np.median(t))
-    drift = 0.0
-    n = len(d)
-    if n >= MIN_DRIFT_POINTS and float(t.max() - t.min()) > 0:
-        mad = float(np.median(np.abs(d - np.median(d))))
-        keep = np.abs(d - np.median(d)) <= 3 * 1.4826 * mad if mad > 0 else np.ones(n, bool)
-        if keep.sum() >= MIN_DRIFT_POINTS:
-            tt, dd = t[keep] - t0, d[keep]
-            slope, icpt = np.polyfit(tt, dd, 1)
-            resid = dd - (slope * tt + icpt)
-            sxx = float(np.sum((tt - tt.mean()) ** 2))
-            se = math.sqrt(float(np.sum(resid ** 2)) / max(len(dd) - 2, 1) / sxx) if sxx > 0 else math.inf
-            if abs(slope) > 2.0 * se:   # ~95% two-sided for the sizes this needs
-                drift = float(slope)
-    resid = d - drift * (t - t0)
+    drift = _fit_drift(t, d, t0)
+    trend = drift * (t - t0)
+    # each pair's causal interval for the offset at t0: [start_r - end_ref, end_r - start_ref] less the drift
+    lo = np.array([y.start_us - x.end_us for x, y in pairs]) - trend
+    hi = np.array([y.end_us - x.start_us for x, y in pairs]) - trend
+    keep = consistent(lo, hi)
+    n = int(keep.sum())
+    if len(pairs) > 1 and 2 * n <= len(pairs):
+        return None     # no majority agrees on one offset: the matches are not the same collectives
+    resid = (d - trend)[keep]
     off = float(np.median(resid))
     mad = float(np.median(np.abs(resid - off)))
     se = _MEDIAN_SE * mad / math.sqrt(n) if n > 1 else math.inf
-    if lo <= hi:
-        off = min(max(off, lo), hi)
-        se = min(se, (hi - lo) / 2)
+    b_lo, b_hi = float(lo[keep].max()), float(hi[keep].min())
+    off = min(max(off, b_lo), b_hi)
+    se = min(se, (b_hi - b_lo) / 2)
     return RankClock(rank=rank, offset_us=off, drift_ppm=drift * 1e6, uncertainty_us=float(se), n_matched=n,
-                     bound_lo_us=float(lo), bound_hi_us=float(hi))
+                     bound_lo_us=b_lo, bound_hi_us=b_hi)
 
 
 def estimate(colls: list[Collective], ranks: list[int]) -> ClockReport | None:
-    """Offsets of every rank's clock from the lowest rank's; None with fewer than two ranks."""
+    """Offsets of every rank's clock from the lowest rank's; None with fewer than two ranks.
+
+    A rank without an estimate is absent from ``ranks`` and explained in ``notes``."""
     if len(ranks) < 2 or not colls:
         return None
     ref = min(ranks)
@@ -99,10 +129,16 @@ def estimate(colls: list[Collective], ranks: list[int]) -> ClockReport | None:
     for r in sorted(ranks):
         if r == ref:
             continue
-        rc = _estimate_rank(matched_ends(colls, ref, r), r)
+        pairs = matched_ends(colls, ref, r)
+        rc = _estimate_rank(pairs, r)
         if rc is not None:
             rep.ranks.append(rc)
-    return rep if len(rep.ranks) > 1 else None
+        else:
+            rep.notes.append(f"rank {r}: no clock estimate: " + (
+                "no synchronising collective matched with the reference rank" if not pairs else
+                f"the {len(pairs)} matched collectives do not agree on one offset (no majority of their causal "
+                "intervals overlaps: different process groups or a diverged order?)"))
+    return rep if len(rep.ranks) > 1 or rep.notes else None
 
 
 def to_reference(clock: ClockReport | None, rank: int, t: float) -> float:
