@@ -178,3 +178,13 @@ def test_real_busy_machine_recording_is_the_environment(capsys, traces_dir, repo
 def test_job_mismatch_is_noted(traces_dir):
     c = compare(load_analysis(traces_dir / "ddp_default"), load_analysis(traces_dir / "fsdp2_default"))
     assert any("wrapping" in n for n in c.notes)
+
+
+def test_too_few_steps_to_attribute_a_slowdown_fails_the_gate(capsys, traces_dir):
+    # two steps per run: the step got 6x slower beyond noise, but the exposed-comm share interval is too wide
+    # to tell the injected straggler from a slower machine; such a slow-down must not pass as "environment"
+    rc, out, _ = run_cli(capsys, "diff", str(traces_dir / "ddp_default"), str(traces_dir / "straggler"),
+                         "--steps", "2-3", "--fail-on-regression", "--json")
+    d = json.loads(out)
+    assert d["verdict"] in ("slower-unattributed", "regression") and rc == 1
+    assert d["step"]["n_base"] == d["step"]["n_new"] == 2

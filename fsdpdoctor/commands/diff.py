@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from fsdpdoctor.commands.common import parse_ranks, parse_steps, parse_thresholds
+from fsdpdoctor.errors import InputError
 
 
 def register(sub) -> None:
@@ -30,7 +31,11 @@ def run(args) -> int:
 
     th = parse_thresholds(args)
     kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th)
-    c = compare(load_analysis(args.base, **kw), load_analysis(args.new, **kw), thresholds=th)
+    sides = [load_analysis(p, **kw) for p in (args.base, args.new)]
+    for path, a in zip((args.base, args.new), sides):
+        if not any(r.steps for r in a.ranks):
+            raise InputError(path, "no analysed step to compare (check --steps/--rank)")
+    c = compare(*sides, thresholds=th)
     if args.json:
         print(json.dumps(c.to_dict(), indent=2, default=str))
     else:

@@ -15,6 +15,7 @@ change and no finding appeared or grew, the verdict is "environment", not "regre
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,7 +36,7 @@ FINDING_COMPONENT = (
 )
 
 Verdict = Literal["no-detectable-change", "regression", "improvement", "environment-slower",
-                  "environment-faster"]
+                  "environment-faster", "slower-unattributed", "faster-unattributed"]
 FindingStatus = Literal["new", "gone", "worse", "better", "same"]
 
 
@@ -87,7 +88,8 @@ class Comparison:
 
     @property
     def regressed(self) -> bool:
-        return self.verdict == "regression"
+        # a significant slow-down that these samples cannot attribute to the machine fails the gate too
+        return self.verdict in ("regression", "slower-unattributed")
 
     # the figures the first diff showed, kept for readers of the JSON
     @property
@@ -219,6 +221,14 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.1f}%"
 
 
+def _unclear_reason(unclear: list[ComponentChange], step: Estimate) -> str:
+    """Why a significant step-time change is neither clearly the job's nor clearly the machine's."""
+    names = ", ".join(p.name.replace("_", " ") for p in unclear)
+    return (f"with {step.n_base} vs {step.n_new} steps the share of {names} is too uncertain to rule out that "
+            "it carried most of the change (the job), so it cannot be shown that every part scaled alike (the "
+            "machine); profile more steps")
+
+
 def _verdict(c: Comparison, comps: dict[str, ComponentChange], job_share: float) -> None:
     step = c.step
     part = [comps[n] for n in PARTITION]
@@ -233,6 +243,11 @@ def _verdict(c: Comparison, comps: dict[str, ComponentChange], job_share: float)
         sign = 1 if step.diff > 0 else -1
         c.job_part_us = sum(v for v in excess.values() if v * sign > 0)
         job = abs(c.job_part_us) >= job_share * abs(step.diff)
+        # "the machine" needs evidence that no single part carried the change: the most any part could carry
+        # beyond the common factor (the far end of its share interval) must stay below job_share of the change
+        reach = {p.name: (p.share.hi if sign > 0 else -p.share.lo) if p.share.lo is not None else math.inf
+                 for p in part}
+        unclear = [p for p in part if reach[p.name] * step.new_mean >= job_share * abs(step.diff)]
         if sign > 0:
             if job or bad:
                 c.verdict = "regression"
@@ -240,6 +255,9 @@ def _verdict(c: Comparison, comps: dict[str, ComponentChange], job_share: float)
                               for k, v in excess.items() if v > 0]
                 c.reasons += [f"finding {f.id} is {f.status} ({f.component.replace('_', ' ')} share "
                               f"{_pct(f.share.diff if f.share else None)})" for f in bad]
+            elif unclear:
+                c.verdict = "slower-unattributed"
+                c.reasons.append(_unclear_reason(unclear, step))
             else:
                 c.verdict = "environment-slower"
                 c.reasons.append(f"no part of the step changed its share beyond noise (time ratios: {ratios}) and "
@@ -251,6 +269,9 @@ def _verdict(c: Comparison, comps: dict[str, ComponentChange], job_share: float)
                 c.reasons += [f"{k.replace('_', ' ')} shrank {v / 1e3:+.1f} ms/step beyond the common factor"
                               for k, v in excess.items() if v < 0]
                 c.reasons += [f"finding {f.id} is {f.status}" for f in good]
+            elif unclear:
+                c.verdict = "faster-unattributed"
+                c.reasons.append(_unclear_reason(unclear, step))
             else:
                 c.verdict = "environment-faster"
                 c.reasons.append(f"no part of the step changed its share beyond noise (time ratios: {ratios}): "

@@ -19,6 +19,8 @@ VERDICT_TEXT = {
     "improvement": ("improvement", "green"),
     "environment-slower": ("environment changed (slower machine), not a regression of the job", "yellow"),
     "environment-faster": ("environment changed (faster machine), not an improvement of the job", "yellow"),
+    "slower-unattributed": ("SLOWER, cause not attributable (job or machine?)", "bold red"),
+    "faster-unattributed": ("faster, cause not attributable (job or machine?)", "yellow"),
 }
 _STATUS_STYLE = {"new": "red", "worse": "red", "better": "green", "gone": "green", "same": "dim"}
 
