@@ -8,8 +8,10 @@ A slower machine is told from a slower job by the step's *composition*: when the
 machine slows (contention, lower clocks) every component scales by about the same
 factor, so each component's share of the step stays put. The part of the step-time
 change that components whose share moved significantly carry beyond that common factor
-(``new_step * Δshare``) is the job's; when it is less than ``diff_job_share`` of the
-change and no finding appeared or grew, the verdict is "environment", not "regression".
+(``new_step * Δshare``) is the job's when it reaches ``diff_job_share`` of the change.
+The verdict is "environment", not "regression", only when no finding appeared or grew and
+no single part could have carried that share (the far end of each part's share interval);
+with too few steps to show either, a slow-down is "slower-unattributed" and fails the gate.
 """
 
 from __future__ import annotations
