@@ -66,9 +66,9 @@ THRESHOLDS: list[Threshold] = [
               "`check --baseline` put on a change (per-step samples, Welch t): a change counts only when its "
               "interval excludes zero", "statistical convention (95%); a gate at 95% fails about 1 in 20 "
               "comparisons of identical runs per metric it tests, so the gate tests few metrics"),
-    Threshold("diff_job_share", 0.50, "share of the change", "part of a significant step-time change that "
-              "components growing (or shrinking) beyond the common factor must explain for it to be the job's; "
-              "otherwise every component scaled alike and the environment changed (contention, clocks)",
+    Threshold("diff_job_share", 0.50, "share of the change", "part of a significant step-time change that parts "
+              "of the step growing beyond the common factor must carry for it to be the job's; the environment "
+              "(contention, clocks) is named only when no single part could have carried this much",
               "meaning: the majority of the change; a uniform slow-down has no excess, a one-component "
               "regression puts all of it in that component"),
 ]
