@@ -152,5 +152,5 @@ def save_json(a: Analysis, path: str | Path, include_events: bool = False) -> No
     Path(path).write_text(a.to_json(include_events=include_events))
 
 
-__all__ = ["analyze", "load_analysis", "analyze_with_traces", "is_analysis_json", "steps_df", "step_table_df", "collectives_df",
-           "ranks_df", "findings_df", "save_json"]
+__all__ = ["analyze", "load_analysis", "analyze_with_traces", "is_analysis_json", "steps_df", "step_table_df",
+           "collectives_df", "ranks_df", "findings_df", "save_json"]

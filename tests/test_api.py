@@ -120,3 +120,18 @@ def test_missing_pandas_is_a_clear_error(analysis, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_pandas)
     with pytest.raises(ImportError, match=r"fsdpdoctor\[pandas\]"):
         analysis.steps_df()
+
+
+def test_uncompressed_trace_is_not_taken_for_a_saved_json(traces_dir, tmp_path):
+    import gzip
+
+    from fsdpdoctor.api import is_analysis_json
+
+    raw = tmp_path / "rank0.json"
+    raw.write_bytes(gzip.open(traces_dir / RUN / "rank0.json.gz").read())
+    assert not is_analysis_json(raw)
+    a = fsdpdoctor.analyze(raw)
+    assert [r.rank for r in a.ranks] == [0] and a.ranks[0].steps
+    saved = tmp_path / "a.json"
+    saved.write_text(a.to_json())
+    assert is_analysis_json(saved)
