@@ -78,7 +78,9 @@ def render(c: Comparison, console: Console | None = None) -> None:
         for f in c.findings:
             status = Text(f.status, style=_STATUS_STYLE[f.status])
             if f.status != "same" and not f.significant:
-                status.append(" (noise)", style="dim")
+                guard = f.share if f.share is not None else f.time
+                more = guard.more_steps if guard is not None else None
+                status.append(" (noise" + (f"; ~{more} more steps" if more else "") + ")", style="dim")
             ft.add_row(status, Text(f.id), Text(f.component.replace("_", " ")),
                        "-" if f.base_impact_us is None else f"{f.base_impact_us / 1e3:.1f}",
                        "-" if f.new_impact_us is None else f"{f.new_impact_us / 1e3:.1f}",
