@@ -60,11 +60,14 @@ def run(args) -> int:
     comparison = None
     if args.baseline:
         from fsdpdoctor.api import load_analysis
-        from fsdpdoctor.commands.common import parse_thresholds
+        from fsdpdoctor.commands.common import parse_ranks, parse_steps, parse_thresholds
         from fsdpdoctor.diagnose.compare import compare
 
         th = parse_thresholds(args)
-        comparison = compare(load_analysis(args.baseline, thresholds=th), a, thresholds=th)
+        base = load_analysis(args.baseline, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th)
+        if not any(r.steps for r in base.ranks):
+            raise InputError(args.baseline, "no analysed step in the baseline (check --steps/--rank)")
+        comparison = compare(base, a, thresholds=th)
     regressed = comparison is not None and comparison.regressed
     failed = bool(failing or budgets or regressed)
     if args.json:
