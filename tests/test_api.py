@@ -135,3 +135,16 @@ def test_uncompressed_trace_is_not_taken_for_a_saved_json(traces_dir, tmp_path):
     saved = tmp_path / "a.json"
     saved.write_text(a.to_json())
     assert is_analysis_json(saved)
+
+
+def test_readme_notebook_example_runs(repo_root, tmp_path, monkeypatch):
+    text = (repo_root / "README.md").read_text()
+    section = text.split("## From a notebook", 1)[1]
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    code = code.replace('"traces/dataloader_slow"', repr(str(repo_root / "traces" / "dataloader_slow")))
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(code, "README.md", "exec"), ns)
+    a, b = ns["a"], ns["b"]
+    assert [f.id for f in a.findings] == [f.id for f in b.findings]
+    assert (tmp_path / "run.json").is_file()
