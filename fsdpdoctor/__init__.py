@@ -3,6 +3,29 @@
 Data flows one way: capture -> trace files -> load (``trace``) -> analyze
 (``analysis``) -> diagnose (``diagnose``) -> render (``report``, ``tui``).
 Only ``fsdpdoctor.capture`` imports torch.
+
+In a notebook::
+
+    import fsdpdoctor
+    a = fsdpdoctor.analyze("runs/r1")      # typed result: fsdpdoctor.results.Analysis
+    a.findings, a.steps_df(), a.collectives_df(), a.ranks_df(), a.findings_df()
+
+Importing this package loads nothing heavy; the analysis modules load on the first call.
 """
 
 __version__ = "0.1.0"
+
+
+def analyze(path, *, ranks=None, steps=None, thresholds=None):
+    """Analyse and diagnose a trace file, a run folder or a saved ``--json``: returns an ``Analysis``."""
+    from fsdpdoctor.api import analyze as _analyze
+
+    return _analyze(path, ranks=ranks, steps=steps, thresholds=thresholds)
+
+
+def __getattr__(name):
+    if name in ("Analysis", "Finding", "StepBreakdown"):
+        from fsdpdoctor import results
+
+        return getattr(results, name)
+    raise AttributeError(f"module 'fsdpdoctor' has no attribute {name!r}")

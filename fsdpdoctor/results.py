@@ -8,6 +8,7 @@ All times are microseconds (``*_us``), sizes bytes, bandwidths GB/s (1e9 B/s).
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 
 SCHEMA_VERSION = "1.0"
@@ -162,6 +163,33 @@ class StragglerReport:
 
 
 @dataclass
+class RankClock:
+    """One rank's clock against the reference rank's: t_ref = t - offset_us - drift_ppm * 1e-6 * (t - t0_us)."""
+
+    rank: int
+    offset_us: float                    # this rank's clock minus the reference clock, at t0_us
+    drift_ppm: float = 0.0              # rate difference (0 unless measurable over the run)
+    uncertainty_us: float = 0.0         # standard error of the offset (or half the causal bounds, if narrower)
+    n_matched: int = 0                  # matched collectives the estimate rests on
+    bound_lo_us: float | None = None    # hard bounds on the offset: no collective ends before every rank issued it
+    bound_hi_us: float | None = None
+
+
+@dataclass
+class ClockReport:
+    """Per-rank clock offsets estimated from matched collectives (analysis/clock.py, docs/clock.md)."""
+
+    reference_rank: int
+    t0_us: float                        # reference time the offsets refer to (median matched end time)
+    method: str                         # "collective-end"
+    ranks: list[RankClock] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # ranks left unaligned, and why
+
+    def of(self, rank: int) -> RankClock | None:
+        return next((r for r in self.ranks if r.rank == rank), None)
+
+
+@dataclass
 class DialectTraits:
     """What a trace dialect can and cannot show; rules ask these, never the dialect's name.
 
@@ -238,6 +266,7 @@ class Analysis:
     notes: list[str] = field(default_factory=list)    # what we could not determine, and why
     collective_events: list[Collective] = field(default_factory=list)
     signals: "Signals | None" = None
+    clock: ClockReport | None = None           # per-rank clock offsets (None with one rank)
     schema_version: str = SCHEMA_VERSION
 
     def to_dict(self, include_events: bool = False) -> dict:
@@ -245,6 +274,45 @@ class Analysis:
         if not include_events:
             d.pop("collective_events")
         return d
+
+    def to_json(self, include_events: bool = False) -> str:
+        """The versioned ``--json`` document (docs/json-schema.md); the manifest only with the events."""
+        d = self.to_dict(include_events=include_events)
+        if not include_events:
+            d["job"].pop("manifest", None)
+        return json.dumps(d, indent=2, default=str)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Analysis":
+        """Rebuild the typed result from ``to_dict``/``--json`` output (missing keys take their defaults)."""
+        import msgspec
+
+        version = str(d.get("schema_version", ""))
+        if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+            raise ValueError(f"schema_version {version!r} is not {SCHEMA_VERSION.split('.')[0]}.x")
+        return msgspec.convert(d, cls, strict=False)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "Analysis":
+        return cls.from_dict(json.loads(text))
+
+    # pandas views (fsdpdoctor/api.py; pandas is imported only when one is asked for)
+    def steps_df(self):
+        """rank x step x component: ``rank, step, component, us, share, step_us``."""
+        from fsdpdoctor.api import steps_df
+        return steps_df(self)
+
+    def collectives_df(self, events: bool = False):
+        from fsdpdoctor.api import collectives_df
+        return collectives_df(self, events=events)
+
+    def ranks_df(self):
+        from fsdpdoctor.api import ranks_df
+        return ranks_df(self)
+
+    def findings_df(self):
+        from fsdpdoctor.api import findings_df
+        return findings_df(self)
 
 
 @dataclass

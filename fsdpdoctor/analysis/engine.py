@@ -6,6 +6,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from fsdpdoctor.analysis import clock as clock_mod
 from fsdpdoctor.analysis import collectives as coll_mod
 from fsdpdoctor.analysis import gpu_idle as gpu_idle_mod
 from fsdpdoctor.analysis import intervals as iv
@@ -116,7 +117,8 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
     if run.manifest and isinstance(run.manifest.get("hosts"), dict):
         hosts = set(run.manifest["hosts"].values())
     same_clock = len(hosts) <= 1
-    strag = stragglers.analyze(all_colls, summaries, same_clock)
+    clock = clock_mod.estimate(all_colls, [s.rank for s in summaries])
+    strag = stragglers.analyze(all_colls, summaries, same_clock, clock)
     if strag:
         stragglers.attribute_cause(strag, summaries)
         stragglers.culprit_frames(strag, {c.t.rank: c for c in ctxs}, windows_by_rank)
@@ -140,7 +142,8 @@ def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
                      "several ranks")
     return Analysis(source=str(run.source), job=job, ranks=summaries, mean=overall,
                     collectives=collective_stats(all_colls, sum(len(v) for v in steps_by_rank.values())),
-                    prefetch=prefetch, straggler=strag, notes=notes, collective_events=all_colls, signals=sig)
+                    prefetch=prefetch, straggler=strag, notes=notes, collective_events=all_colls, signals=sig,
+                    clock=clock)
 
 
 def _assume_dtype(colls: list[Collective], manifest: dict | None) -> None:

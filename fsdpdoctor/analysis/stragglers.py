@@ -34,14 +34,16 @@ from collections import defaultdict
 
 import numpy as np
 
+from fsdpdoctor.analysis.clock import aligned_lead
 from fsdpdoctor.analysis.context import RankContext, is_user_frame
-from fsdpdoctor.results import Collective, RankSummary, StragglerReport
+from fsdpdoctor.results import ClockReport, Collective, RankSummary, StragglerReport
 from fsdpdoctor.trace.table import PYFUNC
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution -> its standard deviation
 
 
-def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool) -> StragglerReport | None:
+def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
+            clock: ClockReport | None = None) -> StragglerReport | None:
     rank_ids = [r.rank for r in ranks]
     if len(rank_ids) < 2 or not colls:
         return None
@@ -65,10 +67,7 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool)
                 continue  # order diverged: do not compare different collectives
             durs = np.array([c.duration_us for c in cs])
             waits = durs - durs.min()
-            lead = None
-            if same_clock and all(c.issue_us is not None for c in cs):
-                issue = np.array([c.issue_us for c in cs])
-                lead = float(issue.max() - issue.min())
+            lead = aligned_lead(cs, clock, same_clock)  # issue-time lead on one clock (analysis/clock.py)
             cands.append((float(waits.max()), int(np.argmin(durs)), k, lead, waits, cs[0]))
         if not cands:
             continue
@@ -90,7 +89,7 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool)
     nsteps = len(per_step)
     mine = [p["imbalance_us"] for p in per_step if p["straggler"] == culprit]
     saving = [p["saving_us"] for p in per_step if p["straggler"] == culprit]
-    return StragglerReport(method="wait" + ("+arrival" if same_clock else ""), straggler=culprit,
+    return StragglerReport(method="wait" + ("+arrival" if same_clock or clock is not None else ""), straggler=culprit,
                            spread_frac=float(np.median([p["imbalance_frac"] for p in per_step])),
                            last_fraction=count / nsteps, per_step=per_step,
                            wait_by_rank={r: total_wait[r] / nsteps for r in rank_ids},

@@ -29,6 +29,9 @@ def register(sub) -> None:
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print findings and verdict as JSON")
     fmt.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
+    p.add_argument("--baseline", metavar="RUN_OR_JSON",
+                   help="also fail on a significant regression against this run (trace folder/file or saved "
+                        "--json); noise and a slower machine do not fail (docs/diff.md)")
     p.add_argument("--list-thresholds", action="store_true", help="print the threshold table and exit")
     p.set_defaults(func=run)
 
@@ -54,10 +57,23 @@ def run(args) -> int:
         share = getattr(m, field) / m.duration_us
         if share > _percent(limit):
             budgets.append(f"{label} {100 * share:.1f}% of step > {100 * _percent(limit):.1f}%")
-    failed = bool(failing or budgets)
+    comparison = None
+    if args.baseline:
+        from fsdpdoctor.api import load_analysis
+        from fsdpdoctor.commands.common import parse_ranks, parse_steps, parse_thresholds
+        from fsdpdoctor.diagnose.compare import compare
+
+        th = parse_thresholds(args)
+        base = load_analysis(args.baseline, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th)
+        if not any(r.steps for r in base.ranks):
+            raise InputError(args.baseline, "no analysed step in the baseline (check --steps/--rank)")
+        comparison = compare(base, a, thresholds=th)
+    regressed = comparison is not None and comparison.regressed
+    failed = bool(failing or budgets or regressed)
     if args.json:
         print(json.dumps({"schema_version": a.schema_version, "passed": not failed, "fail_on": args.fail_on,
                           "failing": [f.id for f in failing], "budgets_exceeded": budgets,
+                          "baseline": None if comparison is None else comparison.to_dict(),
                           "findings": [f.__dict__ | {"evidence": [e.__dict__ for e in f.evidence]}
                                        for f in a.findings]}, indent=2, default=str))
     else:
@@ -68,8 +84,14 @@ def run(args) -> int:
             print(f"{mark} {f.severity:7s} {f.id}: {f.title} ({f.impact_us / 1e3:.1f} ms/step){where}{cause}")
         for b in budgets:
             print(f"FAIL budget  {b}")
+        if comparison is not None:
+            from fsdpdoctor.report.diff_view import baseline_line
+
+            print(baseline_line(comparison))
         print(f"fsdpdoctor check: {'FAILED' if failed else 'passed'} "
-              f"({len(failing)} finding(s) at or above {args.fail_on}, {len(budgets)} budget(s) exceeded)")
+              f"({len(failing)} finding(s) at or above {args.fail_on}, {len(budgets)} budget(s) exceeded"
+              + (f", {'a significant regression' if regressed else 'no regression'} against the baseline"
+                 if comparison is not None else "") + ")")
     if args.junit:
         from fsdpdoctor.diagnose.rules import RULE_IDS
         from fsdpdoctor.report.junit import to_junit

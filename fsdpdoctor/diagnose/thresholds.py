@@ -97,6 +97,15 @@ THRESHOLDS: list[Threshold] = [
               "offload-exposed fires", "XProf input-pipeline bands: 5% of the step is a moderate stall"),
     Threshold("scaling_efficiency_low", 0.80, "ratio", "scaling efficiency below which it is a finding",
               "common practice: data-parallel scaling above 80-90% is expected"),
+    Threshold("diff_confidence", 0.95, "probability", "confidence level of the intervals `diff` and "
+              "`check --baseline` put on a change (per-step samples, Welch t): a change counts only when its "
+              "interval excludes zero", "statistical convention (95%); a gate at 95% fails about 1 in 20 "
+              "comparisons of identical runs per metric it tests, so the gate tests few metrics"),
+    Threshold("diff_job_share", 0.50, "share of the change", "part of a significant step-time change that parts "
+              "of the step growing beyond the common factor must carry for it to be the job's; the environment "
+              "(contention, clocks) is named only when no single part could have carried this much",
+              "meaning: the majority of the change; a uniform slow-down has no excess, a one-component "
+              "regression puts all of it in that component"),
 ]
 
 BY_NAME = {t.name: t for t in THRESHOLDS}

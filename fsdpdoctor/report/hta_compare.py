@@ -1,9 +1,10 @@
 """``analyze --compare-hta``: HTA's comm/compute overlap beside ours.
 
-HolisticTraceAnalysis (HTA) is an optional extra (``pip install fsdpdoctor[hta]``
-or ``pip install HolisticTraceAnalysis``); it is imported lazily and only here.
+HTA is an optional extra (``pip install fsdpdoctor[hta]``, i.e. ``pip install
+traceinsight``: HTA's current release, whose import package is still ``hta``; the
+older ``HolisticTraceAnalysis`` 0.5.0 also works); it is imported lazily and only here.
 
-How HTA 0.5.0 defines the overlap (``hta/analyzers/communication_analysis.py``,
+How HTA defines the overlap (``hta/analyzers/communication_analysis.py``,
 ``hta/common/trace.py``, ``hta/utils/utils.py``), see docs/overlap-vs-hta.md:
 
 * one number per rank over the *whole trace*, not per iteration;
@@ -11,8 +12,11 @@ How HTA 0.5.0 defines the overlap (``hta/analyzers/communication_analysis.py``,
   event is in the trace and starts before the start of the latest
   ``ProfilerStep#`` event (so the last profiler step is dropped, kernels
   launched before the first step are kept, kernels without a launch record are
-  dropped). The latest ``ProfilerStep#`` event may be a GPU-side
-  ``gpu_user_annotation`` (ROCm/newer Kineto): then nothing is dropped;
+  dropped). In 0.5.0 the latest ``ProfilerStep#`` event may be a GPU-side
+  ``gpu_user_annotation`` (ROCm/newer Kineto): then nothing is dropped. From
+  0.6 (traceinsight) only host events count for that cut, and
+  ``include_last_profiler_step=True`` keeps kernels launched up to the end of the
+  last step instead: we then also show HTA over all steps beside our headline;
 * communication = ``^nccl.*Kernel``; computation = every other kernel except
   names matching ``.*Memcpy``, ``^Memset`` or ``.*Sync``;
 * overlap = |union(comm) ∩ union(comp)| / |union(comm)|, with timestamps
@@ -39,8 +43,26 @@ from pathlib import Path
 from fsdpdoctor.results import Analysis, RankSummary
 
 _STEP_RE = re.compile(r"^ProfilerStep#\d+$")
-INSTALL_HINT = ("--compare-hta: HTA is not installed; `pip install HolisticTraceAnalysis` "
-                "(or `pip install fsdpdoctor[hta]`) is needed")
+INSTALL_HINT = ("--compare-hta: HTA is not installed; `pip install traceinsight` "
+                "(or `pip install 'fsdpdoctor[hta]'`) is needed")
+
+
+def hta_release() -> tuple[str, str] | None:
+    """(distribution, version) of the installed HTA: traceinsight (current) or HolisticTraceAnalysis (old)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("traceinsight", "HolisticTraceAnalysis"):
+        try:
+            return dist, version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def _host_only_step_cut() -> bool:
+    """HTA >= 0.6 (traceinsight) cuts at the latest *host* ProfilerStep; 0.5.0 at any category's."""
+    rel = hta_release()
+    return rel is not None and rel[0] == "traceinsight"
 
 
 def overlap_pct(steps) -> float | None:
@@ -58,12 +80,22 @@ def hta_steps(summary: RankSummary, last_step_start: float | None):
     return [s for s in summary.steps if s.start_us < last_step_start]
 
 
-def last_profiler_step_start(path: Path) -> float | None:
-    """Start of the latest ``ProfilerStep#`` event of any category (HTA's cut), None if < 2 distinct steps."""
-    from fsdpdoctor.trace.loader import load_file
+def last_profiler_step_start(path: Path, host_only: bool | None = None) -> float | None:
+    """Start of the latest ``ProfilerStep#`` event (HTA's cut), None if < 2 distinct steps.
 
+    ``host_only``: only host events count (HTA >= 0.6); default: as the installed HTA does.
+    """
+    from fsdpdoctor.trace.loader import load_file
+    from fsdpdoctor.trace.table import DEVICE_CATEGORIES, GPU_ANNOTATION
+
+    if host_only is None:
+        host_only = _host_only_step_cut()
     t = load_file(path)
     rows = t.rows_named(lambda n: _STEP_RE.match(n) is not None)
+    if host_only:
+        device_tracks = set(t.device_tracks())
+        rows = rows[[int(t.cat[r]) not in (*DEVICE_CATEGORIES, GPU_ANNOTATION) and int(t.track[r]) not in device_tracks
+                     for r in rows]] if len(rows) else rows
     if len({t.name(r) for r in rows}) < 2:
         return None
     return float(t.ts[rows].max())
@@ -76,8 +108,10 @@ def _trace_files(path: Path) -> list[Path]:
                   and p.name not in ("manifest.json", "expected.json"))
 
 
-def run_hta(files: list[Path]) -> dict[int, float]:
+def run_hta(files: list[Path], include_last_step: bool = False) -> dict[int, float]:
     """HTA's ``comp_comm_overlap_pctg`` per rank (NaN where the trace has no GPU kernels).
+
+    ``include_last_step`` asks HTA >= 0.6 to keep the last profiler step (TypeError on 0.5.0).
 
     HTA wants a folder: we give it a temporary folder of symlinks (copies where
     symlinks are not allowed); the input is never written to.
@@ -99,7 +133,8 @@ def run_hta(files: list[Path]) -> dict[int, float]:
         try:
             with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
                 warnings.simplefilter("ignore")
-                ta = TraceAnalysis(trace_dir=str(tmp))
+                kw = {"include_last_profiler_step": True} if include_last_step else {}
+                ta = TraceAnalysis(trace_dir=str(tmp), **kw)
                 df = ta.get_comm_comp_overlap(visualize=False)
         finally:
             hta_logger.setLevel(old_level)
@@ -108,8 +143,21 @@ def run_hta(files: list[Path]) -> dict[int, float]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def comparison_rows(path: str | Path, analysis: Analysis, hta: dict[int, float]) -> list[dict]:
-    """One row per analysed rank: HTA %, ours (all steps) %, ours on HTA's steps %."""
+def supports_last_step() -> bool:
+    import inspect
+
+    from hta.trace_analysis import TraceAnalysis  # noqa: PLC0415 - optional dependency
+
+    return "include_last_profiler_step" in inspect.signature(TraceAnalysis.__init__).parameters
+
+
+def _pct(v: float | None) -> float | None:
+    return None if v is None or math.isnan(v) else v
+
+
+def comparison_rows(path: str | Path, analysis: Analysis, hta: dict[int, float],
+                    hta_all: dict[int, float] | None = None) -> list[dict]:
+    """One row per analysed rank: HTA %, ours (all steps) %, ours on HTA's steps %, HTA on all steps %."""
     path = Path(path)
     by_file = {}
     rows = []
@@ -127,7 +175,8 @@ def comparison_rows(path: str | Path, analysis: Analysis, hta: dict[int, float])
                      "ours": overlap_pct(r.steps),
                      "ours_hta_steps": overlap_pct(hta_steps(r, by_file[f])),
                      "steps": [s.step for s in r.steps],
-                     "hta_step_list": [s.step for s in hta_steps(r, by_file[f])]})
+                     "hta_step_list": [s.step for s in hta_steps(r, by_file[f])],
+                     "hta_all": _pct((hta_all or {}).get(r.rank))})
     return rows
 
 
@@ -144,14 +193,20 @@ def print_comparison(path, analysis: Analysis, console=None) -> None:
     path = Path(path)
     try:
         hta_result = run_hta(_trace_files(path))
+        hta_all = run_hta(_trace_files(path), include_last_step=True) if supports_last_step() else None
     except Exception as exc:  # noqa: BLE001 - HTA failures must not break our report
         first = str(exc).splitlines()[0] if str(exc) else ""
         console.print(f"--compare-hta: HTA failed on {path}: {type(exc).__name__}: {first[:160]}",
                       highlight=False, markup=False)
         return
-    rows = comparison_rows(path, analysis, hta_result)
-    table = Table(title="Comm/compute overlap: HTA vs fsdpdoctor", title_justify="left")
-    for col in ("rank", "HTA", "ours (all steps)", "ours (HTA's steps)", "diff (HTA's steps)"):
+    rows = comparison_rows(path, analysis, hta_result, hta_all)
+    rel = hta_release()
+    title = "Comm/compute overlap: HTA vs fsdpdoctor" + (f" ({rel[0]} {rel[1]})" if rel else "")
+    table = Table(title=title, title_justify="left")
+    cols = ["rank", "HTA", "ours (HTA's steps)", "diff (HTA's steps)", "ours (all steps)"]
+    if hta_all is not None:
+        cols += ["HTA (all steps)", "diff (all steps)"]
+    for col in cols:
         table.add_column(col, justify="right")
 
     def fmt(v):
@@ -170,7 +225,11 @@ def print_comparison(path, analysis: Analysis, console=None) -> None:
             diff = "-" if o is None else f"{o - row['hta'] + 0.0:+.1f} pp".replace("-0.0", "+0.0")
         if row["steps"] != row["hta_step_list"]:
             notes.add("HTA drops the last profiler step (kernels launched in it)")
-        table.add_row(str(row["rank"]), hta_txt, fmt(row["ours"]), fmt(row["ours_hta_steps"]), diff)
+        cells = [str(row["rank"]), hta_txt, fmt(row["ours_hta_steps"]), diff, fmt(row["ours"])]
+        if hta_all is not None:
+            ha = row["hta_all"]
+            cells += [fmt(ha), "-" if ha is None or row["ours"] is None else f"{row['ours'] - ha + 0.0:+.1f} pp"]
+        table.add_row(*cells)
     console.print(table)
     for n in sorted(notes):
         console.print(f"  note: {n}; see docs/overlap-vs-hta.md", highlight=False, markup=False)

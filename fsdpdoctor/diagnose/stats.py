@@ -1,0 +1,153 @@
+"""Small-sample statistics for comparing two runs (``fsdpdoctor diff``, ``check --baseline``).
+
+The unit of independent observation is the *step*: ranks of one step are coupled by
+their collectives (a slow rank makes every other rank wait in the same step), so a
+step's value is the mean over its ranks, and the runs are compared on those per-step
+values. Profiles hold few steps (3 to 10 is typical), so the interval for the
+difference of means is Welch's t-interval (unequal variances, Welch-Satterthwaite
+degrees of freedom) rather than a bootstrap: a percentile bootstrap over 3 to 5 values
+can only produce a handful of distinct resamples and its intervals are far too narrow
+at that size. With one step on a side, the other side's variance stands for both
+(pooled t); with one step on both sides nothing can be concluded. Steps of one run are
+treated as independent of each other (a warm-up trend violates this: skip warm-up steps
+with ``--steps``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _t_cdf_upper_half(x: float, df: float) -> float:
+    """P(0 <= T <= x) for Student's t with ``df`` degrees of freedom (Simpson's rule on the density)."""
+    if x <= 0:
+        return 0.0
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    n = 4000
+    t = np.linspace(0.0, x, n + 1)
+    f = c * (1 + t * t / df) ** (-(df + 1) / 2)
+    h = x / n
+    return float(h / 3 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum()))
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile (p > 0.5) of Student's t, by bisection on its distribution function."""
+    if df > 1e4:
+        df = 1e4  # indistinguishable from the normal here
+    target = p - 0.5
+    lo, hi = 0.0, 1.0
+    while _t_cdf_upper_half(hi, df) < target:
+        hi *= 2
+        if hi > 1e7:
+            return math.inf
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if _t_cdf_upper_half(mid, df) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+@dataclass
+class Estimate:
+    """new - base for one metric, with a ``level`` confidence interval of that difference."""
+
+    metric: str
+    base_mean: float
+    new_mean: float
+    diff: float
+    lo: float | None            # None: not enough steps for an interval
+    hi: float | None
+    n_base: int                 # steps (rank-averaged) on each side
+    n_new: int
+    sd_base: float | None       # step-to-step standard deviation
+    sd_new: float | None
+    level: float
+    method: str                 # "welch-t", "pooled-t", "identical", "none"
+    more_steps: int | None = None   # extra steps per run for this difference to be resolved (inconclusive only)
+
+    @property
+    def significant(self) -> bool:
+        return self.lo is not None and self.hi is not None and (self.lo > 0 or self.hi < 0)
+
+    @property
+    def rel(self) -> float | None:
+        return self.diff / self.base_mean if self.base_mean else None
+
+    @property
+    def rel_interval(self) -> tuple[float, float] | None:
+        if not self.base_mean or self.lo is None or self.hi is None:
+            return None
+        return self.lo / self.base_mean, self.hi / self.base_mean
+
+    @property
+    def half_width(self) -> float | None:
+        return None if self.lo is None or self.hi is None else (self.hi - self.lo) / 2
+
+
+def _half_width(s1: float, s2: float, n1: int, n2: int, level: float, pooled: bool) -> float:
+    if pooled:
+        s = s1 if n1 >= 2 else s2
+        df = max(n1 + n2 - 2, 1)
+        return t_quantile(0.5 + level / 2, df) * s * math.sqrt(1 / n1 + 1 / n2)
+    v1, v2 = s1 * s1 / n1, s2 * s2 / n2
+    se2 = v1 + v2
+    if se2 == 0:
+        return 0.0
+    df = se2 * se2 / ((v1 * v1 / (n1 - 1) if v1 else 0.0) + (v2 * v2 / (n2 - 1) if v2 else 0.0))
+    return t_quantile(0.5 + level / 2, max(df, 1.0)) * math.sqrt(se2)
+
+
+def estimate(metric: str, base: list[float], new: list[float], level: float,
+             max_more_steps: int = 100_000) -> Estimate:
+    """Difference of per-step means (new - base) with a t-interval; how many more steps would resolve it."""
+    b, n = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
+    n1, n2 = len(b), len(n)
+    bm = float(b.mean()) if n1 else 0.0
+    nm = float(n.mean()) if n2 else 0.0
+    d = nm - bm
+    sd1 = float(b.std(ddof=1)) if n1 >= 2 else None
+    sd2 = float(n.std(ddof=1)) if n2 >= 2 else None
+    e = Estimate(metric=metric, base_mean=bm, new_mean=nm, diff=d, lo=None, hi=None, n_base=n1, n_new=n2,
+                 sd_base=sd1, sd_new=sd2, level=level, method="none")
+    if n1 == 0 or n2 == 0:
+        return e
+    if n1 == n2 and np.array_equal(np.sort(b), np.sort(n)):
+        e.lo = e.hi = 0.0
+        e.method = "identical"
+        return e
+    if sd1 is None and sd2 is None:
+        return e
+    pooled = sd1 is None or sd2 is None
+    s1, s2 = (sd1 if sd1 is not None else sd2), (sd2 if sd2 is not None else sd1)
+    hw = _half_width(s1, s2, n1, n2, level, pooled)
+    e.lo, e.hi = d - hw, d + hw
+    e.method = "pooled-t" if pooled else "welch-t"
+    if not e.significant and d != 0:
+        e.more_steps = _more_steps(abs(d), s1, s2, n1, n2, level, pooled, max_more_steps)
+    return e
+
+
+def _more_steps(d: float, s1: float, s2: float, n1: int, n2: int, level: float, pooled: bool,
+                cap: int) -> int | None:
+    """Smallest k such that k more steps in each run would make an interval of this spread exclude ``d``.
+
+    Assumes the step-to-step spread stays what it is; None when even ``cap`` steps would not do.
+    """
+    def resolved(k: int) -> bool:
+        return _half_width(s1, s2, n1 + k, n2 + k, level, pooled) < d
+
+    if not resolved(cap):
+        return None
+    lo, hi = 0, cap
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if resolved(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi

@@ -1,0 +1,98 @@
+"""Console rendering of a ``Comparison`` (``fsdpdoctor diff``, ``check --baseline``).
+
+Every string from the traces goes through ``Text`` (never markup), so finding titles or
+paths with brackets cannot break the output.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from fsdpdoctor.diagnose.compare import Comparison
+from fsdpdoctor.diagnose.stats import Estimate
+
+VERDICT_TEXT = {
+    "no-detectable-change": ("no detectable change", "green"),
+    "regression": ("REGRESSION of the job", "bold red"),
+    "improvement": ("improvement", "green"),
+    "environment-slower": ("environment changed (slower machine), not a regression of the job", "yellow"),
+    "environment-faster": ("environment changed (faster machine), not an improvement of the job", "yellow"),
+    "slower-unattributed": ("SLOWER, cause not attributable (job or machine?)", "bold red"),
+    "faster-unattributed": ("faster, cause not attributable (job or machine?)", "yellow"),
+}
+_STATUS_STYLE = {"new": "red", "worse": "red", "better": "green", "gone": "green", "same": "dim"}
+
+
+def change_text(e: Estimate, scale: float = 1e3, unit: str = "ms") -> str:
+    """'+1.2 ms (+3.4%, 95% CI -0.5..+2.9 ms)' or 'within noise' forms."""
+    rel = f", {100 * e.rel:+.1f}%" if e.rel is not None else ""
+    if e.lo is None:
+        return f"{e.diff / scale:+.1f} {unit}{rel} (too few steps for an interval)"
+    ci = f"{100 * e.level:.0f}% CI {e.lo / scale:+.1f}..{e.hi / scale:+.1f} {unit}"
+    return f"{e.diff / scale:+.1f} {unit}{rel} ({ci})"
+
+
+def share_text(e: Estimate | None) -> str:
+    if e is None:
+        return "-"
+    return f"{100 * e.base_mean:.1f}% -> {100 * e.new_mean:.1f}%"
+
+
+def render(c: Comparison, console: Console | None = None) -> None:
+    con = console or Console()
+    s = c.step
+    label, style = VERDICT_TEXT[c.verdict]
+    head = Text()
+    head.append(f"step time {s.base_mean / 1e3:.1f} ms -> {s.new_mean / 1e3:.1f} ms: ")
+    head.append(change_text(s))
+    head.append(f"  [{s.n_base} vs {s.n_new} steps, ranks averaged per step]", style="dim")
+    con.print(head)
+    verdict = Text("verdict: ")
+    verdict.append(label, style=style)
+    con.print(verdict)
+    for r in c.reasons:
+        con.print(Text(f"  - {r}"))
+    if s.method != "identical" and s.half_width is not None and not s.significant:
+        con.print(Text(f"  smallest step-time change these samples can resolve: about "
+                       f"±{s.half_width / 1e3:.1f} ms ({100 * s.half_width / s.base_mean:.1f}%)"
+                       if s.base_mean else "", style="dim"))
+    t = Table(title=f"Components, ms per step ({100 * c.level:.0f}% CI; * = beyond noise)", title_justify="left")
+    for col in ("component", "base", "new", "change [CI]", "%", "share of step"):
+        t.add_column(col, justify="left" if col == "component" else "right")
+    for comp in c.components:
+        e = comp.time
+        ci = "" if e.lo is None else f" [{e.lo / 1e3:+.1f},{e.hi / 1e3:+.1f}]"
+        t.add_row(Text(comp.name.replace("_", " ")), f"{e.base_mean / 1e3:.1f}", f"{e.new_mean / 1e3:.1f}",
+                  Text(f"{e.diff / 1e3:+.1f}{ci}" + (" *" if e.significant else "")),
+                  "-" if e.rel is None else f"{100 * e.rel:+.0f}%",
+                  Text(share_text(comp.share) + (" *" if comp.share.significant else "")))
+    con.print(t)
+    if not c.findings:
+        con.print("no findings in either run")
+    else:
+        ft = Table(title="Findings, judged on the share of the step they are about", title_justify="left")
+        for col in ("status", "finding", "about", "base", "new", "share of step"):
+            ft.add_column(col, justify="right" if col in ("base", "new") else "left")
+        for f in c.findings:
+            status = Text(f.status, style=_STATUS_STYLE[f.status])
+            if f.status != "same" and not f.significant:
+                guard = f.share if f.share is not None else f.time
+                more = guard.more_steps if guard is not None else None
+                status.append(" (noise" + (f"; ~{more} more steps" if more else "") + ")", style="dim")
+            ft.add_row(status, Text(f.id), Text(f.component.replace("_", " ")),
+                       "-" if f.base_impact_us is None else f"{f.base_impact_us / 1e3:.1f}",
+                       "-" if f.new_impact_us is None else f"{f.new_impact_us / 1e3:.1f}",
+                       Text(share_text(f.share) + (" *" if f.share is not None and f.share.significant else "")))
+        con.print(ft)
+    for n in c.notes:
+        con.print(Text(f"note: {n}", style="dim"))
+
+
+def baseline_line(c: Comparison) -> str:
+    """One plain line for ``check --baseline``: FAIL/ok, the verdict, the step-time change and why."""
+    label, _ = VERDICT_TEXT[c.verdict]
+    mark = "FAIL" if c.regressed else "ok  "
+    why = f": {c.reasons[0]}" if c.reasons else ""
+    return f"{mark} baseline {label}; step time {change_text(c.step)}{why}"
