@@ -705,6 +705,14 @@ def fold_consequences(findings: list[Finding]) -> list[Finding]:
     by_id: dict[str, list[Finding]] = {}
     for f in findings:
         by_id.setdefault(f.id, []).append(f)
+    # a rule may name its own root cause (caused_by) instead of the root naming it: turn that into
+    # the root's claim, and drop a named cause that did not fire
+    for f in findings:
+        if f.caused_by:
+            for root in by_id.get(f.caused_by, []):
+                if f.id not in root.consequences:
+                    root.consequences.append(f.id)
+            f.caused_by = None
     children: dict[int, list[Finding]] = {}
     for root in sorted(findings, key=_cost_order):
         if root.caused_by:
