@@ -109,6 +109,19 @@ def run_hang(scenario: str, out: Path, nproc: int = 2, hang_timeout_s: float = H
     return {"rc": proc.returncode, "killed": killed, "seconds": time.time() - t0, "stderr": stderr}
 
 
+def anonymize(out: Path) -> None:
+    """Bundled dumps name no machine: the repository root, the Python install and the host name
+    are replaced (frames keep their shape: .../lib/python3.X/site-packages/torch/...)."""
+    stdlib = os.path.dirname(os.__file__)  # <prefix>/lib/python3.X
+    subs = [(str(HERE.parent) + "/", ""), (stdlib, f"/usr/lib/{Path(stdlib).name}"),
+            (f'"host": "{socket.gethostname()}"', '"host": "node0"')]
+    for p in (out / "hang").iterdir():
+        text = p.read_text()
+        for old, new in subs:
+            text = text.replace(old, new)
+        p.write_text(text)
+
+
 def record(scenario: str, out_root: Path, tries: int = 2) -> None:
     out = out_root / scenario
     for attempt in range(tries):
@@ -123,6 +136,7 @@ def record(scenario: str, out_root: Path, tries: int = 2) -> None:
     for p in (out / "hang").glob("*.faulthandler.txt"):
         if (out / "hang" / p.name.replace(".faulthandler.txt", ".json")).exists() or "\n" not in p.read_text().strip():
             p.unlink()  # the JSON dump has the stacks already, or nothing happened on that rank
+    anonymize(out)
     (out / "expected.json").write_text(json.dumps(expected(scenario), indent=2) + "\n")
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 1e6
     print(f"{scenario:30s} {res['seconds']:5.1f} s  {size:5.2f} MB  {'killed' if res['killed'] else 'exited'}",

@@ -364,18 +364,33 @@ def _verdicts(dumps: HangDumps, states: dict[int, RankState], divs: list[GroupDi
             other = next((h for h in divs if h is not g and r in h.entered and
                           set(h.never_entered) & set(g.entered)), None)
             if other is not None:
-                ahead = st.last_step is not None and entered_steps and st.last_step > max(entered_steps)
-                if ahead:
+                # a cycle: r waits in `other`, which the ranks waiting in g never entered. If the ranks
+                # are at different steps, the one ahead skipped the collective of the group it is behind in
+                peers = sorted(set(other.never_entered) & set(g.entered))
+                peer_steps = [states[q].last_step for q in peers if states[q].last_step is not None]
+                mine = st.last_step
+                if mine is not None and peer_steps and mine != max(peer_steps):
+                    if mine > max(peer_steps):
+                        skipper, skipped, waiting_in, others = [r], g, other, peers
+                    else:
+                        skipper = [q for q in peers if states[q].last_step == max(peer_steps)]
+                        skipped, waiting_in, others = other, g, [r]
+                    sk_step = states[skipper[0]].last_step
+                    ot_step = max(states[q].last_step or 0 for q in others)
+                    who = ", ".join(map(str, skipper))
                     out.append(Verdict(
-                        "skipped-collective", [r], g.group, g.label, g.seq, g.op, g.issued_at,
-                        f"rank {r} skipped {coll} that rank(s) {waiters} issued at {_where(g.issued_at)}: it went on "
-                        f"to step {st.last_step} (the others are at step {max(entered_steps)}) and now waits in "
-                        f"{other.op} #{other.seq} of group {other.label} at {_where(other.issued_at)}",
+                        "skipped-collective", skipper, skipped.group, skipped.label, skipped.seq, skipped.op,
+                        skipped.issued_at,
+                        f"rank {who} skipped {skipped.op} {skipped.sizes} (collective #{skipped.seq} of group "
+                        f"{skipped.label}) that rank(s) {', '.join(map(str, skipped.entered))} issued at "
+                        f"{_where(skipped.issued_at)}: it went on to step {sk_step} (the others are at step {ot_step}) "
+                        f"and now waits in {waiting_in.op} #{waiting_in.seq} of group {waiting_in.label} at "
+                        f"{_where(waiting_in.issued_at)}",
                         FIXES["skipped-collective"],
-                        [f"rank {r} last step {st.last_step}, rank(s) {waiters} last step {max(entered_steps)}"]))
-                    done.add(r)
+                        [f"rank {who} completed {sk_step} steps, rank(s) {', '.join(map(str, others))} {ot_step}"]))
+                    done.update([r, *peers])
                 else:
-                    pair = sorted({r, *(set(other.never_entered) & set(g.entered))})
+                    pair = sorted({r, *peers})
                     out.append(Verdict(
                         "collective-order", pair, g.group, g.label, g.seq, g.op, g.issued_at or other.issued_at,
                         f"ranks wait on each other in different groups: rank(s) {waiters} in {coll} from "

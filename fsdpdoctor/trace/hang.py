@@ -280,3 +280,15 @@ def load_hang_dumps(run_dir: str | Path) -> HangDumps:
         except (ValueError, TypeError, AttributeError, OSError):
             world = None
     return HangDumps(run_dir=str(root), dumps=dumps, world_size=world)
+
+
+def hang_note(path: str | Path) -> str | None:
+    """The note ``analyze`` adds when the run folder holds hang dumps."""
+    folder = Path(path) / "hang"
+    try:
+        if folder.is_dir() and any(DUMP_NAME.match(p.name) or FH_NAME.match(p.name) for p in folder.iterdir()):
+            return (f"{folder} holds hang dumps from the watchdog: run `fsdpdoctor hang {path}` for which rank "
+                    "stopped, where and why")
+    except OSError:
+        return None
+    return None
