@@ -300,3 +300,122 @@ def test_watch_gil_held_faulthandler(tmp_path):
     d = read_faulthandler(out / "hang" / "rank0.faulthandler.txt")
     assert d.trigger == "gil-timeout"
     assert threading.active_count() >= 1
+
+
+def test_watch_sets_aside_a_dump_when_steps_resume(tmp_path):
+    """A stall that ends (a slow checkpoint save) is not a hang: its dump is set aside."""
+    from fsdpdoctor.capture.watch import watch
+
+    out = tmp_path / "run"
+    with watch(out, timeout_s=0.3) as w:
+        w.step()
+        deadline = time.time() + 10
+        while not (out / "hang" / "rank0.json").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        assert (out / "hang" / "rank0.json").exists()
+        w.step()
+        deadline = time.time() + 10
+        while (out / "hang" / "rank0.json").exists() and time.time() < deadline:
+            time.sleep(0.02)
+            w.step()
+    assert not (out / "hang" / "rank0.json").exists()
+    assert json.loads((out / "hang" / "rank0.recovered.json").read_text())["last_step"] == 1
+
+
+def test_busy_threshold_default_matches_table():
+    from fsdpdoctor.analysis.hang import BUSY_CPU_SHARE
+    from fsdpdoctor.diagnose.thresholds import defaults
+
+    assert defaults()["hang_busy_cpu_share"] == BUSY_CPU_SHARE
+
+
+def test_watch_tells_busy_loop_from_blocked(tmp_path):
+    """A one-line spin (its line never moves) and a sleep: only CPU time tells them apart."""
+    from fsdpdoctor.analysis.hang import activity
+    from fsdpdoctor.capture.watch import watch
+    from fsdpdoctor.trace.hang import read_json_dump
+
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("per-thread CPU time needs /proc")
+
+    def spin(out):
+        while not (out / "hang" / "rank0.json").exists(): pass  # noqa: E701
+
+    def block(out):
+        while not (out / "hang" / "rank0.json").exists():
+            time.sleep(0.01)
+
+    kinds = {}
+    for fn in (spin, block):
+        out = tmp_path / fn.__name__
+        with watch(out, timeout_s=0.3) as w:
+            w.step()
+            fn(out)
+        d = read_json_dump(out / "hang" / "rank0.json")
+        kinds[fn.__name__] = (activity(d)[0], activity(d)[1].function, d.main_cpu_share)
+    assert kinds["spin"][:2] == ("busy-loop", "spin"), kinds
+    assert kinds["block"][:2] == ("blocked", "block"), kinds
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    (dst / "hang").mkdir(parents=True)
+    for p in (src / "hang").iterdir():
+        (dst / "hang" / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+def test_size_mismatch_at_same_seq_is_a_desync(tmp_path):
+    """Change one rank's size at one recorded collective: a desync at that sequence number."""
+    run = _copy_run(TRACES / "hang_collective_order", tmp_path / "run")
+    p = run / "hang" / "rank1.json"
+    doc = json.loads(p.read_text())
+    entries = doc["flight_recorder"]["entries"]
+    target = next(e for e in entries if e["profiling_name"].endswith("all_reduce") and e["collective_seq_id"] == 10
+                  and e["process_group"][0] == "0")
+    target["input_sizes"] = [[12345]]
+    p.write_text(json.dumps(doc))
+    rep = analyze_hang(load_hang_dumps(run))
+    assert rep.mismatches and rep.mismatches[0].seq == 10 and rep.mismatches[0].group == "0"
+    v = rep.verdicts[0]
+    assert v.cause == "desync" and v.seq == 10 and "12345" in v.summary
+
+
+def test_first_missing_collective_is_reported(tmp_path):
+    """The waiting rank enqueued two more collectives (as NCCL's async issue allows): the divergence
+    is the first one the lagging rank never entered, not the last one enqueued."""
+    run = _copy_run(TRACES / "hang_loader", tmp_path / "run")
+    p = run / "hang" / "rank0.json"
+    doc = json.loads(p.read_text())
+    fr = doc["flight_recorder"]
+    last = max((e for e in fr["entries"] if e["process_group"][0] == "0"), key=lambda e: e["collective_seq_id"])
+    first = last["collective_seq_id"]
+    for k in (1, 2):
+        fr["entries"].append({**last, "collective_seq_id": first + k, "input_sizes": [[7]]})
+    fr["pg_status"]["0"]["last_enqueued_collective"] = first + 2
+    p.write_text(json.dumps(doc))
+    rep = analyze_hang(load_hang_dumps(run))
+    d = next(d for d in rep.divergences if d.group == "0")
+    assert d.seq == first and d.never_entered == [1] and d.sizes == last["input_sizes"]
+    assert rep.verdicts[0].cause == "data-loader"
+
+
+def test_all_ranks_stalled_outside_collectives(tmp_path):
+    """Both ranks in the same user code and no divergence: the verdict names both and the frame."""
+    run = _copy_run(TRACES / "hang_loader", tmp_path / "run")
+    one = json.loads((run / "hang" / "rank1.json").read_text())
+    zero = json.loads((run / "hang" / "rank0.json").read_text())
+    one["rank"] = 0
+    one["flight_recorder"] = zero["flight_recorder"]
+    # rank 0 at the same point as rank 1: drop rank 0's last (unmatched) default-group collective
+    fr = one["flight_recorder"]
+    last = max(e["collective_seq_id"] for e in fr["entries"] if e["process_group"][0] == "0")
+    fr["entries"] = [e for e in fr["entries"] if not (e["process_group"][0] == "0" and e["collective_seq_id"] == last)]
+    fr["pg_status"]["0"]["last_enqueued_collective"] = last - 1
+    (run / "hang" / "rank0.json").write_text(json.dumps(one))
+    two = json.loads((run / "hang" / "rank1.json").read_text())
+    two["flight_recorder"] = fr
+    (run / "hang" / "rank1.json").write_text(json.dumps(two))
+    rep = analyze_hang(load_hang_dumps(run))
+    assert not rep.divergences
+    v = rep.verdicts[0]
+    assert v.cause == "data-loader" and v.ranks == [0, 1] and v.frame.function == "read_shard"

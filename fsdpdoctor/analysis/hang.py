@@ -22,6 +22,10 @@ Cause = Literal["desync", "crashed", "aborted", "skipped-collective", "collectiv
 Activity = Literal["collective", "backward", "data-loader", "checkpoint", "blocked", "busy-loop", "user-code",
                    "exception", "unknown"]
 
+# default of the hang_busy_cpu_share threshold (diagnose/thresholds.py has its source); the verb
+# passes the resolved table so --threshold overrides it
+BUSY_CPU_SHARE = 0.25
+
 # errors a rank gets because a peer went away or disagreed: consequences, not causes
 COMM_ERROR_MARKS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "timed out",
                     "Timed out", "doesn't match expected size", "collective mismatch", "DistBackendError",
@@ -47,7 +51,7 @@ class GroupDivergence:
     group: str
     label: str                       # the group's description ("default_pg", "metrics") or its name
     members: list[int]
-    seq: int                         # the frontier: the highest sequence number any rank enqueued
+    seq: int                         # the first collective a lagging rank never entered (else the frontier)
     op: str
     sizes: list
     issued_at: Frame | None          # where a rank that entered it issued it (its innermost user frame)
@@ -141,7 +145,7 @@ def _has(frames: list[Frame], *parts: str) -> bool:
     return any(any(p in f.file.replace("\\", "/") for p in parts) for f in frames)
 
 
-def activity(d: RankDump) -> tuple[Activity, Frame | None, str | None]:
+def activity(d: RankDump, busy_cpu_share: float = BUSY_CPU_SHARE) -> tuple[Activity, Frame | None, str | None]:
     t = d.main_thread
     if t is None or not t.frames:
         return "unknown", None, None
@@ -162,7 +166,7 @@ def activity(d: RankDump) -> tuple[Activity, Frame | None, str | None]:
     if lib in ("wait", "acquire", "get", "join", "_wait_for_tstate_lock", "select", "poll", "recv", "accept"):
         return "blocked", fr, lib
     lines = {(s.file, s.line) for s in d.main_samples}
-    if len(lines) > 1:
+    if len(lines) > 1 or (d.main_cpu_share is not None and d.main_cpu_share >= busy_cpu_share):
         return "busy-loop", fr, lib
     if d.main_samples and fr is not None and lib is None:
         # the same user line in every sample and no Python frame below it: a blocking C call
@@ -201,7 +205,8 @@ def _enqueued(d: RankDump, group: str) -> int | None:
     return max(seqs) if seqs else None
 
 
-def analyze_hang(dumps: HangDumps, trend: Trend | None = None) -> HangReport:
+def analyze_hang(dumps: HangDumps, trend: Trend | None = None, thresholds: dict[str, float] | None = None) -> HangReport:
+    busy = (thresholds or {}).get("hang_busy_cpu_share", BUSY_CPU_SHARE)
     world = dumps.world_size or (max(dumps.dumps) + 1)
     everyone = list(range(world))
     silent = [r for r in everyone if r not in dumps.dumps]
@@ -222,7 +227,7 @@ def analyze_hang(dumps: HangDumps, trend: Trend | None = None) -> HangReport:
             states[r] = RankState(r, None, None, None, "unknown", None, None,
                                   note="wrote nothing: likely dead or stuck below Python")
             continue
-        act, fr, lib = activity(d)
+        act, fr, lib = activity(d, busy)
         cur = None
         if d.fr_entries:
             last = d.fr_entries[-1]
@@ -250,12 +255,15 @@ def analyze_hang(dumps: HangDumps, trend: Trend | None = None) -> HangReport:
             entered = sorted(r for r, s in enq.items() if s >= frontier)
             never = sorted(r for r, s in enq.items() if s < frontier)
             unknown = sorted(r for r in mem if r not in enq)
+            # the collective they diverge on: the first one a lagging rank never entered (with NCCL the
+            # others may have enqueued several more before blocking), else the frontier itself
+            first = min(enq[r] for r in never) + 1 if never else frontier
             entry = next((e for r in entered for e in reversed(fr_ranks[r].fr_entries)
-                          if e.group == g and e.seq == frontier), None)
+                          if e.group == g and e.seq == first), None)
             if never or (unknown and any(states[r].current and states[r].current["group"] == g
                                          and states[r].current["seq"] == frontier for r in entered)):
                 divergences.append(GroupDivergence(
-                    g, labels.get(g, g), mem, frontier, entry.op if entry else "?", entry.input_sizes if entry else [],
+                    g, labels.get(g, g), mem, first, entry.op if entry else "?", entry.input_sizes if entry else [],
                     _issue_site(entry) if entry else None, entered, never, unknown, enq, comp))
         # same seq, different collective: a desync
         by_seq: dict[int, dict[int, FrEntry]] = {}
@@ -424,6 +432,21 @@ def _verdicts(dumps: HangDumps, states: dict[int, RankState], divs: list[GroupDi
             out.append(Verdict("no-dump", [r], None, None, None, None, None,
                                f"rank {r} wrote nothing: likely dead (OOM-killed, segfault, SIGKILL) or stuck below "
                                "Python", FIXES["no-dump"]))
+    # 6. no divergence at all: every rank stalled at the same collective point, so what they do
+    # instead is the answer (all ranks in the loader: a shared filesystem; all looping)
+    if not out:
+        stalled: dict[tuple, list[int]] = {}
+        for s in states.values():
+            if s.dump and s.activity not in ("collective", "backward", "unknown"):
+                key = (s.activity, s.frame.where() if s.frame else None)
+                stalled.setdefault(key, []).append(s.rank)
+        for (act, _), ranks in stalled.items():
+            st = states[ranks[0]]
+            cause: Cause = {"data-loader": "data-loader", "checkpoint": "checkpoint", "busy-loop": "busy-loop",
+                            "blocked": "blocked"}.get(act, "user-code")
+            out.append(Verdict(cause, sorted(ranks), None, None, None, None, st.frame,
+                               f"no collective divergence: rank(s) {', '.join(map(str, sorted(ranks)))} stalled "
+                               f"outside any collective, in {_where(st.frame)} ({act})", FIXES[cause]))
     # merge verdicts that name the same ranks and cause (a cycle seen from both groups)
     merged: list[Verdict] = []
     for v in out:

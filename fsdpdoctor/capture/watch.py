@@ -57,8 +57,8 @@ DUMP_VERSION = 1
 FR_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_ENV_OLD = "TORCH_NCCL_TRACE_BUFFER_SIZE"   # the name before torch 2.6
 FR_DEFAULT_ENTRIES = 2000                       # torch's own default buffer size
-STACK_SAMPLES = 3                               # main-thread samples: moving lines = a busy loop
-STACK_SAMPLE_GAP_S = 0.05
+STACK_SAMPLES = 5                               # main-thread samples: moving lines = a busy loop
+STACK_SAMPLE_GAP_S = 0.05                       # 0.2 s window: 20 ticks of the 100 Hz CPU clock
 
 
 def _warn(msg: str) -> None:
@@ -177,6 +177,16 @@ def thread_stacks(skip_ident: int | None = None) -> list[dict]:
     return out
 
 
+def _main_cpu_s() -> float | None:
+    """CPU time (user + system) of the main thread so far, from /proc (Linux); None elsewhere."""
+    try:
+        tid = threading.main_thread().native_id
+        fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except Exception:
+        return None
+
+
 def _main_sample() -> dict | None:
     frame = sys._current_frames().get(threading.main_thread().ident)
     if frame is None:
@@ -266,12 +276,25 @@ class Watch:
                         self._fired_at_step = steps
                         self._disarm_faulthandler(keep_file=True)
                         self.dump("timeout", idle_s=idle)
-                elif self.gil_fallback and self._armed_at_step != steps:
-                    self._arm_faulthandler()
-                    self._armed_at_step = steps
+                else:
+                    if self._fired_at_step is not None and steps != self._fired_at_step:
+                        self._set_aside_recovered()
+                    if self.gil_fallback and self._armed_at_step != steps:
+                        self._arm_faulthandler()
+                        self._armed_at_step = steps
             except Exception as exc:  # noqa: BLE001 - the watchdog must never die noisily twice
                 _warn(f"rank {self.rank}: watchdog error ({exc}); hang dumps disabled")
                 return
+
+    def _set_aside_recovered(self) -> None:
+        """Steps resumed after a dump (a slow checkpoint, not a hang): keep the dump as
+        ``rank<N>.recovered.json`` so ``fsdpdoctor hang`` reads only a stall still in progress."""
+        self._fired_at_step = None
+        try:
+            if self.dump_path.exists():
+                os.replace(self.dump_path, self.dump_path.with_name(f"rank{self.rank}.recovered.json"))
+        except OSError:
+            pass
 
     def _install_faulthandler(self) -> None:
         """Fatal signals and SIGTERM write every thread's traceback to the faulthandler file."""
@@ -349,13 +372,18 @@ class Watch:
                                                                    "version": None, "error": None}
         threads = thread_stacks(skip_ident=me)
         samples = []
-        if trigger == "timeout":  # the main thread is elsewhere: is it moving (a busy loop)?
+        cpu_share = None
+        if trigger == "timeout":  # the main thread is elsewhere: is it moving or spinning (a busy loop)?
+            cpu0, t0 = _main_cpu_s(), time.monotonic()
             for i in range(STACK_SAMPLES):
                 if i:
                     time.sleep(STACK_SAMPLE_GAP_S)
                 s = _main_sample()
                 if s:
                     samples.append(s)
+            cpu1, t1 = _main_cpu_s(), time.monotonic()
+            if cpu0 is not None and cpu1 is not None and t1 > t0:
+                cpu_share = round((cpu1 - cpu0) / (t1 - t0), 3)
         env = os.environ.get(FR_ENV, os.environ.get(FR_ENV_OLD))
         note = None
         if not fr["entries"] and not fr["error"]:
@@ -387,6 +415,7 @@ class Watch:
             "groups": process_groups(),
             "threads": threads,
             "main_samples": samples,
+            "main_cpu_share": cpu_share,   # share of the sampling window the main thread was on a CPU
         }
 
     def dump(self, trigger: str, *, idle_s: float | None = None, exception: BaseException | None = None) -> Path | None:
@@ -400,7 +429,7 @@ class Watch:
             tmp.write_text(json.dumps(doc, indent=1) + "\n")
             os.replace(tmp, path)
             self.dumps += 1
-            print(f"fsdpdoctor: rank {self.rank}: no step for {doc['seconds_since_step']:.0f} s, wrote {path}"
+            print(f"fsdpdoctor: rank {self.rank}: no step for {doc['seconds_since_step']:.1f} s, wrote {path}"
                   if trigger == "timeout" else f"fsdpdoctor: rank {self.rank}: {trigger}, wrote {path}",
                   file=sys.stderr, flush=True)
             return path

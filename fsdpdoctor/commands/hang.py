@@ -17,13 +17,16 @@ def register(sub) -> None:
                                    "(their innermost frame) and a fix.")
     p.add_argument("path", help="the run folder (holding hang/) or the hang folder itself")
     p.add_argument("--no-trend", action="store_true", help="do not read the profiled rank traces")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a threshold, e.g. hang_busy_cpu_share=0.7")
+    p.add_argument("--config", metavar="FILE", help="JSON or TOML file of threshold overrides")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the report as JSON")
     out.add_argument("--tui", action="store_true", help="open the terminal UI on the report (q quits)")
     p.set_defaults(func=run)
 
 
-def build_report(path: str, trend: bool = True):
+def build_report(path: str, trend: bool = True, thresholds: dict[str, float] | None = None):
     from fsdpdoctor.analysis.hang import analyze_hang, trend_from_analysis
     from fsdpdoctor.trace.hang import load_hang_dumps
 
@@ -39,11 +42,15 @@ def build_report(path: str, trend: bool = True):
             from fsdpdoctor.analysis.hang import Trend
 
             tr = Trend(False, summary=f"the profiled traces could not be read ({exc})")
-    return analyze_hang(dumps, tr)
+    from fsdpdoctor.diagnose.thresholds import resolve
+
+    return analyze_hang(dumps, tr, resolve(thresholds))
 
 
 def run(args) -> int:
-    rep = build_report(args.path, trend=not args.no_trend)
+    from fsdpdoctor.commands.common import parse_thresholds
+
+    rep = build_report(args.path, trend=not args.no_trend, thresholds=parse_thresholds(args))
     if args.tui:
         from fsdpdoctor.tui.hang_app import HangApp
 

@@ -62,6 +62,11 @@ THRESHOLDS: list[Threshold] = [
               "step-to-step noise"),
     Threshold("scaling_efficiency_low", 0.80, "ratio", "scaling efficiency below which it is a finding",
               "common practice: data-parallel scaling above 80-90% is expected"),
+    Threshold("hang_busy_cpu_share", 0.25, "share of a core", "`fsdpdoctor hang`: a stalled rank's main thread on a "
+              "CPU this share of the 0.2 s sampling window is spinning (a busy loop), below it is blocked",
+              "a waiting thread (lock, sleep, socket, gloo) measures 0-1 ticks of the 10 ms CPU clock in the window; "
+              "a spinning one a whole core, or less on shared cores (0.47 measured on 2 cores shared by 7 jobs): "
+              "a quarter is 5 ticks, clear of both"),
 ]
 
 BY_NAME = {t.name: t for t in THRESHOLDS}
