@@ -490,15 +490,17 @@ FIXES: dict[str, str] = {
 
 
 def trend_from_analysis(analysis) -> Trend:
-    """Was any rank already late in the profiled steps? From ``analyze``'s straggler verdict
-    (``Analysis.straggler``): who the others waited for, and how long per step."""
+    """Was a rank already late in the profiled steps? ``analyze``'s straggler verdict counts only
+    when its rule fired (the thresholds of diagnose/thresholds.py: a consistent, large wait), so
+    the run must be diagnosed (``analyze_path(..., diagnose=True)``)."""
     s = getattr(analysis, "straggler", None)
     if s is None:
         return Trend(False, summary="the profiled steps name no straggler (fewer than 2 ranks or no collectives)")
     waits = {int(r): float(w) / 1e3 for r, w in (s.wait_by_rank or {}).items()}
-    if s.straggler is None:
+    fired = any(f.id == "straggler" for f in getattr(analysis, "findings", []) or [])
+    if s.straggler is None or not fired:
         return Trend(True, None, None, waits, "no rank was consistently late in the profiled steps")
     return Trend(True, s.straggler, None, waits,
-                 f"in the profiled steps rank {s.straggler} was already the one the others waited for "
-                 f"({100 * s.last_fraction:.0f}% of steps, median wait {100 * s.spread_frac:.1f}% of the step"
-                 + (f"; cause: {s.cause}" if s.cause else "") + ")")
+                 f"in the profiled steps rank {s.straggler} was already the straggler "
+                 f"(last in {100 * s.last_fraction:.0f}% of steps, the others waited a median "
+                 f"{100 * s.spread_frac:.1f}% of the step for it" + (f"; cause: {s.cause}" if s.cause else "") + ")")

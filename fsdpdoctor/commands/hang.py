@@ -37,7 +37,7 @@ def build_report(path: str, trend: bool = True, thresholds: dict[str, float] | N
         from fsdpdoctor.session import analyze_path
 
         try:
-            tr = trend_from_analysis(analyze_path(root, diagnose=False))
+            tr = trend_from_analysis(analyze_path(root, thresholds=thresholds))
         except InputError as exc:
             from fsdpdoctor.analysis.hang import Trend
 

@@ -32,6 +32,22 @@ def frame_text(f) -> str:
     return f"{f.function} {f.file}:{f.line}"
 
 
+def short_exception(text: str, width: int = 90) -> str:
+    """``Type: message`` without the C++ source prefix torch's errors carry ("[/path/pair.cc:537] ")."""
+    kind, _, msg = text.partition(": ")
+    if msg.startswith("[") and "] " in msg:
+        msg = msg.split("] ", 1)[1]
+    out = f"{kind}: {msg}" if msg else kind
+    return out if len(out) <= width else out[: width - 1] + "…"
+
+
+def step_text(s: RankState) -> str:
+    if s.last_step is None:
+        return "-"
+    # a faulthandler header is written when the watchdog re-arms: a lower bound
+    return f"≥{s.last_step}" if s.dump == "faulthandler" else str(s.last_step)
+
+
 def rank_doing(s: RankState) -> str:
     if s.dump is None:
         return "wrote nothing"
@@ -41,7 +57,7 @@ def rank_doing(s: RankState) -> str:
     if s.current:
         parts.append(f"last collective: {s.current['label']} #{s.current['seq']} {s.current['op']}")
     if s.exception:
-        parts.append(s.exception[:80])
+        parts.append(short_exception(s.exception))
     if s.note:
         parts.append(s.note)
     return "; ".join(parts)
@@ -84,7 +100,7 @@ def ranks_table(rep: HangReport) -> Table:
     for col in ("rank", "dump", "step", "doing", "frame"):
         t.add_column(col, overflow="fold")
     for s in rep.ranks:
-        t.add_row(str(s.rank), s.dump or "[red]none[/]", "-" if s.last_step is None else str(s.last_step),
+        t.add_row(str(s.rank), s.dump or "[red]none[/]", step_text(s),
                   escape(rank_doing(s)), escape(frame_text(s.frame)))
     return t
 

@@ -17,7 +17,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Label, Static
 
 from fsdpdoctor.analysis.hang import HangReport
-from fsdpdoctor.report.hang import CAUSE_TITLE, frame_text, rank_doing
+from fsdpdoctor.report.hang import CAUSE_TITLE, frame_text, rank_doing, step_text
 from fsdpdoctor.tui.app import DARK, LIGHT
 from fsdpdoctor.tui.screens import HelpScreen
 
@@ -106,7 +106,7 @@ class HangApp(App[int]):
         t = self.query_one("#ranks-table", DataTable)
         t.add_columns("rank", "dump", "step", "doing")
         for s in self.report.ranks:
-            t.add_row(str(s.rank), s.dump or "none", "-" if s.last_step is None else str(s.last_step),
+            t.add_row(str(s.rank), s.dump or "none", step_text(s),
                       rank_doing(s), key=str(s.rank))
         if self.report.divergences:
             g = self.query_one("#groups-table", DataTable)
