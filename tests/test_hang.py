@@ -281,9 +281,11 @@ def _gil_holder_n() -> int:
         n += 1
 
 
-def test_watch_gil_held_faulthandler(tmp_path):
+def test_watch_gil_held_faulthandler(tmp_path, monkeypatch):
     """A thread holding the GIL: the Python watchdog cannot run, faulthandler's C timer answers."""
     import re
+
+    monkeypatch.setenv("RANK", "0")  # as under a launcher: the file is named by rank from the start
 
     from fsdpdoctor.capture.watch import watch
 
@@ -419,3 +421,26 @@ def test_all_ranks_stalled_outside_collectives(tmp_path):
     assert not rep.divergences
     v = rep.verdicts[0]
     assert v.cause == "data-loader" and v.ranks == [0, 1] and v.frame.function == "read_shard"
+
+
+def test_watch_names_faulthandler_file_once_rank_known(tmp_path, monkeypatch):
+    """Started before the rank is known (mp.spawn: no RANK yet), the file has a per-process name;
+    the watchdog renames it to rank<N> once the rank is known, and the open descriptor follows."""
+    from fsdpdoctor.capture.watch import watch
+
+    monkeypatch.delenv("RANK", raising=False)
+    out = tmp_path / "run"
+    w = watch(out, timeout_s=0.2).start()
+    try:
+        pid_files = list((out / "hang").glob(".pid*.faulthandler.txt"))
+        assert len(pid_files) == 1
+        monkeypatch.setenv("RANK", "3")
+        w.step()
+        deadline = time.time() + 5
+        while not (out / "hang" / "rank3.faulthandler.txt").exists() and time.time() < deadline:
+            time.sleep(0.02)
+            w.step()
+        assert (out / "hang" / "rank3.faulthandler.txt").exists() and not pid_files[0].exists()
+    finally:
+        w.close()
+    assert not (out / "hang").exists()  # nothing happened: removed

@@ -216,6 +216,7 @@ class Watch:
         self._fh_file = None
         self._fh_was_enabled = False
         self._fh_sigterm = False
+        self._fh_path = Path()
         self._fr_enabled_at_start: bool | None = None
         self._pg_existed_at_start = False
         self._started = False
@@ -227,6 +228,15 @@ class Watch:
     @property
     def faulthandler_path(self) -> Path:
         return self.out_dir / "hang" / f"rank{self.rank}.faulthandler.txt"
+
+    def _name_faulthandler_file(self) -> None:
+        """The rank is known now: give the file its rank name (the open descriptor stays valid)."""
+        self.rank, self.world_size = _rank_world()
+        try:
+            os.replace(self._fh_path, self.faulthandler_path)
+            self._fh_path = self.faulthandler_path
+        except OSError:
+            pass
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Watch":
@@ -279,6 +289,8 @@ class Watch:
                 else:
                     if self._fired_at_step is not None and steps != self._fired_at_step:
                         self._set_aside_recovered()
+                    if self._fh_file is not None and self._fh_path.name.startswith(".pid") and self._rank_known():
+                        self._name_faulthandler_file()
                     if self.gil_fallback and self._armed_at_step != steps:
                         self._arm_faulthandler()
                         self._armed_at_step = steps
@@ -296,14 +308,24 @@ class Watch:
         except OSError:
             pass
 
+    @staticmethod
+    def _rank_known() -> bool:
+        """A process group exists or the launcher set RANK: the file name will not collide
+        (mp.spawn jobs have no RANK until init_process_group)."""
+        return _pg_exists() or "RANK" in os.environ
+
     def _install_faulthandler(self) -> None:
         """Fatal signals and SIGTERM write every thread's traceback to the faulthandler file."""
         import faulthandler
         import signal
 
+        # before the process group exists a process started without RANK (mp.spawn) does not know
+        # its rank yet: a per-process name, renamed by the watchdog once the rank is known
+        self._fh_path = self.faulthandler_path if self._rank_known() else \
+            self.out_dir / "hang" / f".pid{os.getpid()}.faulthandler.txt"
         try:
-            self.faulthandler_path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh_file = open(self.faulthandler_path, "w")
+            self._fh_path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh_file = open(self._fh_path, "w")
             self._fh_was_enabled = faulthandler.is_enabled()
             self._write_fh_header()
             faulthandler.enable(file=self._fh_file, all_threads=True)
@@ -354,11 +376,11 @@ class Watch:
         f, self._fh_file = self._fh_file, None
         try:
             f.close()
-            text = self.faulthandler_path.read_text()
+            text = self._fh_path.read_text()
             if not any(line.strip() and not line.startswith("#") for line in text.splitlines()):
-                self.faulthandler_path.unlink()
+                self._fh_path.unlink()
                 try:
-                    self.faulthandler_path.parent.rmdir()  # only when empty
+                    self._fh_path.parent.rmdir()  # only when empty
                 except OSError:
                     pass
         except Exception:
