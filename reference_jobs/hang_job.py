@@ -64,6 +64,12 @@ class Samples(Dataset):
         return x, x.sum(0, keepdim=True)
 
 
+def check_batch(x: torch.Tensor) -> None:
+    """Input validation. hang_rank_raises: rank 1 rejects its batch at HANG_STEP."""
+    if SCENARIO == "hang_rank_raises" and RANK == 1 and STEP == HANG_STEP:
+        raise ValueError(f"batch at step {STEP} has {x.shape[0]} samples with NaN features")
+
+
 def log_metrics(loss: torch.Tensor, groups: dict) -> None:
     """All-reduce the loss on the metrics group and a sample count on the stats group."""
     if SCENARIO in ("hang_skip_collective", "hang_skip_collective_default") and RANK == 1 and STEP == HANG_STEP:
@@ -104,6 +110,7 @@ def main(argv=None) -> int:
             if SCENARIO == "hang_dead_rank" and RANK == 1 and STEP == HANG_STEP:
                 os.kill(os.getpid(), signal.SIGSTOP)  # the injected fault: this rank stops for good
             x, y = next(loader)
+            check_batch(x)
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
             opt.step()

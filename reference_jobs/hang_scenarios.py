@@ -37,6 +37,10 @@ HANG_SCENARIOS: dict[str, dict] = {
         ends="hang",
         expected=dict(cause="collective-order", lagging=[0, 1], group="metrics", op="all_reduce",
                       function="log_metrics", silent=[])),
+    "hang_rank_raises": dict(
+        injects="rank 1 raises an exception in its step 6 (a bad batch): it exits, torchrun ends rank 0",
+        ends="abort",
+        expected=dict(cause="crashed", lagging=[1], group=None, op=None, function="check_batch", silent=[])),
     "hang_dead_rank": dict(
         injects="rank 1 is frozen by the kernel at step 6 (SIGSTOP: as a dead or hard-stuck peer looks to NCCL)",
         ends="hang",

@@ -52,7 +52,7 @@ def test_bundled_dumps_verdict(run):
 def test_bundled_scenarios_all_present():
     names = {p.name for p in HANG_RUNS}
     assert {"hang_loader", "hang_skip_collective", "hang_skip_collective_default", "hang_collective_order",
-            "hang_dead_rank"} <= names
+            "hang_dead_rank", "hang_rank_raises"} <= names
 
 
 def test_reader_needs_no_torch():
@@ -444,3 +444,22 @@ def test_watch_names_faulthandler_file_once_rank_known(tmp_path, monkeypatch):
     finally:
         w.close()
     assert not (out / "hang").exists()  # nothing happened: removed
+
+
+def test_desync_tie_names_the_rank_with_a_new_call_site(tmp_path):
+    """Two ranks disagree at one collective; the one whose collective comes from a call site it
+    never used before (a barrier only it calls) is named, not both."""
+    run = _copy_run(TRACES / "hang_collective_order", tmp_path / "run")
+    p = run / "hang" / "rank0.json"
+    doc = json.loads(p.read_text())
+    e = next(e for e in doc["flight_recorder"]["entries"]
+             if e["process_group"][0] == "0" and e["collective_seq_id"] == 10)
+    e["profiling_name"] = "gloo:barrier"
+    e["input_sizes"] = [[1]]
+    e["frames"] = [{"name": "maybe_sync", "filename": "reference_jobs/hang_job.py", "line": 3},
+                   *e["frames"][-2:]]  # innermost first, as torch writes them
+    p.write_text(json.dumps(doc))
+    rep = analyze_hang(load_hang_dumps(run))
+    v = rep.verdicts[0]
+    assert v.cause == "desync" and v.ranks == [0] and v.op == "barrier"
+    assert v.frame.function == "maybe_sync"

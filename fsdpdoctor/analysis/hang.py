@@ -179,6 +179,21 @@ def _issue_site(e: FrEntry) -> Frame | None:
     return user_frame(e.frames)[0] if e.frames else None
 
 
+def _new_site(d: RankDump, e: FrEntry) -> bool:
+    """True when ``e`` was issued from a user frame this rank used for no earlier collective."""
+    site = _issue_site(e)
+    if site is None:
+        return False
+    key = (site.file, site.line)
+    for other in d.fr_entries:
+        if other is e:
+            return True
+        s = _issue_site(other)
+        if s is not None and (s.file, s.line) == key:
+            return False
+    return True
+
+
 def _sig(e: FrEntry) -> str:
     dt = ",".join(map(str, e.dtypes)) if e.dtypes else ""
     return f"{e.op} {e.input_sizes} {dt}".strip()
@@ -278,6 +293,12 @@ def analyze_hang(dumps: HangDumps, trend: Trend | None = None, thresholds: dict[
             counts = Counter(e.signature() for e in es.values())
             top = counts.most_common()
             odd = sorted(r for r, e in es.items() if top[0][1] == top[-1][1] or e.signature() != top[0][0])
+            if top[0][1] == top[-1][1]:
+                # a tie (e.g. 2 ranks): a rank whose collective comes from a call site it never used
+                # before issued something new (a barrier only it calls, an extra collective)
+                new = [r for r in odd if _new_site(fr_ranks[r], es[r])]
+                if new and len(new) < len(odd):
+                    odd = new
             sites = {r: (s.where() if (s := _issue_site(e)) else "?") for r, e in es.items()}
             mismatches.append(Mismatch(g, labels.get(g, g), seq, {r: _sig(e) for r, e in sorted(es.items())}, odd, sites))
             break
