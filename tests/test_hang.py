@@ -463,3 +463,18 @@ def test_desync_tie_names_the_rank_with_a_new_call_site(tmp_path):
     v = rep.verdicts[0]
     assert v.cause == "desync" and v.ranks == [0] and v.op == "barrier"
     assert v.frame.function == "maybe_sync"
+
+
+def test_signature_ignores_sizes_where_ranks_may_differ():
+    from fsdpdoctor.trace.hang import FrEntry
+
+    def e(op, sizes):
+        return FrEntry("0", 5, op, "nccl", sizes, sizes, ["Float"], "scheduled", False, None, [])
+
+    assert e("all_reduce", [[8]]).signature() != e("all_reduce", [[9]]).signature()
+    assert e("_allgather_base", [[8]]).signature() != e("_allgather_base", [[9]]).signature()
+    assert e("reduce_scatter_tensor", [[8]]).signature() != e("reduce_scatter_tensor", [[9]]).signature()
+    # uneven all-to-all splits and a gather's root are legitimate size differences
+    assert e("all_to_all_single", [[8]]).signature() == e("all_to_all_single", [[9]]).signature()
+    assert e("gather", [[8], [8]]).signature() == e("gather", [[8]]).signature()
+    assert e("gather", [[8]]).signature() != e("all_reduce", [[8]]).signature()

@@ -222,7 +222,7 @@ def _enqueued(d: RankDump, group: str) -> int | None:
 
 def analyze_hang(dumps: HangDumps, trend: Trend | None = None, thresholds: dict[str, float] | None = None) -> HangReport:
     busy = (thresholds or {}).get("hang_busy_cpu_share", BUSY_CPU_SHARE)
-    world = dumps.world_size or (max(dumps.dumps) + 1)
+    world = max(dumps.world_size or 0, max(dumps.dumps) + 1)
     everyone = list(range(world))
     silent = [r for r in everyone if r not in dumps.dumps]
     labels, members = _labels(dumps)

@@ -58,6 +58,12 @@ class FrEntry:
     frames: list[Frame]          # where it was issued, outermost first (pickle dumps only)
 
     def signature(self) -> tuple:
+        """What every rank of the group must agree on for this collective: the op, and the sizes
+        and dtypes where they must match (not for all-to-all with uneven splits, gather/scatter
+        whose root holds the lists, or point-to-point)."""
+        if any(k in self.op for k in ("all_to_all", "alltoall", "gather", "scatter", "send", "recv")) \
+                and "all_gather" not in self.op and "allgather" not in self.op and "reduce_scatter" not in self.op:
+            return (self.op,)
         return (self.op, json.dumps(self.input_sizes), json.dumps(self.dtypes))
 
 
