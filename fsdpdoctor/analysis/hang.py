@@ -316,8 +316,11 @@ def _where(f: Frame | None) -> str:
 
 
 def _is_comm_error(exc: dict | None) -> bool:
+    """A peer's failure seen from here (or the user interrupting a stuck job): a consequence."""
     if not exc:
         return False
+    if exc["type"] in ("KeyboardInterrupt", "SystemExit"):
+        return True
     text = f"{exc['type']} {exc['message']}"
     return any(m in text for m in COMM_ERROR_MARKS)
 

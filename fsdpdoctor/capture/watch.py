@@ -270,7 +270,9 @@ class Watch:
         return self.start()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc is not None and not (exc_type is SystemExit and not exc.code):
+        stalled = self._fired_at_step is not None and self._fired_at_step == self.steps
+        if exc is not None and not (exc_type is SystemExit and not exc.code) \
+                and not (isinstance(exc, KeyboardInterrupt) and stalled):  # Ctrl-C on a hang: keep its dump
             self.dump("exception", exception=exc)
         self.close()
         return False
@@ -447,7 +449,7 @@ class Watch:
             doc = self.snapshot(trigger, idle_s=idle_s, exception=exception)
             path = self.dump_path
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.partial")
+            tmp = path.with_name(f".{path.name}.{threading.get_ident()}.partial")
             tmp.write_text(json.dumps(doc, indent=1) + "\n")
             os.replace(tmp, path)
             self.dumps += 1
