@@ -21,6 +21,12 @@ TRACES = ROOT / "traces"
 HANG_RUNS = sorted(p.parent for p in TRACES.glob("hang_*/expected.json"))
 
 
+@pytest.fixture(autouse=True)
+def _restore_fr_env(monkeypatch):
+    """The watch sets TORCH_FR_BUFFER_SIZE in this process: undo it after each test."""
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+
+
 def check_verdict(rep, exp: dict) -> None:
     """The report's first verdict is the expected one (cause, ranks, collective, frame)."""
     assert rep.verdicts, "no verdict"
@@ -478,3 +484,34 @@ def test_signature_ignores_sizes_where_ranks_may_differ():
     assert e("all_to_all_single", [[8]]).signature() == e("all_to_all_single", [[9]]).signature()
     assert e("gather", [[8], [8]]).signature() == e("gather", [[8]]).signature()
     assert e("gather", [[8]]).signature() != e("all_reduce", [[8]]).signature()
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("torch"), reason="torch is not installed")
+def test_watch_says_when_flight_recorder_was_set_late(tmp_path, monkeypatch):
+    """A process group created before the watch, with TORCH_FR_BUFFER_SIZE unset: the dump says so."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        from fsdpdoctor.capture.watch import watch
+
+        with watch(tmp_path / "run", timeout_s=60) as w:
+            dist.all_reduce(torch.ones(4))
+            w.dump("timeout")
+        doc = json.loads((tmp_path / "run" / "hang" / "rank0.json").read_text())
+        fr = doc["flight_recorder"]
+        assert fr["set_before_process_group"] is False
+        assert "unset when the process group was created" in fr["note"]
+        assert doc["groups"]["0"]["ranks"] == [0] and doc["groups"]["0"]["backend"] == "gloo"
+        if fr["entries"]:  # torch 2.13 records by default: the all_reduce is there
+            assert fr["entries"][-1]["profiling_name"].endswith("all_reduce")
+    finally:
+        dist.destroy_process_group()

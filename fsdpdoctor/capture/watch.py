@@ -218,6 +218,7 @@ class Watch:
         self._fh_sigterm = False
         self._fh_path = Path()
         self._fr_enabled_at_start: bool | None = None
+        self._fr_set_late = False          # the watch set TORCH_FR_BUFFER_SIZE after the group existed
         self._pg_existed_at_start = False
         self._started = False
 
@@ -245,7 +246,9 @@ class Watch:
         self._started = True
         self._pg_existed_at_start = _pg_exists()
         if self.flight_recorder:
+            unset = FR_ENV not in os.environ and FR_ENV_OLD not in os.environ
             self._fr_enabled_at_start = enable_flight_recorder()
+            self._fr_set_late = unset and self._pg_existed_at_start
         self.rank, self.world_size = _rank_world()
         self._last = time.monotonic()
         if self.gil_fallback:
@@ -413,11 +416,15 @@ class Watch:
         if not fr["entries"] and not fr["error"]:
             if env is not None and env.strip() in ("", "0"):
                 note = f"{FR_ENV}={env}: the flight recorder is off; set {FR_ENV}={FR_DEFAULT_ENTRIES} before init_process_group"
-            elif self._pg_existed_at_start and env is not None:
-                note = (f"{FR_ENV} was set by the watch after the process group was created (too late); set it before "
-                        "init_process_group, or call fsdpdoctor.capture.enable_flight_recorder() first")
+            elif self._fr_set_late:
+                note = (f"{FR_ENV} was unset when the process group was created (the watch set it too late) and "
+                        "this torch records nothing by default: set it before init_process_group, or call "
+                        "fsdpdoctor.capture.enable_flight_recorder() first")
             else:
                 note = "no collective recorded (none issued yet, or the flight recorder is off in this torch)"
+        elif self._fr_set_late:
+            note = (f"{FR_ENV} was unset when the process group was created: these entries come from torch's default "
+                    "buffer; set it before init_process_group to be sure of them on other torch versions")
         exc_doc = None
         if exception is not None:
             exc_doc = {"type": type(exception).__name__, "message": str(exception).strip()[:2000],
