@@ -331,20 +331,20 @@ def test_watch_sets_aside_a_dump_when_steps_resume(tmp_path):
 
 
 def test_busy_threshold_default_matches_table():
-    from fsdpdoctor.analysis.hang import BUSY_CPU_SHARE
+    from fsdpdoctor.analysis.hang import BUSY_RUNNABLE_SHARE
     from fsdpdoctor.diagnose.thresholds import defaults
 
-    assert defaults()["hang_busy_cpu_share"] == BUSY_CPU_SHARE
+    assert defaults()["hang_busy_runnable_share"] == BUSY_RUNNABLE_SHARE
 
 
 def test_watch_tells_busy_loop_from_blocked(tmp_path):
-    """A one-line spin (its line never moves) and a sleep: only CPU time tells them apart."""
+    """A one-line spin (its line never moves) and a sleep: only the time runnable tells them apart."""
     from fsdpdoctor.analysis.hang import activity
     from fsdpdoctor.capture.watch import watch
     from fsdpdoctor.trace.hang import read_json_dump
 
     if not Path("/proc/self/task").is_dir():
-        pytest.skip("per-thread CPU time needs /proc")
+        pytest.skip("per-thread scheduler statistics need /proc")
 
     def spin(out):
         while not (out / "hang" / "rank0.json").exists(): pass  # noqa: E701
@@ -360,7 +360,7 @@ def test_watch_tells_busy_loop_from_blocked(tmp_path):
             w.step()
             fn(out)
         d = read_json_dump(out / "hang" / "rank0.json")
-        kinds[fn.__name__] = (activity(d)[0], activity(d)[1].function, d.main_cpu_share)
+        kinds[fn.__name__] = (activity(d)[0], activity(d)[1].function, d.main_runnable_share)
     assert kinds["spin"][:2] == ("busy-loop", "spin"), kinds
     assert kinds["block"][:2] == ("blocked", "block"), kinds
 

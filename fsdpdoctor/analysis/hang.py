@@ -22,9 +22,9 @@ Cause = Literal["desync", "crashed", "aborted", "skipped-collective", "collectiv
 Activity = Literal["collective", "backward", "data-loader", "checkpoint", "blocked", "busy-loop", "user-code",
                    "exception", "unknown"]
 
-# default of the hang_busy_cpu_share threshold (diagnose/thresholds.py has its source); the verb
+# default of the hang_busy_runnable_share threshold (diagnose/thresholds.py has its source); the verb
 # passes the resolved table so --threshold overrides it
-BUSY_CPU_SHARE = 0.25
+BUSY_RUNNABLE_SHARE = 0.5
 
 # errors a rank gets because a peer went away or disagreed: consequences, not causes
 COMM_ERROR_MARKS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "timed out",
@@ -145,7 +145,7 @@ def _has(frames: list[Frame], *parts: str) -> bool:
     return any(any(p in f.file.replace("\\", "/") for p in parts) for f in frames)
 
 
-def activity(d: RankDump, busy_cpu_share: float = BUSY_CPU_SHARE) -> tuple[Activity, Frame | None, str | None]:
+def activity(d: RankDump, busy_runnable_share: float = BUSY_RUNNABLE_SHARE) -> tuple[Activity, Frame | None, str | None]:
     t = d.main_thread
     if t is None or not t.frames:
         return "unknown", None, None
@@ -166,7 +166,7 @@ def activity(d: RankDump, busy_cpu_share: float = BUSY_CPU_SHARE) -> tuple[Activ
     if lib in ("wait", "acquire", "get", "join", "_wait_for_tstate_lock", "select", "poll", "recv", "accept"):
         return "blocked", fr, lib
     lines = {(s.file, s.line) for s in d.main_samples}
-    if len(lines) > 1 or (d.main_cpu_share is not None and d.main_cpu_share >= busy_cpu_share):
+    if len(lines) > 1 or (d.main_runnable_share is not None and d.main_runnable_share >= busy_runnable_share):
         return "busy-loop", fr, lib
     if d.main_samples and fr is not None and lib is None:
         # the same user line in every sample and no Python frame below it: a blocking C call
@@ -221,7 +221,7 @@ def _enqueued(d: RankDump, group: str) -> int | None:
 
 
 def analyze_hang(dumps: HangDumps, trend: Trend | None = None, thresholds: dict[str, float] | None = None) -> HangReport:
-    busy = (thresholds or {}).get("hang_busy_cpu_share", BUSY_CPU_SHARE)
+    busy = (thresholds or {}).get("hang_busy_runnable_share", BUSY_RUNNABLE_SHARE)
     world = max(dumps.world_size or 0, max(dumps.dumps) + 1)
     everyone = list(range(world))
     silent = [r for r in everyone if r not in dumps.dumps]

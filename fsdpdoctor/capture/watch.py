@@ -58,7 +58,7 @@ FR_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_ENV_OLD = "TORCH_NCCL_TRACE_BUFFER_SIZE"   # the name before torch 2.6
 FR_DEFAULT_ENTRIES = 2000                       # torch's own default buffer size
 STACK_SAMPLES = 5                               # main-thread samples: moving lines = a busy loop
-STACK_SAMPLE_GAP_S = 0.05                       # 0.2 s window: 20 ticks of the 100 Hz CPU clock
+STACK_SAMPLE_GAP_S = 0.05                       # a 0.2 s window
 
 
 def _warn(msg: str) -> None:
@@ -177,12 +177,18 @@ def thread_stacks(skip_ident: int | None = None) -> list[dict]:
     return out
 
 
-def _main_cpu_s() -> float | None:
-    """CPU time (user + system) of the main thread so far, from /proc (Linux); None elsewhere."""
+def _main_runnable_s() -> float | None:
+    """Seconds the main thread has been runnable so far: on a CPU plus waiting in the run queue
+    (/proc schedstat, Linux). A spinning thread is runnable all the time however loaded the machine
+    is; a waiting one (lock, sleep, socket) almost never. Falls back to CPU time; None off Linux."""
     try:
-        tid = threading.main_thread().native_id
-        fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        task = Path(f"/proc/self/task/{threading.main_thread().native_id}")
+        try:
+            on_cpu_ns, queued_ns = (task / "schedstat").read_text().split()[:2]
+            return (int(on_cpu_ns) + int(queued_ns)) / 1e9
+        except (OSError, ValueError):
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except Exception:
         return None
 
@@ -399,18 +405,18 @@ class Watch:
                                                                    "version": None, "error": None}
         threads = thread_stacks(skip_ident=me)
         samples = []
-        cpu_share = None
+        runnable = None
         if trigger == "timeout":  # the main thread is elsewhere: is it moving or spinning (a busy loop)?
-            cpu0, t0 = _main_cpu_s(), time.monotonic()
+            run0, t0 = _main_runnable_s(), time.monotonic()
             for i in range(STACK_SAMPLES):
                 if i:
                     time.sleep(STACK_SAMPLE_GAP_S)
                 s = _main_sample()
                 if s:
                     samples.append(s)
-            cpu1, t1 = _main_cpu_s(), time.monotonic()
-            if cpu0 is not None and cpu1 is not None and t1 > t0:
-                cpu_share = round((cpu1 - cpu0) / (t1 - t0), 3)
+            run1, t1 = _main_runnable_s(), time.monotonic()
+            if run0 is not None and run1 is not None and t1 > t0:
+                runnable = round((run1 - run0) / (t1 - t0), 3)
         env = os.environ.get(FR_ENV, os.environ.get(FR_ENV_OLD))
         note = None
         if not fr["entries"] and not fr["error"]:
@@ -446,7 +452,7 @@ class Watch:
             "groups": process_groups(),
             "threads": threads,
             "main_samples": samples,
-            "main_cpu_share": cpu_share,   # share of the sampling window the main thread was on a CPU
+            "main_runnable_share": runnable,  # share of the sampling window the main thread was runnable
         }
 
     def dump(self, trigger: str, *, idle_s: float | None = None, exception: BaseException | None = None) -> Path | None:

@@ -18,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("path", help="the run folder (holding hang/) or the hang folder itself")
     p.add_argument("--no-trend", action="store_true", help="do not read the profiled rank traces")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a threshold, e.g. hang_busy_cpu_share=0.7")
+                   help="override a threshold, e.g. hang_busy_runnable_share=0.7")
     p.add_argument("--config", metavar="FILE", help="JSON or TOML file of threshold overrides")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the report as JSON")

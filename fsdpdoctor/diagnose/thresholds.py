@@ -62,11 +62,11 @@ THRESHOLDS: list[Threshold] = [
               "step-to-step noise"),
     Threshold("scaling_efficiency_low", 0.80, "ratio", "scaling efficiency below which it is a finding",
               "common practice: data-parallel scaling above 80-90% is expected"),
-    Threshold("hang_busy_cpu_share", 0.25, "share of a core", "`fsdpdoctor hang`: a stalled rank's main thread on a "
-              "CPU this share of the 0.2 s sampling window is spinning (a busy loop), below it is blocked",
-              "a waiting thread (lock, sleep, socket, gloo) measures 0-1 ticks of the 10 ms CPU clock in the window; "
-              "a spinning one a whole core, or less on shared cores (0.47 measured on 2 cores shared by 7 jobs): "
-              "a quarter is 5 ticks, clear of both"),
+    Threshold("hang_busy_runnable_share", 0.50, "share of the window", "`fsdpdoctor hang`: a stalled rank's main "
+              "thread runnable (on a CPU or in the run queue) this share of the 0.2 s sampling window is spinning (a "
+              "busy loop); below it, it is blocked", "a spinning thread is runnable all the time however loaded the "
+              "machine (0.999 measured on 2 cores shared by 7 jobs), a waiting one almost never (0.03 with a 10 ms "
+              "sleep loop); half separates them"),
 ]
 
 BY_NAME = {t.name: t for t in THRESHOLDS}

@@ -94,7 +94,7 @@ class RankDump:
     groups: dict[str, dict] = field(default_factory=dict)  # name -> {"desc", "backend", "ranks"}
     threads: list[ThreadStack] = field(default_factory=list)
     main_samples: list[Frame] = field(default_factory=list)
-    main_cpu_share: float | None = None      # CPU share of the main thread while sampled
+    main_runnable_share: float | None = None  # share of the sampling window the main thread was runnable
 
     @property
     def main_thread(self) -> ThreadStack | None:
@@ -207,7 +207,8 @@ def read_json_dump(path: Path) -> RankDump:
         exception=exc, fr_entries=[_fr_entry(e, path) for e in entries], fr_status=st,
         fr_note=fr.get("note"), fr_error=fr.get("error"),
         groups={str(k): v for k, v in groups.items() if isinstance(v, dict)}, threads=ths, main_samples=samples,
-        main_cpu_share=doc.get("main_cpu_share") if isinstance(doc.get("main_cpu_share"), (int, float)) else None)
+        main_runnable_share=doc.get("main_runnable_share")
+        if isinstance(doc.get("main_runnable_share"), (int, float)) else None)
 
 
 def read_faulthandler(path: Path) -> RankDump | None:
