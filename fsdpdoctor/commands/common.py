@@ -88,7 +88,6 @@ def progress_bar(enabled: bool):
 
 def run_analysis(args):
     from fsdpdoctor.session import analyze_path
-
     from fsdpdoctor.trace.hang import hang_note
 
     with progress_bar(not args.no_progress) as cb:
