@@ -48,3 +48,93 @@ def test_hanging_job(scenario, tmp_path, capsys):
         assert rep.verdicts[0].frame.file.endswith("hang_job.py")
     if scenario == "hang_loader":
         assert rep.trend is not None and rep.trend.lagging_was_straggler
+
+
+JOB = '''
+import datetime, sys
+from fsdpdoctor.capture import watch
+
+MODE, OUT = sys.argv[1], sys.argv[2]
+w = watch(OUT, timeout_s=3).start()  # before init_process_group: it turns the flight recorder on
+import torch, torch.distributed as dist, torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+rank = dist.get_rank()
+model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16))
+for m in model:
+    fully_shard(m)
+fully_shard(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def spin_until_converged():
+    y = 0
+    while True:
+        y += 1
+
+
+def save_checkpoint():
+    if rank == 0:
+        dist.barrier()  # only rank 0 waits
+
+
+for step in range(20):
+    if MODE == "spin" and rank == 1 and step == 5:
+        spin_until_converged()
+    if MODE == "barrier" and step == 5:
+        save_checkpoint()
+    model(torch.randn(4, 16)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    w.step()
+w.close()
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize("mode,cause,ranks,function", [
+    ("spin", "busy-loop", [1], "spin_until_converged"),
+    ("barrier", "desync", [0], "save_checkpoint"),
+])
+def test_fsdp2_job_with_standalone_watch(mode, cause, ranks, function, tmp_path):
+    """A job unlike the reference one: FSDP2, the standalone watch() started before the process
+    group, a one-line infinite loop on one rank / a barrier only rank 0 calls."""
+    import os
+    import subprocess
+    import time
+
+    from record_hangs import _kill_tree, free_port
+
+    from fsdpdoctor.commands.hang import build_report
+
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    out = tmp_path / "run"
+
+    def stalled() -> set[int]:  # dumps of the stall at step 5 (a slow start-up may dump earlier)
+        got = set()
+        for r in (0, 1):
+            try:
+                if json.loads((out / "hang" / f"rank{r}.json").read_text())["last_step"] >= 5:
+                    got.add(r)
+            except (OSError, ValueError, KeyError):
+                pass
+        return got
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             "--master_port", str(free_port()), str(script), mode, str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    t0 = time.time()
+    try:
+        while proc.poll() is None and time.time() - t0 < 150 and stalled() != {0, 1}:
+            time.sleep(0.3)
+        time.sleep(0.5)
+    finally:
+        _kill_tree(proc.pid)
+        err = proc.communicate()[1].decode(errors="replace")
+    assert stalled() == {0, 1}, err[-3000:]
+    rep = build_report(str(out))
+    v = rep.verdicts[0]
+    assert (v.cause, v.ranks, v.frame.function) == (cause, ranks, function), v.summary

@@ -337,10 +337,15 @@ def _verdicts(dumps: HangDumps, states: dict[int, RankState], divs: list[GroupDi
         for r in m.odd_ranks:
             e = next((e for e in reversed(dumps.dumps[r].fr_entries) if e.group == m.group and e.seq == m.seq), None)
             frame = frame or (_issue_site(e) if e else None)
+        odd_op = m.by_rank[m.odd_ranks[0]].split()[0]
+        others = sorted({m.by_rank[r].split()[0] for r in m.by_rank if r not in m.odd_ranks})
+        what = "the ranks issued different collectives"
+        if odd_op == "barrier" and others and "barrier" not in others:
+            what = (f"rank(s) {', '.join(map(str, m.odd_ranks))} call a barrier the others do not (they issued "
+                    f"{', '.join(others)})")
         out.append(Verdict(
-            "desync", m.odd_ranks, m.group, m.label, m.seq, m.by_rank[m.odd_ranks[0]].split()[0], frame,
-            f"desync on group {m.label} at collective #{m.seq}: the ranks issued different collectives ({sites})",
-            FIXES["desync"], [sites]))
+            "desync", m.odd_ranks, m.group, m.label, m.seq, odd_op, frame,
+            f"desync on group {m.label} at collective #{m.seq}: {what} ({sites})", FIXES["desync"], [sites]))
         done |= set(m.odd_ranks)
 
     # 2. a rank that raised an error of its own (not a peer's failure)
