@@ -45,6 +45,32 @@ def scorecard(traces: Path) -> tuple[dict, list[str]]:
     return stats, failures
 
 
+def hang_scorecard(traces: Path) -> tuple[list[str], list[str]]:
+    """Markdown rows (scenario, expected and found cause, ranks, frame) of `fsdpdoctor hang` on every
+    recorded hang scenario (expected.json with a "hang" verdict), and the mismatches."""
+    from fsdpdoctor.analysis.hang import analyze_hang
+    from fsdpdoctor.trace.hang import load_hang_dumps
+
+    rows, failures = [], []
+    for exp_path in sorted(traces.glob("*/expected.json")):
+        exp = json.loads(exp_path.read_text()).get("hang")
+        if not exp:
+            continue
+        name = exp_path.parent.name
+        rep = analyze_hang(load_hang_dumps(exp_path.parent))
+        v = rep.verdicts[0] if rep.verdicts else None
+        got_fn = v.frame.function if v and v.frame else None
+        ok = (v is not None and v.cause == exp["cause"] and sorted(v.ranks) == sorted(exp["lagging"])
+              and (exp["function"] is None or got_fn == exp["function"]))
+        rows.append(f"| `{name}` | {exp['cause']} | {v.cause if v else '-'} | {exp['lagging']} | "
+                    f"{sorted(v.ranks) if v else '-'} | {exp['function'] or '-'} | {got_fn or '-'} | "
+                    f"{'yes' if ok else '**no**'} |")
+        if not ok:
+            failures.append(f"{name}: expected {exp['cause']} {exp['lagging']} {exp['function']}, got "
+                            f"{v.cause if v else None} {v.ranks if v else None} {got_fn}")
+    return rows, failures
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=str(Path(__file__).resolve().parents[1] / "traces"))
@@ -58,6 +84,12 @@ def main() -> int:
         rec = s["tp"] / (s["tp"] + s["fn"]) if s["tp"] + s["fn"] else None
         print(f"| `{r}` | {s['tp'] + s['fn']} | {s['tp']} | {s['fn']} | {s['fp']} | {s['tn']} | "
               f"{'-' if p is None else f'{p:.2f}'} | {'-' if rec is None else f'{rec:.2f}'} | {s['unlisted']} |")
+    hang_rows, hang_failures = hang_scorecard(Path(args.traces))
+    if hang_rows:
+        print("\n| hang scenario | expected cause | verdict | lagging | named | frame | found | right |")
+        print("|---|---|---|---|---|---|---|---|")
+        print("\n".join(hang_rows))
+    failures += hang_failures
     for f in failures:
         print(f"\nMISMATCH {f}")
     return 1 if failures else 0

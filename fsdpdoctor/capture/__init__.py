@@ -21,6 +21,7 @@ See ``docs/manifest.md`` for the folder layout and the manifest schema.
 
 from fsdpdoctor.capture.core import Capture, capture, track_fsdp2_prefetch_calls
 from fsdpdoctor.capture.manifest import describe_model, describe_wrapping
+from fsdpdoctor.capture.watch import Watch, enable_flight_recorder, watch
 
 __all__ = [
     "Capture",
@@ -28,4 +29,7 @@ __all__ = [
     "describe_model",
     "describe_wrapping",
     "track_fsdp2_prefetch_calls",
+    "Watch",
+    "watch",
+    "enable_flight_recorder",
 ]

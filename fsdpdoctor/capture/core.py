@@ -33,6 +33,7 @@ import warnings
 from pathlib import Path
 from typing import Callable, Iterable
 
+from fsdpdoctor.capture.watch import Watch as _Watch
 from fsdpdoctor.capture.manifest import BWD_MARK, FWD_MARK, describe_model, describe_wrapping
 
 
@@ -125,7 +126,7 @@ class Capture:
                  ranks: Iterable[int] | None = None, with_stack: bool = True,
                  record_shapes: bool = True, profile_memory: bool = False,
                  samples_per_step: int | None = None, tokens_per_step: int | None = None,
-                 scenario: dict | None = None):
+                 scenario: dict | None = None, hang_timeout_s: float | None = None):
         if min(wait, warmup, skip_first) < 0 or active < 1 or repeat < 0:
             raise ValueError("capture: need wait, warmup, skip_first >= 0, active >= 1, repeat >= 0")
         self.out_dir = Path(out_dir)
@@ -140,6 +141,8 @@ class Capture:
         self.samples_per_step = samples_per_step
         self.tokens_per_step = tokens_per_step
         self.scenario = scenario
+        # hang watchdog (fsdpdoctor.capture.watch), every rank, off unless hang_timeout_s is given
+        self._watch = _Watch(self.out_dir, hang_timeout_s) if hang_timeout_s else None
 
         self.rank, self.world_size = 0, 1
         self.step_num = 0          # number of step() calls so far
@@ -191,6 +194,8 @@ class Capture:
         if self._started:
             return self
         self._started = True
+        if self._watch is not None:
+            self._watch.start()
         try:
             self.rank, self.world_size, self._has_pg = _rank_world()
         except Exception as exc:  # pragma: no cover
@@ -230,6 +235,8 @@ class Capture:
     def step(self) -> None:
         """Mark the end of one training step."""
         self.step_num += 1
+        if self._watch is not None:
+            self._watch.step()
         if self._prof is not None:
             try:
                 self._prof.step()
@@ -248,11 +255,15 @@ class Capture:
             return
         self._stop_profiler()
         self._write_manifest_if_mine()
+        if self._watch is not None:
+            self._watch.close()
 
     def __enter__(self) -> "Capture":
         return self.start()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._watch is not None:
+            self._watch.__exit__(exc_type, exc, tb)  # an aborting job dumps too
         self.close()
         return False
 
@@ -395,7 +406,7 @@ def capture(out_dir, *, model=None, optimizer=None, wait: int = 1, warmup: int =
             repeat: int = 1, skip_first: int = 0, ranks: Iterable[int] | None = None,
             with_stack: bool = True, record_shapes: bool = True, profile_memory: bool = False,
             samples_per_step: int | None = None, tokens_per_step: int | None = None,
-            scenario: dict | None = None) -> Capture:
+            scenario: dict | None = None, hang_timeout_s: float | None = None) -> Capture:
     """Profile a training loop into ``out_dir`` (one ``rank<N>.json.gz`` per profiled rank
     plus ``manifest.json``).
 
@@ -404,9 +415,11 @@ def capture(out_dir, *, model=None, optimizer=None, wait: int = 1, warmup: int =
     schedule is torch.profiler's: ``skip_first`` steps, then ``repeat`` cycles of
     ``wait`` + ``warmup`` + ``active`` steps. ``samples_per_step`` and
     ``tokens_per_step`` are global (summed over ranks) per optimizer step.
+    ``hang_timeout_s=N`` also starts the hang watchdog (``fsdpdoctor.capture.watch``): with no
+    ``step()`` for N seconds every rank writes ``hang/rank<N>.json`` (docs/hang.md).
     """
     return Capture(out_dir, model=model, optimizer=optimizer, wait=wait, warmup=warmup,
                    active=active, repeat=repeat, skip_first=skip_first, ranks=ranks,
                    with_stack=with_stack, record_shapes=record_shapes,
                    profile_memory=profile_memory, samples_per_step=samples_per_step,
-                   tokens_per_step=tokens_per_step, scenario=scenario)
+                   tokens_per_step=tokens_per_step, scenario=scenario, hang_timeout_s=hang_timeout_s)

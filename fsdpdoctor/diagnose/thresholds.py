@@ -106,6 +106,11 @@ THRESHOLDS: list[Threshold] = [
               "(contention, clocks) is named only when no single part could have carried this much",
               "meaning: the majority of the change; a uniform slow-down has no excess, a one-component "
               "regression puts all of it in that component"),
+    Threshold("hang_busy_runnable_share", 0.50, "share of the window", "`fsdpdoctor hang`: a stalled rank's main "
+              "thread runnable (on a CPU or in the run queue) this share of the 0.2 s sampling window is spinning (a "
+              "busy loop); below it, it is blocked", "a spinning thread is runnable all the time however loaded the "
+              "machine (0.999 measured on 2 cores shared by 7 jobs), a waiting one almost never (0.03 with a 10 ms "
+              "sleep loop); half separates them"),
 ]
 
 BY_NAME = {t.name: t for t in THRESHOLDS}

@@ -1,0 +1,535 @@
+"""Hang forensics: from the ranks' dumps (trace/hang.py) to which rank stopped, where, and why.
+
+Per process group, the flight recorder gives each rank's last enqueued collective sequence
+number (under gloo every entry's ``state`` stays "scheduled", so the per-group status and the
+entries' ``collective_seq_id`` are what count). The highest one is the group's *frontier*: ranks
+at it entered that collective and wait inside it; ranks below it never entered it. The stacks
+say what the ranks that never entered are doing instead. Same sequence number, different op or
+sizes across ranks is a desync (the ranks disagree on what the collective is), not a slow rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fsdpdoctor.trace.hang import Frame, FrEntry, HangDumps, RankDump
+
+Cause = Literal["desync", "crashed", "aborted", "skipped-collective", "collective-order", "no-dump",
+                "data-loader", "checkpoint", "busy-loop", "blocked", "gil-held", "user-code"]
+Activity = Literal["collective", "backward", "data-loader", "checkpoint", "blocked", "busy-loop", "user-code",
+                   "exception", "unknown"]
+
+# default of the hang_busy_runnable_share threshold (diagnose/thresholds.py has its source); the verb
+# passes the resolved table so --threshold overrides it
+BUSY_RUNNABLE_SHARE = 0.5
+
+# errors a rank gets because a peer went away or disagreed: consequences, not causes
+COMM_ERROR_MARKS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "timed out",
+                    "Timed out", "doesn't match expected size", "collective mismatch", "DistBackendError",
+                    "NCCL error", "ProcessGroup", "gloo")
+
+
+@dataclass
+class RankState:
+    rank: int
+    dump: str | None                 # "json", "faulthandler", None (wrote nothing)
+    trigger: str | None
+    last_step: int | None
+    activity: Activity
+    frame: Frame | None              # innermost user frame of the main thread
+    library: str | None              # innermost library function below it ("all_reduce", "wait")
+    current: dict | None = None      # its last flight-recorder entry: {"group", "label", "seq", "op", "sizes"}
+    exception: str | None = None
+    note: str | None = None
+
+
+@dataclass
+class GroupDivergence:
+    group: str
+    label: str                       # the group's description ("default_pg", "metrics") or its name
+    members: list[int]
+    seq: int                         # the first collective a lagging rank never entered (else the frontier)
+    op: str
+    sizes: list
+    issued_at: Frame | None          # where a rank that entered it issued it (its innermost user frame)
+    entered: list[int]               # at the frontier: waiting inside it
+    never_entered: list[int]         # below it
+    unknown: list[int]               # members with no flight-recorder data
+    last_enqueued: dict[int, int] = field(default_factory=dict)
+    last_completed: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class Mismatch:
+    group: str
+    label: str
+    seq: int
+    by_rank: dict[int, str]          # rank -> "all_reduce [[8]] Float"
+    odd_ranks: list[int]             # minority signature holders (all, on a tie)
+    sites: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class Verdict:
+    cause: Cause
+    ranks: list[int]                 # the lagging / culprit ranks
+    group: str | None
+    label: str | None
+    seq: int | None
+    op: str | None
+    frame: Frame | None
+    summary: str
+    fix: str
+    evidence: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Trend:
+    available: bool
+    straggler: int | None = None
+    lagging_was_straggler: bool | None = None
+    wait_ms_per_step: dict[int, float] = field(default_factory=dict)   # mean time each rank waited for slower ones
+    summary: str = ""
+
+
+@dataclass
+class HangReport:
+    run_dir: str
+    world_size: int | None
+    dumped: list[int]
+    silent: list[int]                # ranks that wrote nothing
+    ranks: list[RankState]
+    divergences: list[GroupDivergence]
+    mismatches: list[Mismatch]
+    verdicts: list[Verdict]
+    trend: Trend | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"fsdpdoctor_hang_report": 1, **dataclasses.asdict(self)}
+
+
+# --------------------------------------------------------------------------- frames
+def is_library(path: str) -> bool:
+    p = path.replace("\\", "/")
+    if p.startswith("<"):
+        return True
+    if "/site-packages/" in p or "/dist-packages/" in p:
+        return True
+    if "/fsdpdoctor/capture/" in p:
+        return True
+    # the standard library: .../lib/python3.X/<module>.py
+    parts = p.split("/")
+    for i, part in enumerate(parts[:-1]):
+        if part == "lib" and i + 1 < len(parts) and parts[i + 1].startswith("python3"):
+            return True
+    return False
+
+
+def user_frame(frames: list[Frame]) -> tuple[Frame | None, str | None]:
+    """(innermost user frame, innermost library function below it) of an outermost-first stack."""
+    lib = None
+    for f in reversed(frames):
+        if is_library(f.file):
+            if lib is None:
+                lib = f.function
+            continue
+        return f, lib
+    return None, lib
+
+
+def _has(frames: list[Frame], *parts: str) -> bool:
+    return any(any(p in f.file.replace("\\", "/") for p in parts) for f in frames)
+
+
+def activity(d: RankDump, busy_runnable_share: float = BUSY_RUNNABLE_SHARE) -> tuple[Activity, Frame | None, str | None]:
+    t = d.main_thread
+    if t is None or not t.frames:
+        return "unknown", None, None
+    frames = t.frames
+    if d.trigger == "exception" and d.exception and d.exception["frames"]:
+        frames = d.exception["frames"]
+    fr, lib = user_frame(frames)
+    if _has(frames, "torch/utils/data/"):
+        return "data-loader", fr, lib
+    if _has(frames, "torch/serialization.py", "torch/distributed/checkpoint/"):
+        return "checkpoint", fr, lib
+    if _has(frames, "torch/distributed/distributed_c10d.py", "torch/distributed/_functional_collectives"):
+        return "collective", fr, lib
+    if _has(frames, "torch/autograd/", "torch/_tensor.py") and lib in ("_engine_run_backward", "backward", "run_backward"):
+        return "backward", fr, lib
+    if d.trigger == "exception":
+        return "exception", fr, lib
+    if lib in ("wait", "acquire", "get", "join", "_wait_for_tstate_lock", "select", "poll", "recv", "accept"):
+        return "blocked", fr, lib
+    lines = {(s.file, s.line) for s in d.main_samples}
+    if len(lines) > 1 or (d.main_runnable_share is not None and d.main_runnable_share >= busy_runnable_share):
+        return "busy-loop", fr, lib
+    if d.main_samples and fr is not None and lib is None:
+        # the same user line in every sample and no Python frame below it: a blocking C call
+        # (time.sleep, a socket read) or one long C operation
+        return "blocked", fr, lib
+    return "user-code", fr, lib
+
+
+def _issue_site(e: FrEntry) -> Frame | None:
+    return user_frame(e.frames)[0] if e.frames else None
+
+
+def _new_site(d: RankDump, e: FrEntry) -> bool:
+    """True when ``e`` was issued from a user frame this rank used for no earlier collective."""
+    site = _issue_site(e)
+    if site is None:
+        return False
+    key = (site.file, site.line)
+    for other in d.fr_entries:
+        if other is e:
+            return True
+        s = _issue_site(other)
+        if s is not None and (s.file, s.line) == key:
+            return False
+    return True
+
+
+def _sig(e: FrEntry) -> str:
+    dt = ",".join(map(str, e.dtypes)) if e.dtypes else ""
+    return f"{e.op} {e.input_sizes} {dt}".strip()
+
+
+# --------------------------------------------------------------------------- analysis
+def _labels(dumps: HangDumps) -> tuple[dict[str, str], dict[str, list[int]]]:
+    labels: dict[str, str] = {}
+    members: dict[str, list[int]] = {}
+    for d in dumps.dumps.values():
+        for name, g in d.groups.items():
+            desc = g.get("desc")
+            labels.setdefault(name, desc if desc and desc != "undefined" else ("default_pg" if name == "0" else name))
+            if isinstance(g.get("ranks"), list) and g["ranks"]:
+                members.setdefault(name, sorted(int(r) for r in g["ranks"]))
+    return labels, members
+
+
+def _enqueued(d: RankDump, group: str) -> int | None:
+    st = d.fr_status.get(group)
+    seqs = [e.seq for e in d.fr_entries if e.group == group and not e.is_p2p]
+    if st is not None and st.last_enqueued is not None and st.last_enqueued >= 0:
+        return max([st.last_enqueued, *seqs])
+    return max(seqs) if seqs else None
+
+
+def analyze_hang(dumps: HangDumps, trend: Trend | None = None, thresholds: dict[str, float] | None = None) -> HangReport:
+    busy = (thresholds or {}).get("hang_busy_runnable_share", BUSY_RUNNABLE_SHARE)
+    world = max(dumps.world_size or 0, max(dumps.dumps) + 1)
+    everyone = list(range(world))
+    silent = [r for r in everyone if r not in dumps.dumps]
+    labels, members = _labels(dumps)
+    fr_ranks = {r: d for r, d in dumps.dumps.items() if d.kind == "json" and (d.fr_entries or d.fr_status)}
+    groups = sorted({e.group for d in fr_ranks.values() for e in d.fr_entries} |
+                    {g for d in fr_ranks.values() for g in d.fr_status}, key=lambda g: (len(g), g))
+    notes: list[str] = []
+    for d in dumps.dumps.values():
+        if d.kind == "json" and not d.fr_entries and (d.fr_note or d.fr_error):
+            notes.append(f"rank {d.rank}: no flight-recorder entries ({d.fr_note or d.fr_error})")
+
+    # -- per-rank state
+    states: dict[int, RankState] = {}
+    for r in everyone:
+        d = dumps.dumps.get(r)
+        if d is None:
+            states[r] = RankState(r, None, None, None, "unknown", None, None,
+                                  note="wrote nothing: likely dead or stuck below Python")
+            continue
+        act, fr, lib = activity(d, busy)
+        cur = None
+        if d.fr_entries:
+            last = d.fr_entries[-1]
+            cur = {"group": last.group, "label": labels.get(last.group, last.group), "seq": last.seq,
+                   "op": last.op, "sizes": last.input_sizes}
+        exc = f"{d.exception['type']}: {d.exception['message'].splitlines()[0] if d.exception['message'] else ''}" \
+            if d.exception else None
+        note = None
+        if d.kind == "faulthandler":
+            note = {"fatal-signal": f"died of a fatal signal ({d.fatal})", "sigterm": "was sent SIGTERM (stacks only)",
+                    "gil-timeout": "its Python watchdog could not run: a thread held the GIL"}.get(d.trigger)
+        states[r] = RankState(r, d.kind, d.trigger, d.last_step, act, fr, lib, cur, exc, note)
+
+    # -- per group: the frontier, who entered, who never did
+    divergences: list[GroupDivergence] = []
+    mismatches: list[Mismatch] = []
+    for g in groups:
+        mem = members.get(g) or everyone
+        enq = {r: _enqueued(d, g) for r, d in fr_ranks.items() if r in mem}
+        enq = {r: s for r, s in enq.items() if s is not None}
+        comp = {r: d.fr_status[g].last_completed for r, d in fr_ranks.items()
+                if g in d.fr_status and d.fr_status[g].last_completed is not None and r in enq}
+        if enq:
+            frontier = max(enq.values())
+            entered = sorted(r for r, s in enq.items() if s >= frontier)
+            never = sorted(r for r, s in enq.items() if s < frontier)
+            unknown = sorted(r for r in mem if r not in enq)
+            # the collective they diverge on: the first one a lagging rank never entered (with NCCL the
+            # others may have enqueued several more before blocking), else the frontier itself
+            first = min(enq[r] for r in never) + 1 if never else frontier
+            entry = next((e for r in entered for e in reversed(fr_ranks[r].fr_entries)
+                          if e.group == g and e.seq == first), None)
+            if never or (unknown and any(states[r].current and states[r].current["group"] == g
+                                         and states[r].current["seq"] == frontier for r in entered)):
+                divergences.append(GroupDivergence(
+                    g, labels.get(g, g), mem, first, entry.op if entry else "?", entry.input_sizes if entry else [],
+                    _issue_site(entry) if entry else None, entered, never, unknown, enq, comp))
+        # same seq, different collective: a desync
+        by_seq: dict[int, dict[int, FrEntry]] = {}
+        for r, d in fr_ranks.items():
+            for e in d.fr_entries:
+                if e.group == g and not e.is_p2p:
+                    by_seq.setdefault(e.seq, {})[r] = e
+        for seq in sorted(by_seq):
+            es = by_seq[seq]
+            if len(es) < 2 or len({e.signature() for e in es.values()}) < 2:
+                continue
+            counts = Counter(e.signature() for e in es.values())
+            top = counts.most_common()
+            odd = sorted(r for r, e in es.items() if top[0][1] == top[-1][1] or e.signature() != top[0][0])
+            if top[0][1] == top[-1][1]:
+                # a tie (e.g. 2 ranks): a rank whose collective comes from a call site it never used
+                # before issued something new (a barrier only it calls, an extra collective)
+                new = [r for r in odd if _new_site(fr_ranks[r], es[r])]
+                if new and len(new) < len(odd):
+                    odd = new
+            sites = {r: (s.where() if (s := _issue_site(e)) else "?") for r, e in es.items()}
+            mismatches.append(Mismatch(g, labels.get(g, g), seq, {r: _sig(e) for r, e in sorted(es.items())}, odd, sites))
+            break
+
+    verdicts = _verdicts(dumps, states, divergences, mismatches, silent, labels)
+    if trend is not None and trend.available and verdicts:
+        lag = set(verdicts[0].ranks)
+        trend.lagging_was_straggler = trend.straggler in lag if trend.straggler is not None else False
+    return HangReport(dumps.run_dir, world, sorted(dumps.dumps), silent, [states[r] for r in everyone],
+                      divergences, mismatches, verdicts, trend, notes)
+
+
+def _where(f: Frame | None) -> str:
+    return f"{f.function} ({f.file}:{f.line})" if f else "an unknown place"
+
+
+def _is_comm_error(exc: dict | None) -> bool:
+    """A peer's failure seen from here (or the user interrupting a stuck job): a consequence."""
+    if not exc:
+        return False
+    if exc["type"] in ("KeyboardInterrupt", "SystemExit"):
+        return True
+    text = f"{exc['type']} {exc['message']}"
+    return any(m in text for m in COMM_ERROR_MARKS)
+
+
+def _verdicts(dumps: HangDumps, states: dict[int, RankState], divs: list[GroupDivergence],
+              mismatches: list[Mismatch], silent: list[int], labels: dict[str, str]) -> list[Verdict]:
+    out: list[Verdict] = []
+    done: set[int] = set()
+
+    # 1. a desync explains everything after it
+    for m in mismatches:
+        sites = "; ".join(f"rank {r}: {m.by_rank[r]} from {m.sites.get(r, '?')}" for r in m.by_rank)
+        frame = None
+        for r in m.odd_ranks:
+            e = next((e for e in reversed(dumps.dumps[r].fr_entries) if e.group == m.group and e.seq == m.seq), None)
+            frame = frame or (_issue_site(e) if e else None)
+        odd_op = m.by_rank[m.odd_ranks[0]].split()[0]
+        others = sorted({m.by_rank[r].split()[0] for r in m.by_rank if r not in m.odd_ranks})
+        what = "the ranks issued different collectives"
+        if odd_op == "barrier" and others and "barrier" not in others:
+            what = (f"rank(s) {', '.join(map(str, m.odd_ranks))} call a barrier the others do not (they issued "
+                    f"{', '.join(others)})")
+        out.append(Verdict(
+            "desync", m.odd_ranks, m.group, m.label, m.seq, odd_op, frame,
+            f"desync on group {m.label} at collective #{m.seq}: {what} ({sites})", FIXES["desync"], [sites]))
+        done |= set(m.odd_ranks)
+
+    # 2. a rank that raised an error of its own (not a peer's failure)
+    for r, d in sorted(dumps.dumps.items()):
+        if d.exception and not _is_comm_error(d.exception) and r not in done:
+            f, _ = user_frame(d.exception["frames"])
+            out.append(Verdict("crashed", [r], None, None, None, None, f,
+                               f"rank {r} raised {d.exception['type']}: {d.exception['message'][:200]} in {_where(f)}",
+                               FIXES["crashed"]))
+            done.add(r)
+
+    # 3. a rank that died of a fatal signal inside a collective while another rank was in a different one
+    for r, d in sorted(dumps.dumps.items()):
+        if d.kind != "faulthandler" or d.trigger != "fatal-signal" or r in done:
+            continue
+        st = states[r]
+        others = [s for s in states.values() if s.rank != r and s.current]
+        here = st.frame
+        diff = [s for s in others if st.activity == "collective" and s.current and here is not None]
+        if diff:
+            ranks = sorted({r, *(s.rank for s in diff)})
+            ev = [f"rank {r}: {st.library or 'collective'} called from {_where(here)} when it aborted ({d.fatal})"]
+            for s in diff:
+                e = dumps.dumps[s.rank].fr_entries[-1]
+                ev.append(f"rank {s.rank}: group {s.current['label']} collective #{s.current['seq']} "
+                          f"{_sig(e)} from {_where(_issue_site(e))}")
+            out.append(Verdict("desync", ranks, diff[0].current["group"], diff[0].current["label"],
+                               diff[0].current["seq"], st.library, here,
+                               f"rank {r} aborted ({d.fatal}) inside {st.library or 'a collective'} from "
+                               f"{_where(here)} while rank(s) {', '.join(str(s.rank) for s in diff)} were in a "
+                               f"different collective: the ranks disagree on the collective sequence "
+                               f"(gloo's size check aborts the process)", FIXES["desync"], ev))
+        else:
+            out.append(Verdict("aborted", [r], None, None, None, None, here,
+                               f"rank {r} died of a fatal signal ({d.fatal}) in {_where(here)}", FIXES["aborted"]))
+        done.update(out[-1].ranks)
+
+    # 4. per divergent group: who never entered, and why
+    for g in divs:
+        lagging = [r for r in g.never_entered + g.unknown if r not in done]
+        entered_steps = [states[r].last_step for r in g.entered if states[r].last_step is not None]
+        for r in lagging:
+            st = states[r]
+            coll = f"{g.op} {g.sizes} (collective #{g.seq} of group {g.label})"
+            waiters = ", ".join(map(str, g.entered))
+            if st.dump is None:
+                out.append(Verdict("no-dump", [r], g.group, g.label, g.seq, g.op, g.issued_at,
+                                   f"rank {r} wrote nothing; rank(s) {waiters} wait for it in {coll}, issued at "
+                                   f"{_where(g.issued_at)}", FIXES["no-dump"]))
+                done.add(r)
+                continue
+            # is r itself waiting in another group's frontier the others never entered? a cycle
+            other = next((h for h in divs if h is not g and r in h.entered and
+                          set(h.never_entered) & set(g.entered)), None)
+            if other is not None:
+                # a cycle: r waits in `other`, which the ranks waiting in g never entered. If the ranks
+                # are at different steps, the one ahead skipped the collective of the group it is behind in
+                peers = sorted(set(other.never_entered) & set(g.entered))
+                peer_steps = [states[q].last_step for q in peers if states[q].last_step is not None]
+                mine = st.last_step
+                if mine is not None and peer_steps and mine != max(peer_steps):
+                    if mine > max(peer_steps):
+                        skipper, skipped, waiting_in, others = [r], g, other, peers
+                    else:
+                        skipper = [q for q in peers if states[q].last_step == max(peer_steps)]
+                        skipped, waiting_in, others = other, g, [r]
+                    sk_step = states[skipper[0]].last_step
+                    ot_step = max(states[q].last_step or 0 for q in others)
+                    who = ", ".join(map(str, skipper))
+                    out.append(Verdict(
+                        "skipped-collective", skipper, skipped.group, skipped.label, skipped.seq, skipped.op,
+                        skipped.issued_at,
+                        f"rank {who} skipped {skipped.op} {skipped.sizes} (collective #{skipped.seq} of group "
+                        f"{skipped.label}) that rank(s) {', '.join(map(str, skipped.entered))} issued at "
+                        f"{_where(skipped.issued_at)}: it went on to step {sk_step} (the others are at step {ot_step}) "
+                        f"and now waits in {waiting_in.op} #{waiting_in.seq} of group {waiting_in.label} at "
+                        f"{_where(waiting_in.issued_at)}",
+                        FIXES["skipped-collective"],
+                        [f"rank {who} completed {sk_step} steps, rank(s) {', '.join(map(str, others))} {ot_step}"]))
+                    done.update([r, *peers])
+                else:
+                    pair = sorted({r, *peers})
+                    out.append(Verdict(
+                        "collective-order", pair, g.group, g.label, g.seq, g.op, g.issued_at or other.issued_at,
+                        f"ranks wait on each other in different groups: rank(s) {waiters} in {coll} from "
+                        f"{_where(g.issued_at)}; rank {r} in {other.op} #{other.seq} of group {other.label} from "
+                        f"{_where(other.issued_at)}: the ranks issue collectives on these groups in different orders",
+                        FIXES["collective-order"]))
+                    done.update(pair)
+                continue
+            cause: Cause
+            if st.dump == "faulthandler" and st.trigger == "gil-timeout":
+                cause = "gil-held"
+            elif st.dump == "faulthandler" and st.trigger == "fatal-signal":
+                cause = "aborted"
+            else:
+                cause = {"data-loader": "data-loader", "checkpoint": "checkpoint", "busy-loop": "busy-loop",
+                         "blocked": "blocked"}.get(st.activity, "user-code")
+            what = {"data-loader": "is blocked in its data loader", "checkpoint": "is still saving/loading a checkpoint",
+                    "busy-loop": "is looping", "blocked": "is blocked (sleep, lock, queue or a blocking call)",
+                    "gil-held": "holds the GIL (its watchdog thread could not run)", "aborted": "died",
+                    "user-code": "is running its own code"}[cause]
+            code = f": `{st.frame.code}`" if st.frame and st.frame.code else ""
+            out.append(Verdict(
+                cause, [r], g.group, g.label, g.seq, g.op, st.frame,
+                f"rank {r} never entered {coll}; it {what} in {_where(st.frame)}{code}; rank(s) {waiters} wait "
+                f"inside it (issued at {_where(g.issued_at)})", FIXES[cause]))
+            done.add(r)
+
+    # 5. silent ranks not explained above
+    for r in silent:
+        if r not in done:
+            out.append(Verdict("no-dump", [r], None, None, None, None, None,
+                               f"rank {r} wrote nothing: likely dead (OOM-killed, segfault, SIGKILL) or stuck below "
+                               "Python", FIXES["no-dump"]))
+    # 6. no divergence at all: every rank stalled at the same collective point, so what they do
+    # instead is the answer (all ranks in the loader: a shared filesystem; all looping)
+    if not out:
+        stalled: dict[tuple, list[int]] = {}
+        for s in states.values():
+            if s.dump and s.activity not in ("collective", "backward", "unknown"):
+                key = (s.activity, s.frame.where() if s.frame else None)
+                stalled.setdefault(key, []).append(s.rank)
+        for (act, _), ranks in stalled.items():
+            st = states[ranks[0]]
+            cause: Cause = {"data-loader": "data-loader", "checkpoint": "checkpoint", "busy-loop": "busy-loop",
+                            "blocked": "blocked"}.get(act, "user-code")
+            out.append(Verdict(cause, sorted(ranks), None, None, None, None, st.frame,
+                               f"no collective divergence: rank(s) {', '.join(map(str, sorted(ranks)))} stalled "
+                               f"outside any collective, in {_where(st.frame)} ({act})", FIXES[cause]))
+    # merge verdicts that name the same ranks and cause (a cycle seen from both groups)
+    merged: list[Verdict] = []
+    for v in out:
+        if not any(m.cause == v.cause and m.ranks == v.ranks for m in merged):
+            merged.append(v)
+    return merged
+
+
+FIXES: dict[str, str] = {
+    "desync": "Every rank of a group must issue the same collectives, with the same sizes, in the same order: look "
+              "for rank- or data-dependent branches around collectives (a rank that skips or adds one, uneven batch "
+              "counts, tensors of different shapes). TORCH_DISTRIBUTED_DEBUG=DETAIL checks each collective as it is "
+              "issued and names the first mismatch.",
+    "crashed": "Fix the error this rank raised; the other ranks' errors (connection reset, timeouts) are its "
+               "consequences.",
+    "aborted": "The rank's process aborted (fatal signal): read its stderr for the C++ error; with gloo a size check "
+               "failing means the ranks disagree on a collective.",
+    "skipped-collective": "Make the collective unconditional on every rank of its group: move the rank- or "
+                          "data-dependent condition inside it (all-reduce a zero or a flag instead of skipping).",
+    "collective-order": "Issue collectives on different process groups in one fixed order on every rank (a "
+                        "rank-dependent order deadlocks: each rank waits in a group the other has not reached).",
+    "no-dump": "This rank left no dump: it died (OOM killer, segfault, SIGKILL: check its log and `dmesg`) or is "
+               "frozen below Python (driver, kernel, hardware). The other ranks wait for it; restart from the last "
+               "checkpoint and investigate the node.",
+    "data-loader": "Find out why the read blocks (a stalled filesystem or network read, a dead loader worker); give "
+                   "the read a timeout, use DataLoader(num_workers>0, timeout=...) so a stuck read raises instead of "
+                   "hanging, and make every rank see the same number of batches (DistributedSampler(drop_last=True)).",
+    "checkpoint": "This rank is still saving (or loading) a checkpoint while the others wait in a collective: save "
+                  "collectively (torch.distributed.checkpoint, every rank) or asynchronously (dcp.async_save), or "
+                  "have the others wait at a barrier whose timeout covers the save.",
+    "busy-loop": "This rank loops without reaching the next collective: check the loop's exit condition (it may "
+                 "depend on rank-local data, e.g. an uneven number of batches).",
+    "blocked": "This rank waits on something outside the collective (a sleep, a lock, a queue, a subprocess, a "
+               "network call): make that wait bounded, or make it happen on every rank.",
+    "gil-held": "A thread held the GIL for the whole timeout (a C extension that does not release it): the "
+                "faulthandler stack shows where; release the GIL in that extension or move the call out of the "
+                "training process.",
+    "user-code": "This rank is in its own code, not in a collective: the shown frame is where it is; make sure "
+                 "every rank reaches the next collective (no rank-dependent early exit or extra work).",
+}
+
+
+def trend_from_analysis(analysis) -> Trend:
+    """Was a rank already late in the profiled steps? ``analyze``'s straggler verdict counts only
+    when its rule fired (the thresholds of diagnose/thresholds.py: a consistent, large wait), so
+    the run must be diagnosed (``analyze_path(..., diagnose=True)``)."""
+    s = getattr(analysis, "straggler", None)
+    if s is None:
+        return Trend(False, summary="the profiled steps name no straggler (fewer than 2 ranks or no collectives)")
+    waits = {int(r): float(w) / 1e3 for r, w in (s.wait_by_rank or {}).items()}
+    fired = any(f.id == "straggler" for f in getattr(analysis, "findings", []) or [])
+    if s.straggler is None or not fired:
+        return Trend(True, None, None, waits, "no rank was consistently late in the profiled steps")
+    return Trend(True, s.straggler, None, waits,
+                 f"in the profiled steps rank {s.straggler} was already the straggler "
+                 f"(last in {100 * s.last_fraction:.0f}% of steps, the others waited a median "
+                 f"{100 * s.spread_frac:.1f}% of the step for it" + (f"; cause: {s.cause}" if s.cause else "") + ")")

@@ -1,0 +1,64 @@
+"""`fsdpdoctor hang RUN_DIR`: which rank stopped, where, and why, from the hang watchdog's dumps
+(``hang/rank<N>.json``) joined with the profiled steps when the folder has them (docs/hang.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fsdpdoctor.errors import InputError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("hang", help="hang forensics: which rank stopped, where and why (from hang/ dumps)",
+                       description="Read the dumps the hang watchdog wrote (capture(..., hang_timeout_s=N) or "
+                                   "fsdpdoctor.capture.watch) and name, per process group, the collective where "
+                                   "the ranks diverge, the ranks that never entered it, what they do instead "
+                                   "(their innermost frame) and a fix.")
+    p.add_argument("path", help="the run folder (holding hang/) or the hang folder itself")
+    p.add_argument("--no-trend", action="store_true", help="do not read the profiled rank traces")
+    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a threshold, e.g. hang_busy_runnable_share=0.7")
+    p.add_argument("--config", metavar="FILE", help="JSON or TOML file of threshold overrides")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the report as JSON")
+    out.add_argument("--tui", action="store_true", help="open the terminal UI on the report (q quits)")
+    p.set_defaults(func=run)
+
+
+def build_report(path: str, trend: bool = True, thresholds: dict[str, float] | None = None):
+    from fsdpdoctor.analysis.hang import analyze_hang, trend_from_analysis
+    from fsdpdoctor.trace.hang import load_hang_dumps
+
+    dumps = load_hang_dumps(path)
+    tr = None
+    root = Path(dumps.run_dir)
+    if trend and any(root.glob("rank*.json*")):
+        from fsdpdoctor.session import analyze_path
+
+        try:
+            tr = trend_from_analysis(analyze_path(root, thresholds=thresholds))
+        except InputError as exc:
+            from fsdpdoctor.analysis.hang import Trend
+
+            tr = Trend(False, summary=f"the profiled traces could not be read ({exc})")
+    from fsdpdoctor.diagnose.thresholds import resolve
+
+    return analyze_hang(dumps, tr, resolve(thresholds))
+
+
+def run(args) -> int:
+    from fsdpdoctor.commands.common import parse_thresholds
+
+    rep = build_report(args.path, trend=not args.no_trend, thresholds=parse_thresholds(args))
+    if args.tui:
+        from fsdpdoctor.tui.hang_app import HangApp
+
+        return int(HangApp(rep).run() or 0)
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=2, default=str))
+    else:
+        from fsdpdoctor.report.hang import render
+
+        render(rep)
+    return 0

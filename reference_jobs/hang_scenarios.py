@@ -1,0 +1,56 @@
+"""The hanging reference scenarios, in one table (no torch import).
+
+Each: ``injects`` (one line), ``expected`` (the verdict ``fsdpdoctor hang`` must give on its
+dumps: ``cause``, the ``lagging`` ranks, the process group ``group`` and ``op`` of the
+collective where the ranks diverge, the user ``function`` the lagging rank is in), and
+``ends`` ("hang": the launcher kills the job after the dumps; "abort": gloo ends it itself).
+The job is ``hang_job.py``: a tiny DDP model on 2 CPU ranks (gloo) whose loop also all-reduces
+a metric on a second process group (``metrics``); the fault is injected at ``HANG_STEP``.
+"""
+
+from __future__ import annotations
+
+HANG_STEP = 6          # the step the fault happens at (steps 0..5 complete)
+HANG_TIMEOUT_S = 3.0   # watchdog timeout of the recorded runs
+GLOO_TIMEOUT_S = 60.0  # longer than the watchdog (+ launcher) needs: the dump comes first
+
+HANG_SCENARIOS: dict[str, dict] = {
+    "hang_loader": dict(
+        injects="rank 1's data loader blocks forever at step 6 (and slows down before it)",
+        ends="hang",
+        expected=dict(cause="data-loader", lagging=[1], group="default_pg", op="all_reduce",
+                      function="read_shard", silent=[])),
+    "hang_skip_collective": dict(
+        injects="rank 1 skips the metrics all-reduce (second process group) at step 6",
+        ends="hang",
+        expected=dict(cause="skipped-collective", lagging=[1], group="metrics", op="all_reduce",
+                      function="log_metrics", silent=[])),
+    "hang_skip_collective_default": dict(
+        injects="rank 1 skips the metrics all-reduce on the default group at step 6 (gloo aborts)",
+        ends="abort",
+        # rank 0 aborts in gloo's size check before any watchdog fires: it leaves only its
+        # faulthandler stacks, so nothing tells which of the two ranks is the wrong one: both are named
+        expected=dict(cause="desync", lagging=[0, 1], group="default_pg", op="all_reduce",
+                      function="log_metrics", silent=[])),
+    "hang_collective_order": dict(
+        injects="at step 6 rank 1 all-reduces the metrics group before the stats group, rank 0 after",
+        ends="hang",
+        expected=dict(cause="collective-order", lagging=[0, 1], group="metrics", op="all_reduce",
+                      function="log_metrics", silent=[])),
+    "hang_rank_raises": dict(
+        injects="rank 1 raises an exception in its step 6 (a bad batch): it exits, torchrun ends rank 0",
+        ends="abort",
+        expected=dict(cause="crashed", lagging=[1], group=None, op=None, function="check_batch", silent=[])),
+    "hang_dead_rank": dict(
+        injects="rank 1 is frozen by the kernel at step 6 (SIGSTOP: as a dead or hard-stuck peer looks to NCCL)",
+        ends="hang",
+        expected=dict(cause="no-dump", lagging=[1], group="default_pg", op="all_reduce",
+                      function=None, silent=[1])),
+}
+
+
+def expected(name: str) -> dict:
+    """expected.json of a recorded hang scenario: no diagnosis-rule expectations (the profiled
+    steps before the fault are healthy but for hang_loader's slowing rank), the hang verdict."""
+    sc = HANG_SCENARIOS[name]
+    return {"scenario": name, "injects": sc["injects"], "must": [], "must_not": [], "hang": sc["expected"]}

@@ -1,0 +1,517 @@
+"""`fsdpdoctor hang` on the bundled hang dumps (traces/hang_*), the dump reader without torch,
+malformed dumps, the console/JSON/TUI views, and the watchdog in one process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fsdpdoctor.analysis.hang import analyze_hang, is_library, user_frame
+from fsdpdoctor.cli import main
+from fsdpdoctor.trace.hang import Frame, load_hang_dumps, read_faulthandler
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "traces"
+HANG_RUNS = sorted(p.parent for p in TRACES.glob("hang_*/expected.json"))
+
+
+@pytest.fixture(autouse=True)
+def _restore_fr_env(monkeypatch):
+    """The watch sets TORCH_FR_BUFFER_SIZE in this process: undo it after each test."""
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+
+
+def check_verdict(rep, exp: dict) -> None:
+    """The report's first verdict is the expected one (cause, ranks, collective, frame)."""
+    assert rep.verdicts, "no verdict"
+    v = rep.verdicts[0]
+    assert v.cause == exp["cause"], (v.cause, v.summary)
+    assert sorted(v.ranks) == sorted(exp["lagging"]), (v.ranks, v.summary)
+    assert sorted(rep.silent) == sorted(exp["silent"])
+    if exp["op"]:
+        assert v.op == exp["op"], v.summary
+    if exp["cause"] in ("skipped-collective", "collective-order", "data-loader", "no-dump"):
+        # the collective the ranks diverge on is in the named group
+        assert exp["group"] in {d.label for d in rep.divergences} | {v.label}, v.summary
+    if exp["function"]:
+        assert v.frame is not None and v.frame.function == exp["function"], (v.frame, v.summary)
+        # the source line is shown and exists in the job's source
+        src = (ROOT / v.frame.file).read_text().splitlines() if (ROOT / v.frame.file).is_file() else None
+        if src is not None:
+            assert 1 <= v.frame.line <= len(src)
+
+
+@pytest.mark.parametrize("run", HANG_RUNS, ids=[p.name for p in HANG_RUNS])
+def test_bundled_dumps_verdict(run):
+    exp = json.loads((run / "expected.json").read_text())["hang"]
+    rep = analyze_hang(load_hang_dumps(run))
+    check_verdict(rep, exp)
+    assert rep.verdicts[0].fix
+
+
+def test_bundled_scenarios_all_present():
+    names = {p.name for p in HANG_RUNS}
+    assert {"hang_loader", "hang_skip_collective", "hang_skip_collective_default", "hang_collective_order",
+            "hang_dead_rank", "hang_rank_raises"} <= names
+
+
+def test_reader_needs_no_torch():
+    """Reading and analysing dumps works with torch unimportable."""
+    run = TRACES / "hang_loader"
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from fsdpdoctor.cli import main\n"
+            f"rc = main(['hang', {str(run)!r}, '--json', '--no-trend'])\n"
+            "assert 'torch' not in [m.split('.')[0] for m in sys.modules if sys.modules[m] is not None]\n"
+            "raise SystemExit(rc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["verdicts"][0]["cause"] == "data-loader" and doc["verdicts"][0]["ranks"] == [1]
+
+
+def test_loader_trend_from_profiled_steps():
+    """hang_loader's rank 1 slows down before it blocks: the profiled steps show it already late."""
+    from fsdpdoctor.commands.hang import build_report
+
+    rep = build_report(str(TRACES / "hang_loader"))
+    assert rep.trend is not None and rep.trend.available
+    assert rep.trend.straggler == 1 and rep.trend.lagging_was_straggler is True
+
+
+def test_dead_rank_named_silent():
+    rep = analyze_hang(load_hang_dumps(TRACES / "hang_dead_rank"))
+    assert rep.silent == [1] and rep.dumped == [0]
+    assert rep.ranks[1].dump is None
+    # rank 0 waits inside the collective rank 1 never reached
+    d = next(d for d in rep.divergences if d.label == "default_pg")
+    assert d.entered == [0] and d.unknown == [1]
+
+
+def test_subset_of_dumps(tmp_path):
+    """Only the waiting rank's dump: the other rank is named as silent, not guessed."""
+    run = tmp_path / "run"
+    (run / "hang").mkdir(parents=True)
+    src = TRACES / "hang_loader" / "hang" / "rank0.json"
+    (run / "hang" / "rank0.json").write_bytes(src.read_bytes())
+    rep = analyze_hang(load_hang_dumps(run))
+    assert rep.silent == [1]
+    assert rep.verdicts[0].cause == "no-dump" and rep.verdicts[0].ranks == [1]
+
+
+def test_console_and_json(capsys):
+    run = TRACES / "hang_skip_collective"
+    assert main(["hang", str(run), "--no-trend"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped-collective" in out and "log_metrics" in out and "fix:" in out
+    assert main(["hang", str(run), "--json", "--no-trend"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["fsdpdoctor_hang_report"] == 1
+    v = doc["verdicts"][0]
+    assert v["cause"] == "skipped-collective" and v["ranks"] == [1] and v["frame"]["function"] == "log_metrics"
+
+
+def test_analyze_mentions_hang_folder(capsys):
+    assert main(["analyze", str(TRACES / "hang_loader"), "--no-progress"]) == 0
+    assert "fsdpdoctor hang" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- malformed input
+def _one_line_error(capsys, path) -> str:
+    rc = main(["hang", str(path), "--no-trend"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("fsdpdoctor: error:"), err
+    return err
+
+
+def _run_with(tmp_path, name: str, text: str) -> Path:
+    run = tmp_path / "run"
+    (run / "hang").mkdir(parents=True)
+    (run / "hang" / name).write_text(text)
+    return run
+
+
+@pytest.mark.parametrize("name,text,needle", [
+    ("rank0.json", '{"fsdpdoctor_hang": 1, "rank": 0, "threads": [', "not valid JSON"),
+    ("rank0.json", '[1, 2]', "no fsdpdoctor_hang version"),
+    ("rank0.json", '{"fsdpdoctor_hang": 9, "rank": 0}', "unsupported version"),
+    ("rank0.json", '{"fsdpdoctor_hang": 1}', "rank missing"),
+    ("rank0.json", '{"fsdpdoctor_hang": 1, "rank": 1}', "the file says rank 1"),
+    ("rank0.json", '{"fsdpdoctor_hang": 1, "rank": 0, "flight_recorder": {"entries": [{"x": 1}]}}',
+     "lacks collective_seq_id"),
+    ("rank0.json", '{"fsdpdoctor_hang": 1, "rank": 0, "threads": [{"frames": [{"file": 3}]}]}', "frame lacks"),
+    ("rank0.faulthandler.txt", "Thread 0x1 (most recent call first):\n", "no fsdpdoctor faulthandler header"),
+    ("rank0.faulthandler.txt", "# fsdpdoctor faulthandler rank=0 last_step=3 timeout_s=5 unix=1\ngarbage\n",
+     "no traceback"),
+])
+def test_malformed_dump_is_one_line(tmp_path, capsys, name, text, needle):
+    err = _one_line_error(capsys, _run_with(tmp_path, name, text))
+    assert needle in err and name in err
+
+
+def test_missing_and_empty(tmp_path, capsys):
+    assert "no such file" in _one_line_error(capsys, tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    assert "no hang dumps" in _one_line_error(capsys, tmp_path / "empty")
+    f = tmp_path / "file.json"
+    f.write_text("{}")
+    assert "not a folder" in _one_line_error(capsys, f)
+    run = _run_with(tmp_path, "rank0.faulthandler.txt", "# fsdpdoctor faulthandler rank=0 last_step=3 timeout_s=5 u\n")
+    assert "only empty faulthandler files" in _one_line_error(capsys, run)
+
+
+def test_inputs_not_modified(capsys):
+    run = TRACES / "hang_collective_order"
+    before = {p: p.read_bytes() for p in (run / "hang").iterdir()}
+    assert main(["hang", str(run), "--json", "--no-trend"]) == 0
+    capsys.readouterr()
+    assert before == {p: p.read_bytes() for p in (run / "hang").iterdir()}
+
+
+# --------------------------------------------------------------------------- frames
+def test_user_frame_skips_library_frames():
+    frames = [Frame("train.py", 10, "<module>"), Frame("train.py", 40, "main"),
+              Frame("/usr/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 3000, "all_reduce"),
+              Frame("/usr/lib/python3.11/threading.py", 300, "wait")]
+    f, lib = user_frame(frames)
+    assert (f.function, f.line, lib) == ("main", 40, "wait")
+    assert is_library("/opt/venv/lib/python3.12/site-packages/x.py") and is_library("<frozen runpy>")
+    assert not is_library("/home/me/project/lib/data.py")
+
+
+def test_faulthandler_parse(tmp_path):
+    p = tmp_path / "rank3.faulthandler.txt"
+    p.write_text("# fsdpdoctor faulthandler rank=3 last_step=12 timeout_s=60 unix=1.0\n"
+                 "Timeout (0:01:15)!\n"
+                 "Thread 0x00007f0000000001 (most recent call first):\n"
+                 '  File "/usr/lib/python3.11/threading.py", line 331 in wait\n\n'
+                 "Thread 0x00007f0000000002 (most recent call first):\n"
+                 '  File "/job/native.py", line 7 in crunch\n'
+                 '  File "/job/train.py", line 99 in main\n'
+                 '  File "/job/train.py", line 120 in <module>\n')
+    d = read_faulthandler(p)
+    assert d.rank == 3 and d.last_step == 12 and d.trigger == "gil-timeout"
+    main_t = d.main_thread
+    assert [f.function for f in main_t.frames] == ["<module>", "main", "crunch"]
+
+
+# --------------------------------------------------------------------------- the TUI
+textual = pytest.importorskip("textual")
+
+
+@pytest.mark.asyncio
+async def test_tui_shows_verdict_and_ranks():
+    from pilot import check_help_theme_quit, dump
+
+    from fsdpdoctor.tui.hang_app import HangApp, HangHelpScreen
+
+    rep = analyze_hang(load_hang_dumps(TRACES / "hang_loader"))
+    app = HangApp(rep)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        screen = dump(app)
+        assert "data-loader" in screen and "read_shard" in screen and "fix:" in screen
+        # the cursor starts on the lagging rank; moving up shows rank 0's state
+        assert "rank 1:" in screen
+        await pilot.press("up")
+        await pilot.pause()
+        assert "rank 0:" in dump(app)
+        await check_help_theme_quit(app, pilot, HangHelpScreen, "pick a rank")
+
+
+# --------------------------------------------------------------------------- the watchdog, in process
+def test_watch_dumps_on_stall_and_not_while_stepping(tmp_path):
+    from fsdpdoctor.capture.watch import watch
+
+    out = tmp_path / "run"
+    with watch(out, timeout_s=0.4) as w:
+        for _ in range(10):  # 0.6 s of progress: no dump
+            time.sleep(0.06)
+            w.step()
+        assert not (out / "hang" / "rank0.json").exists()
+        deadline = time.time() + 10
+        while not (out / "hang" / "rank0.json").exists() and time.time() < deadline:
+            time.sleep(0.05)  # the stall (a sleep in user code)
+    doc = json.loads((out / "hang" / "rank0.json").read_text())
+    assert doc["trigger"] == "timeout" and doc["last_step"] == 10 and doc["seconds_since_step"] >= 0.4
+    main_t = next(t for t in doc["threads"] if t["main"])
+    assert any(f["function"] == "test_watch_dumps_on_stall_and_not_while_stepping" for f in main_t["frames"])
+    assert not any(t["name"] == "fsdpdoctor-hang-watchdog" for t in doc["threads"])
+    # close() removed the faulthandler file that held only its header
+    assert not (out / "hang" / "rank0.faulthandler.txt").exists()
+
+
+def test_watch_off_leaves_nothing(tmp_path):
+    from fsdpdoctor.capture.watch import watch
+
+    with watch(tmp_path / "run", timeout_s=5) as w:
+        for _ in range(3):
+            w.step()
+    assert not (tmp_path / "run" / "hang").exists()
+
+
+def test_watch_dumps_on_exception(tmp_path):
+    from fsdpdoctor.capture.watch import watch
+
+    def failing_step():
+        raise KeyError("missing_batch_key")
+
+    with pytest.raises(KeyError):
+        with watch(tmp_path / "run", timeout_s=60) as w:
+            w.step()
+            failing_step()
+    doc = json.loads((tmp_path / "run" / "hang" / "rank0.json").read_text())
+    assert doc["trigger"] == "exception" and doc["exception"]["type"] == "KeyError"
+    assert doc["exception"]["frames"][-1]["function"] == "failing_step"
+    rep = analyze_hang(load_hang_dumps(tmp_path / "run"))
+    assert rep.verdicts[0].cause == "crashed" and rep.verdicts[0].frame.function == "failing_step"
+
+
+def _gil_holder_n() -> int:
+    """A pattern length whose catastrophic regex backtracking (which holds the GIL) takes >= 1.5 s."""
+    import re
+
+    pat = re.compile(r"(a+)+$")
+    n = 12
+    while True:
+        t0 = time.perf_counter()
+        pat.match("a" * n + "b")
+        if time.perf_counter() - t0 > 0.03:
+            return n + 6  # x64
+        n += 1
+
+
+def test_watch_gil_held_faulthandler(tmp_path, monkeypatch):
+    """A thread holding the GIL: the Python watchdog cannot run, faulthandler's C timer answers."""
+    import re
+
+    monkeypatch.setenv("RANK", "0")  # as under a launcher: the file is named by rank from the start
+
+    from fsdpdoctor.capture.watch import watch
+
+    n = _gil_holder_n()
+    out = tmp_path / "run"
+    with watch(out, timeout_s=0.3) as w:
+        time.sleep(0.2)  # the watchdog arms the C timer at its first poll
+        w.step()
+        time.sleep(0.1)
+        re.compile(r"(a+)+$").match("a" * n + "b")  # holds the GIL for seconds
+        fh = (out / "hang" / "rank0.faulthandler.txt").read_text()
+        time.sleep(0.5)
+    assert "Timeout (" in fh and "test_watch_gil_held_faulthandler" in fh
+    d = read_faulthandler(out / "hang" / "rank0.faulthandler.txt")
+    assert d.trigger == "gil-timeout"
+    assert threading.active_count() >= 1
+
+
+def test_watch_sets_aside_a_dump_when_steps_resume(tmp_path):
+    """A stall that ends (a slow checkpoint save) is not a hang: its dump is set aside."""
+    from fsdpdoctor.capture.watch import watch
+
+    out = tmp_path / "run"
+    with watch(out, timeout_s=0.3) as w:
+        w.step()
+        deadline = time.time() + 10
+        while not (out / "hang" / "rank0.json").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        assert (out / "hang" / "rank0.json").exists()
+        w.step()
+        deadline = time.time() + 10
+        while (out / "hang" / "rank0.json").exists() and time.time() < deadline:
+            time.sleep(0.02)
+            w.step()
+    assert not (out / "hang" / "rank0.json").exists()
+    assert json.loads((out / "hang" / "rank0.recovered.json").read_text())["last_step"] == 1
+
+
+def test_busy_threshold_default_matches_table():
+    from fsdpdoctor.analysis.hang import BUSY_RUNNABLE_SHARE
+    from fsdpdoctor.diagnose.thresholds import defaults
+
+    assert defaults()["hang_busy_runnable_share"] == BUSY_RUNNABLE_SHARE
+
+
+def test_watch_tells_busy_loop_from_blocked(tmp_path):
+    """A one-line spin (its line never moves) and a sleep: only the time runnable tells them apart."""
+    from fsdpdoctor.analysis.hang import activity
+    from fsdpdoctor.capture.watch import watch
+    from fsdpdoctor.trace.hang import read_json_dump
+
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("per-thread scheduler statistics need /proc")
+
+    def spin(out):
+        while not (out / "hang" / "rank0.json").exists(): pass  # noqa: E701
+
+    def block(out):
+        while not (out / "hang" / "rank0.json").exists():
+            time.sleep(0.01)
+
+    kinds = {}
+    for fn in (spin, block):
+        out = tmp_path / fn.__name__
+        with watch(out, timeout_s=0.3) as w:
+            w.step()
+            fn(out)
+        d = read_json_dump(out / "hang" / "rank0.json")
+        kinds[fn.__name__] = (activity(d)[0], activity(d)[1].function, d.main_runnable_share)
+    assert kinds["spin"][:2] == ("busy-loop", "spin"), kinds
+    assert kinds["block"][:2] == ("blocked", "block"), kinds
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    (dst / "hang").mkdir(parents=True)
+    for p in (src / "hang").iterdir():
+        (dst / "hang" / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+def test_size_mismatch_at_same_seq_is_a_desync(tmp_path):
+    """Change one rank's size at one recorded collective: a desync at that sequence number."""
+    run = _copy_run(TRACES / "hang_collective_order", tmp_path / "run")
+    p = run / "hang" / "rank1.json"
+    doc = json.loads(p.read_text())
+    entries = doc["flight_recorder"]["entries"]
+    target = next(e for e in entries if e["profiling_name"].endswith("all_reduce") and e["collective_seq_id"] == 10
+                  and e["process_group"][0] == "0")
+    target["input_sizes"] = [[12345]]
+    p.write_text(json.dumps(doc))
+    rep = analyze_hang(load_hang_dumps(run))
+    assert rep.mismatches and rep.mismatches[0].seq == 10 and rep.mismatches[0].group == "0"
+    v = rep.verdicts[0]
+    assert v.cause == "desync" and v.seq == 10 and "12345" in v.summary
+
+
+def test_first_missing_collective_is_reported(tmp_path):
+    """The waiting rank enqueued two more collectives (as NCCL's async issue allows): the divergence
+    is the first one the lagging rank never entered, not the last one enqueued."""
+    run = _copy_run(TRACES / "hang_loader", tmp_path / "run")
+    p = run / "hang" / "rank0.json"
+    doc = json.loads(p.read_text())
+    fr = doc["flight_recorder"]
+    last = max((e for e in fr["entries"] if e["process_group"][0] == "0"), key=lambda e: e["collective_seq_id"])
+    first = last["collective_seq_id"]
+    for k in (1, 2):
+        fr["entries"].append({**last, "collective_seq_id": first + k, "input_sizes": [[7]]})
+    fr["pg_status"]["0"]["last_enqueued_collective"] = first + 2
+    p.write_text(json.dumps(doc))
+    rep = analyze_hang(load_hang_dumps(run))
+    d = next(d for d in rep.divergences if d.group == "0")
+    assert d.seq == first and d.never_entered == [1] and d.sizes == last["input_sizes"]
+    assert rep.verdicts[0].cause == "data-loader"
+
+
+def test_all_ranks_stalled_outside_collectives(tmp_path):
+    """Both ranks in the same user code and no divergence: the verdict names both and the frame."""
+    run = _copy_run(TRACES / "hang_loader", tmp_path / "run")
+    one = json.loads((run / "hang" / "rank1.json").read_text())
+    zero = json.loads((run / "hang" / "rank0.json").read_text())
+    one["rank"] = 0
+    one["flight_recorder"] = zero["flight_recorder"]
+    # rank 0 at the same point as rank 1: drop rank 0's last (unmatched) default-group collective
+    fr = one["flight_recorder"]
+    last = max(e["collective_seq_id"] for e in fr["entries"] if e["process_group"][0] == "0")
+    fr["entries"] = [e for e in fr["entries"] if not (e["process_group"][0] == "0" and e["collective_seq_id"] == last)]
+    fr["pg_status"]["0"]["last_enqueued_collective"] = last - 1
+    (run / "hang" / "rank0.json").write_text(json.dumps(one))
+    two = json.loads((run / "hang" / "rank1.json").read_text())
+    two["flight_recorder"] = fr
+    (run / "hang" / "rank1.json").write_text(json.dumps(two))
+    rep = analyze_hang(load_hang_dumps(run))
+    assert not rep.divergences
+    v = rep.verdicts[0]
+    assert v.cause == "data-loader" and v.ranks == [0, 1] and v.frame.function == "read_shard"
+
+
+def test_watch_names_faulthandler_file_once_rank_known(tmp_path, monkeypatch):
+    """Started before the rank is known (mp.spawn: no RANK yet), the file has a per-process name;
+    the watchdog renames it to rank<N> once the rank is known, and the open descriptor follows."""
+    from fsdpdoctor.capture.watch import watch
+
+    monkeypatch.delenv("RANK", raising=False)
+    out = tmp_path / "run"
+    w = watch(out, timeout_s=0.2).start()
+    try:
+        pid_files = list((out / "hang").glob(".pid*.faulthandler.txt"))
+        assert len(pid_files) == 1
+        monkeypatch.setenv("RANK", "3")
+        w.step()
+        deadline = time.time() + 5
+        while not (out / "hang" / "rank3.faulthandler.txt").exists() and time.time() < deadline:
+            time.sleep(0.02)
+            w.step()
+        assert (out / "hang" / "rank3.faulthandler.txt").exists() and not pid_files[0].exists()
+    finally:
+        w.close()
+    assert not (out / "hang").exists()  # nothing happened: removed
+
+
+def test_desync_tie_names_the_rank_with_a_new_call_site(tmp_path):
+    """Two ranks disagree at one collective; the one whose collective comes from a call site it
+    never used before (a barrier only it calls) is named, not both."""
+    run = _copy_run(TRACES / "hang_collective_order", tmp_path / "run")
+    p = run / "hang" / "rank0.json"
+    doc = json.loads(p.read_text())
+    e = next(e for e in doc["flight_recorder"]["entries"]
+             if e["process_group"][0] == "0" and e["collective_seq_id"] == 10)
+    e["profiling_name"] = "gloo:barrier"
+    e["input_sizes"] = [[1]]
+    e["frames"] = [{"name": "maybe_sync", "filename": "reference_jobs/hang_job.py", "line": 3},
+                   *e["frames"][-2:]]  # innermost first, as torch writes them
+    p.write_text(json.dumps(doc))
+    rep = analyze_hang(load_hang_dumps(run))
+    v = rep.verdicts[0]
+    assert v.cause == "desync" and v.ranks == [0] and v.op == "barrier"
+    assert v.frame.function == "maybe_sync"
+
+
+def test_signature_ignores_sizes_where_ranks_may_differ():
+    from fsdpdoctor.trace.hang import FrEntry
+
+    def e(op, sizes):
+        return FrEntry("0", 5, op, "nccl", sizes, sizes, ["Float"], "scheduled", False, None, [])
+
+    assert e("all_reduce", [[8]]).signature() != e("all_reduce", [[9]]).signature()
+    assert e("_allgather_base", [[8]]).signature() != e("_allgather_base", [[9]]).signature()
+    assert e("reduce_scatter_tensor", [[8]]).signature() != e("reduce_scatter_tensor", [[9]]).signature()
+    # uneven all-to-all splits and a gather's root are legitimate size differences
+    assert e("all_to_all_single", [[8]]).signature() == e("all_to_all_single", [[9]]).signature()
+    assert e("gather", [[8], [8]]).signature() == e("gather", [[8]]).signature()
+    assert e("gather", [[8]]).signature() != e("all_reduce", [[8]]).signature()
+
+
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("torch"), reason="torch is not installed")
+def test_watch_says_when_flight_recorder_was_set_late(tmp_path, monkeypatch):
+    """A process group created before the watch, with TORCH_FR_BUFFER_SIZE unset: the dump says so."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        from fsdpdoctor.capture.watch import watch
+
+        with watch(tmp_path / "run", timeout_s=60) as w:
+            dist.all_reduce(torch.ones(4))
+            w.dump("timeout")
+        doc = json.loads((tmp_path / "run" / "hang" / "rank0.json").read_text())
+        fr = doc["flight_recorder"]
+        assert fr["set_before_process_group"] is False
+        assert "unset when the process group was created" in fr["note"]
+        assert doc["groups"]["0"]["ranks"] == [0] and doc["groups"]["0"]["backend"] == "gloo"
+        if fr["entries"]:  # torch 2.13 records by default: the all_reduce is there
+            assert fr["entries"][-1]["profiling_name"].endswith("all_reduce")
+    finally:
+        dist.destroy_process_group()
