@@ -63,7 +63,13 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
                  use_summaries: bool = True, write_summaries: bool = False,
                  summary_dir: Path | None = None) -> tuple[dict | None, list[RankResult]]:
     """Every rank's ``RankResult``: from current summaries where allowed, else from the map."""
+    if path.is_dir() and not _trace_files(path) and not write_summaries:
+        summaries = sorted(path.glob("*" + rankresult.SUMMARY_SUFFIX))
+        if summaries:  # summaries copied away from their traces: nothing to check them against
+            return read_manifest(path), _only_summaries(path, summaries, ranks)
     manifest, groups = find_inputs(path, ranks)
+    if write_summaries:
+        _check_writable(groups, summary_dir)
     dtype = param_dtype(manifest)
     results: list[RankResult] = []
     todo: list[RankUnit] = []
@@ -94,6 +100,37 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
             raise InputError(path, f"no trace for rank(s) {', '.join(map(str, ranks))}")
     results.sort(key=lambda r: r.rank)
     return manifest, results
+
+
+def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None) -> list[RankResult]:
+    out = []
+    for f in files:
+        try:
+            r = rankresult.decode(f.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise InputError(f, f"unreadable summary ({str(exc)[:80]})") from None
+        if r.analysis_version != rankresult.ANALYSIS_VERSION:
+            raise InputError(f, f"summary of analysis version {r.analysis_version}, this is "
+                                f"{rankresult.ANALYSIS_VERSION}: rebuild it with `fsdpdoctor summarize` on the traces")
+        out.append(r)
+    _check_consistent(path, out)
+    if ranks is not None:
+        out = [r for r in out if r.rank in set(ranks)]
+        if not out:
+            raise InputError(path, f"no summary for rank(s) {', '.join(map(str, ranks))}")
+    return sorted(out, key=lambda r: r.rank)
+
+
+def _check_writable(groups: list[list[Path]], summary_dir: Path | None) -> None:
+    """Never write into a folder marked read-only (even as root, who could)."""
+    import os
+    import stat
+
+    folders = {summary_dir} if summary_dir else {f.parent for g in groups for f in g}
+    for d in folders:
+        mode = stat.S_IMODE(os.stat(d).st_mode)
+        if not mode & 0o222 or not os.access(d, os.W_OK):
+            raise InputError(d, "folder is read-only: write the summaries elsewhere with --out DIR")
 
 
 class _Reporter:
