@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from fsdpdoctor.analysis import rankresult
-from fsdpdoctor.analysis.engine import param_dtype, reduce
+from fsdpdoctor.analysis.engine import param_dtype as model_dtype
+from fsdpdoctor.analysis.engine import reduce
 from fsdpdoctor.analysis.rankresult import RankResult
 from fsdpdoctor.engines import RankUnit, make_engine
 from fsdpdoctor.errors import InputError
@@ -60,17 +61,17 @@ def find_inputs(path: Path, ranks: list[int] | None = None) -> tuple[dict | None
 
 def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
                  progress: Progress | None = None, dask: str | None = None, workers: int | None = None,
-                 use_summaries: bool = True, write_summaries: bool = False,
-                 summary_dir: Path | None = None) -> tuple[dict | None, list[RankResult]]:
+                 use_summaries: bool = True, write_summaries: bool = False, summary_dir: Path | None = None,
+                 param_dtype: str | None = None) -> tuple[dict | None, list[RankResult]]:
     """Every rank's ``RankResult``: from current summaries where allowed, else from the map."""
     if path.is_dir() and not _trace_files(path) and not write_summaries:
-        summaries = sorted(path.glob("*" + rankresult.SUMMARY_SUFFIX))
+        summaries = sorted(p for p in path.glob("*" + rankresult.SUMMARY_SUFFIX) if not p.name.startswith("."))
         if summaries:  # summaries copied away from their traces: nothing to check them against
             return read_manifest(path), _only_summaries(path, summaries, ranks)
     manifest, groups = find_inputs(path, ranks)
     if write_summaries:
         _check_writable(groups, summary_dir)
-    dtype = param_dtype(manifest)
+    dtype = param_dtype or model_dtype(manifest)
     results: list[RankResult] = []
     todo: list[RankUnit] = []
     for files in groups:

@@ -16,6 +16,9 @@ def register(sub) -> None:
                                    "beside the trace (or into --out); `analyze` then reads the summaries.")
     p.add_argument("path", help="a trace file (.json/.json.gz) or a folder of per-rank traces")
     p.add_argument("--out", metavar="DIR", help="write the summaries here instead of beside the traces")
+    p.add_argument("--param-dtype", metavar="DTYPE",
+                   help="the model's dtype, assumed for collectives recorded without one (default: the "
+                        "folder manifest's model.param_dtype)")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_engine_args(p)
@@ -35,7 +38,8 @@ def run(args) -> int:
     kw.pop("use_summaries")
     try:
         with progress_bar(not args.no_progress and not args.quiet) as cb:
-            _, results = rank_results(Path(args.path), progress=cb, write_summaries=True, summary_dir=out, **kw)
+            _, results = rank_results(Path(args.path), progress=cb, write_summaries=True, summary_dir=out,
+                                      param_dtype=args.param_dtype, **kw)
     except PermissionError as exc:
         raise InputError(exc.filename, "cannot write the summary here (read-only?): use --out DIR") from None
     except OSError as exc:

@@ -19,7 +19,7 @@ from fsdpdoctor.analysis.collectives import (
     kind_from_op, to_int,
 )
 from fsdpdoctor.analysis.context import RankContext
-from fsdpdoctor.analysis.dialects import gloo_cpu
+from fsdpdoctor.analysis.dialects.gloo_cpu import extract_spans
 from fsdpdoctor.analysis.dialects.base import (
     CollectiveRecord, StepWindow, Timelines, comm_by_kind_and_phase, host_step_windows,
 )
@@ -60,7 +60,7 @@ class NcclGpu:
     def collectives(self, ctx: RankContext) -> list[CollectiveRecord]:
         out = extract_kernels(ctx)
         # kernels, but the collectives ran elsewhere (gloo with CUDA compute): read the gloo spans
-        return out or gloo_cpu.extract_spans(ctx)
+        return out or extract_spans(ctx)
 
     def timelines(self, ctx: RankContext, records: list[CollectiveRecord]) -> Timelines:
         t = ctx.t
