@@ -126,7 +126,7 @@ class DaskEngine:
                                             dashboard_address=None)
                 self.client = Client(self.cluster)
             else:
-                self.client = Client(address, timeout="30s")
+                self.client = Client(address, timeout="10s")
         except (OSError, TimeoutError) as exc:
             raise InputError(None, f"--dask {address}: cannot reach the scheduler ({exc})") from None
 
