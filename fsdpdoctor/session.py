@@ -78,6 +78,7 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
         if use_summaries and steps is None and len(files) == 1 and not write_summaries:
             r = rankresult.read_current(files[0])
             if r is not None and r.param_dtype == dtype:
+                r.summary.file = str(files[0])  # the path as given now, as a re-read would report it
                 results.append(r)
                 continue
         todo.append(RankUnit(files=tuple(str(f) for f in files), steps=tuple(sorted(steps)) if steps else None,
