@@ -262,3 +262,44 @@ def test_no_import_cycles_at_module_level():
     for m in graph:
         if m not in state:
             visit(m, [])
+
+
+# ------------------------------------------------------------------ loader paths
+def test_columnar_and_per_event_readings_agree_on_real_traces():
+    import numpy as np
+
+    from fsdpdoctor.trace import loader
+    from fsdpdoctor.trace.events import decode_trace
+    from fsdpdoctor.trace.io import read_bytes
+
+    files = [TRACES / "fsdp2_default" / "rank0.json.gz"]
+    if PUBLIC is not None:
+        files += [PUBLIC / "ddp_a100_rank0" / "nccl_data.json.gz",
+                  PUBLIC / "mi300_rccl_ddp_act_checkpoint" / "resnet_act_checkpoint.json.gz"]
+    for f in files:
+        _, events, _ = decode_trace(read_bytes(f), f)
+        fast = loader._columns_fast(list(events))
+        slow = loader._columns_per_event(list(events))
+        assert fast is not None
+        for a, b in zip(fast, slow):
+            if isinstance(a, np.ndarray):
+                assert a.dtype == b.dtype and np.array_equal(a, b)
+            elif isinstance(a, list) and a and hasattr(a[0], "pid"):
+                assert [(t.pid, t.tid) for t in a] == [(t.pid, t.tid) for t in b]
+            else:
+                assert a == b
+
+
+def test_an_unreadable_event_is_skipped_and_counted(tmp_path):
+    from fsdpdoctor.trace.loader import load_file
+
+    good = [{"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 100, "pid": 1, "tid": 1},
+            {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 10, "dur": 20, "pid": 1, "tid": 1}]
+    bad = [{"ph": "X", "name": ["a list"], "ts": 5, "dur": 1, "pid": 1, "tid": 1},
+           {"ph": "X", "name": "x", "ts": "soon", "dur": 1, "pid": 1, "tid": 1},
+           {"ph": "X", "name": "y", "ts": 7, "dur": {"a": 1}, "pid": 1, "tid": 1}]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": good[:1] + bad + good[1:]}))
+    t = load_file(p)
+    assert t.names == ["ProfilerStep#1", "aten::mm"] and t.unreadable_events == len(bad)
+    assert list(t.ts) == [0.0, 10.0]
