@@ -67,6 +67,9 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
     if path.is_dir() and not _trace_files(path) and not write_summaries:
         summaries = sorted(p for p in path.glob("*" + rankresult.SUMMARY_SUFFIX) if not p.name.startswith("."))
         if summaries:  # summaries copied away from their traces: nothing to check them against
+            if steps is not None:
+                raise InputError(path, "--steps needs the traces: this folder holds only per-rank summaries "
+                                       "(made for all steps)")
             return read_manifest(path), _only_summaries(path, summaries, ranks)
     manifest, groups = find_inputs(path, ranks)
     if write_summaries:
