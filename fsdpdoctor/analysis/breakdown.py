@@ -13,23 +13,17 @@ from __future__ import annotations
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects.base import CollectiveRecord, StepWindow, Timelines
-from fsdpdoctor.analysis.dialects.gloo_cpu import fsdp_hook_set  # noqa: F401  (moved; old import path)
 from fsdpdoctor.results import Collective, KindTime, StepBreakdown
 
-__all__ = ["StepWindow", "Timelines", "breakdown_step", "launch_times", "mean_breakdown", "step_windows",
-           "timelines"]
+__all__ = ["StepWindow", "Timelines", "breakdown_step", "mean_breakdown", "step_windows", "timelines"]
 
 
-def step_windows(ctx: RankContext, launch_ts: dict[int, float] | None = None) -> list[StepWindow]:
-    """The rank's step windows, as its dialect cuts them (``launch_ts`` is kept for old callers)."""
+def step_windows(ctx: RankContext) -> list[StepWindow]:
+    """The rank's step windows, as its dialect cuts them."""
     return ctx.dialect_impl.step_windows(ctx)
 
 
-def launch_times(ctx: RankContext) -> dict[int, float]:
-    return ctx.launch_ts
-
-
-def timelines(ctx: RankContext, collectives: list, launch_ts: dict[int, float] | None = None) -> Timelines:
+def timelines(ctx: RankContext, collectives: list) -> Timelines:
     """Compute/optimizer/communication sets from the dialect (records or plain ``Collective`` list)."""
     recs = [c if isinstance(c, CollectiveRecord) else CollectiveRecord(coll=c) for c in collectives]
     return ctx.dialect_impl.timelines(ctx, recs)

@@ -22,10 +22,10 @@ from fsdpdoctor.analysis import signals as signals_mod
 from fsdpdoctor.analysis import stragglers
 from fsdpdoctor.analysis.breakdown import breakdown_step, mean_breakdown
 from fsdpdoctor.analysis.context import RankContext
-from fsdpdoctor.analysis.dialects import by_name, detect
+from fsdpdoctor.analysis.dialects import detect
 from fsdpdoctor.analysis.rankresult import RankResult, TraceStamp, Window
 from fsdpdoctor.results import (
-    Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals, StepBreakdown,
+    Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals,
 )
 from fsdpdoctor.trace.loader import Run
 from fsdpdoctor.trace.table import RankTrace
@@ -229,7 +229,7 @@ def _job_info(results: list[RankResult], kept: list[RankResult], manifest: dict 
     steps = sorted({s.step for r in kept for s in r.summary.steps if s.step is not None})
     first = results[0] if results else None
     family = first.family if first else "cpu"
-    traits = first.traits if first else (by_name("gloo-cpu").traits if by_name("gloo-cpu") else DialectTraits())
+    traits = first.traits if first else DialectTraits()
     return JobInfo(
         world_size=world_size, ranks_analyzed=[r.rank for r in kept], backend=backend,
         dialect=family, wrapping=wrapping, wrapping_source=source,

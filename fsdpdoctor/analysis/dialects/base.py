@@ -8,7 +8,7 @@ records, timelines and ``DialectTraits``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
@@ -47,7 +47,6 @@ class CollectiveRecord:
     kernel: str | None = None            # device kernel name (device dialects)
     stream: int | None = None            # track the kernel ran on
     described: bool = True               # the trace says what it is (metadata or an enclosing op)
-    extra: dict = field(default_factory=dict)
 
 
 class Dialect(Protocol):
