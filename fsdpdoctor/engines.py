@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
@@ -100,7 +101,12 @@ class LocalEngine:
             futures = {pool.submit(map_unit, u): u for u in units}
             try:
                 for fut in as_completed(futures):
-                    yield futures[fut], fut.result()
+                    try:
+                        res = fut.result()
+                    except BrokenProcessPool:
+                        raise InputError(futures[fut].files[0], "a worker process died while analysing this rank "
+                                         "(out of memory? try --jobs 1)") from None
+                    yield futures[fut], res
             except BaseException:
                 for f in futures:
                     f.cancel()

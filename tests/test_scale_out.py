@@ -303,3 +303,12 @@ def test_an_unreadable_event_is_skipped_and_counted(tmp_path):
     t = load_file(p)
     assert t.names == ["ProfilerStep#1", "aten::mm"] and t.unreadable_events == len(bad)
     assert list(t.ts) == [0.0, 10.0]
+
+
+def test_long_runs_report_progress_per_rank(monkeypatch, capsys):
+    from fsdpdoctor import session
+
+    monkeypatch.setattr(session._Reporter, "QUIET_S", -1.0)   # report from the first rank on
+    analyze_path(TRACES / "straggler", workers=1, use_summaries=False, diagnose=False)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "ranks analysed" in ln]
+    assert lines and lines[-1].startswith("fsdpdoctor: 2/2 ranks analysed (rank1.json.gz")
