@@ -21,14 +21,15 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p)
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
+def add_engine_args(p: argparse.ArgumentParser, summaries: bool = True) -> None:
     p.add_argument("--dask", metavar="ADDRESS",
                    help="analyse the ranks on a Dask cluster (scheduler address, or 'local' for a LocalCluster); "
                         "the workers must see the traces at the same path (docs/scale-out.md)")
     p.add_argument("--jobs", "-j", type=int, metavar="N",
                    help="worker processes on this machine (default: one per core; 1: in this process)")
-    p.add_argument("--no-summaries", action="store_true",
-                   help="re-read every trace even where a current rank<N>.summary.msgpack is present")
+    if summaries:
+        p.add_argument("--no-summaries", action="store_true",
+                       help="re-read every trace even where a current rank<N>.summary.msgpack is present")
 
 
 def parse_ranks(values: list[str] | None) -> list[int] | None:

@@ -21,7 +21,7 @@ def register(sub) -> None:
                         "folder manifest's model.param_dtype)")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_engine_args(p)
+    add_engine_args(p, summaries=False)
     p.set_defaults(func=run)
 
 
