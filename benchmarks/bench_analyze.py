@@ -3,7 +3,8 @@
 Each measurement is a fresh child process (so both tools start cold and the
 peak RSS is the child's own, read with ``os.wait4``):
 
-* ours: ``load_run(path)`` + ``analyze_run(run)`` + Σoverlapped/Σcomm per rank;
+* ours: ``analyze_path(path, diagnose=False)`` (load + map + reduce) + Σoverlapped/Σcomm per rank;
+* bare: gunzip + ``msgspec.json.decode`` of every rank file (the floor for reading the JSON);
 * HTA:  ``TraceAnalysis(trace_dir=...)`` + ``get_comm_comp_overlap()``, run with
   the Python of a separate virtualenv that has HolisticTraceAnalysis (HTA is not
   a dependency of the main environment).
@@ -38,16 +39,32 @@ GPU_TRACES = ["ddp_a100_rank0", "recsys_2_of_128_ranks", "v100_trace_diff_test",
 
 OURS_CHILD = r"""
 import json, sys, time
-from fsdpdoctor.trace.loader import load_run
-from fsdpdoctor.analysis.engine import analyze_run
+from fsdpdoctor.session import analyze_path
 t0 = time.perf_counter()
-a = analyze_run(load_run(sys.argv[1]))
+a = analyze_path(sys.argv[1], diagnose=False, use_summaries=False)
 out = {}
 for r in a.ranks:
     comm = sum(s.comm_us for s in r.steps)
     out[r.rank] = 100.0 * sum(s.overlapped_comm_us for s in r.steps) / comm if comm else None
 t1 = time.perf_counter()
 print(json.dumps({"work_s": t1 - t0, "overlap": out}))
+"""
+
+# the floor for any tool that reads the JSON: gunzip + msgspec decode of every rank file into Python objects
+BARE_CHILD = r"""
+import gzip, json, sys, time
+from pathlib import Path
+import msgspec
+t0 = time.perf_counter()
+n = 0
+for f in sorted(Path(sys.argv[1]).glob("*.json*")):
+    if f.name in ("manifest.json", "expected.json"):
+        continue
+    doc = msgspec.json.decode(gzip.decompress(f.read_bytes()) if f.name.endswith(".gz") else f.read_bytes())
+    n += len(doc["traceEvents"] if isinstance(doc, dict) else doc)
+    del doc
+t1 = time.perf_counter()
+print(json.dumps({"work_s": t1 - t0, "overlap": None, "events": n}))
 """
 
 HTA_CHILD = r"""
@@ -185,6 +202,7 @@ def main(argv=None) -> int:
         for folder in folders:
             row = {"trace": folder.name, "mb_gz": size_mb(folder)}
             for tool, argv_ in (("ours", [sys.executable, "-c", OURS_CHILD, str(folder)]),
+                                ("bare", [sys.executable, "-c", BARE_CHILD, str(folder)]),
                                 ("hta", [args.hta_python, "-c", HTA_CHILD, str(folder)])):
                 if tool == "hta" and not have_hta:
                     continue
@@ -198,7 +216,7 @@ def main(argv=None) -> int:
                     "work_s": statistics.median(r["work_s"] for r in ok),
                     "process_s": statistics.median(r["process_s"] for r in ok),
                     "rss_mib": max(r["rss_mib"] for r in ok),
-                    "overlap": ok[0]["overlap"],
+                    "overlap": ok[0].get("overlap"),
                     "runs": len(ok),
                 }
             results.append(row)
@@ -221,22 +239,24 @@ def _print_row(row: dict) -> None:
     print(f"# {row['trace']}: " + "; ".join(
         f"{tool} {row[tool]}" if "error" in row[tool] else
         f"{tool} work {row[tool]['work_s']:.2f}s process {row[tool]['process_s']:.2f}s rss {row[tool]['rss_mib']:.0f}MiB"
-        for tool in ("ours", "hta") if tool in row), flush=True)
+        for tool in ("ours", "bare", "hta") if tool in row), flush=True)
 
 
 def _print_table(results: list[dict]) -> None:
-    hdr = (f"{'trace':34} {'MB.gz':>6} {'ours s':>7} {'HTA s':>7} {'HTA/ours':>8} {'ours proc':>9} {'HTA proc':>9} "
-           f"{'ours MiB':>8} {'HTA MiB':>8}  overlap % ours | HTA")
+    hdr = (f"{'trace':34} {'MB.gz':>6} {'ours s':>7} {'bare s':>7} {'ours/bare':>9} {'HTA s':>7} {'HTA/ours':>8} "
+           f"{'ours proc':>9} {'HTA proc':>9} {'ours MiB':>8} {'HTA MiB':>8}  overlap % ours | HTA")
     print()
     print(hdr)
     print("-" * len(hdr))
     for r in results:
-        o, h = r.get("ours", {}), r.get("hta", {})
-        ow, hw = o.get("work_s"), h.get("work_s")
+        o, h, b = r.get("ours", {}), r.get("hta", {}), r.get("bare", {})
+        ow, hw, bw = o.get("work_s"), h.get("work_s"), b.get("work_s")
         ratio = f"{hw / ow:8.1f}" if ow and hw else f"{'-':>8}"
+        bratio = f"{ow / bw:9.2f}" if ow and bw else f"{'-':>9}"
         def f(v, w, p):  # noqa: E306
             return f"{v:{w}.{p}f}" if isinstance(v, float) else f"{'-':>{w}}"
-        print(f"{r['trace']:34} {r['mb_gz']:6.1f} {f(ow, 7, 2)} {f(hw, 7, 2)} {ratio} {f(o.get('process_s'), 9, 2)} "
+        print(f"{r['trace']:34} {r['mb_gz']:6.1f} {f(ow, 7, 2)} {f(bw, 7, 2)} {bratio} {f(hw, 7, 2)} {ratio} "
+              f"{f(o.get('process_s'), 9, 2)} "
               f"{f(h.get('process_s'), 9, 2)} {f(o.get('rss_mib'), 8, 0)} {f(h.get('rss_mib'), 8, 0)}  "
               f"{_fmt_overlap(o.get('overlap'))} | {_fmt_overlap(h.get('overlap')) if 'error' not in h else h['error'][:60]}")
 

@@ -38,6 +38,7 @@ class Collective:
     size_bytes: int | None = None      # message size per rank (nccl-tests "size")
     group_size: int | None = None
     process_group: str | None = None
+    seq: int | None = None             # the process group's sequence number (``Seq``), where recorded
     busbw_gbps: float | None = None
     algbw_gbps: float | None = None
     fsdp_context: str | None = None    # innermost FSDP/DDP annotation at issue

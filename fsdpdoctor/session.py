@@ -1,21 +1,192 @@
-"""One call from a path to a diagnosed ``Analysis``: load -> analyze -> diagnose."""
+"""One call from a path to a diagnosed ``Analysis``: find ranks -> map (per rank, anywhere) -> reduce -> diagnose.
+
+Each rank is analysed by a worker (``fsdpdoctor.engines``), or read from its summary
+(``rank<N>.summary.msgpack`` beside the trace) when that is current; the main process
+only ever holds the ranks' compact results.
+"""
 
 from __future__ import annotations
 
+import sys
+import time
 from pathlib import Path
 
-from fsdpdoctor.analysis.engine import analyze_run
+from fsdpdoctor.analysis import rankresult
+from fsdpdoctor.analysis.engine import param_dtype as model_dtype
+from fsdpdoctor.analysis.engine import reduce
+from fsdpdoctor.analysis.rankresult import RankResult
+from fsdpdoctor.engines import RankUnit, make_engine
+from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import Analysis
-from fsdpdoctor.trace.loader import Progress, load_run
+from fsdpdoctor.trace.loader import Progress, _trace_files, rank_from_filename, read_manifest
 
 
 def analyze_path(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
                  thresholds: dict[str, float] | None = None, progress: Progress | None = None,
-                 diagnose: bool = True) -> Analysis:
-    run = load_run(path, ranks=ranks, progress=progress)
-    analysis = analyze_run(run, steps=steps)
+                 diagnose: bool = True, dask: str | None = None, workers: int | None = None,
+                 use_summaries: bool = True) -> Analysis:
+    path = Path(path)
+    manifest, results = rank_results(path, ranks=ranks, steps=steps, progress=progress, dask=dask, workers=workers,
+                                     use_summaries=use_summaries)
+    analysis = reduce(results, source=path, manifest=manifest)
     if diagnose:
         from fsdpdoctor.diagnose import diagnose as run_rules
 
         analysis.findings = run_rules(analysis, thresholds=thresholds)
     return analysis
+
+
+def find_inputs(path: Path, ranks: list[int] | None = None) -> tuple[dict | None, list[list[Path]]]:
+    """(manifest, trace files grouped by rank where file names tell the rank, else one file a group)."""
+    if not path.exists():
+        raise InputError(path, "no such file or directory")
+    manifest = None
+    if path.is_dir():
+        manifest = read_manifest(path)
+        files = _trace_files(path)
+        if not files:
+            raise InputError(path, "folder holds no .json or .json.gz trace files")
+    else:
+        files = [path]
+    named = {f: rank_from_filename(f) for f in files}
+    if len(files) > 1 and all(r is not None for r in named.values()):
+        if ranks is not None:  # skip parsing files whose name says they are another rank
+            files = [f for f in files if named[f] in set(ranks)]
+        groups: dict[int, list[Path]] = {}
+        for f in files:
+            groups.setdefault(named[f], []).append(f)
+        return manifest, list(groups.values())
+    return manifest, [[f] for f in files]
+
+
+def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
+                 progress: Progress | None = None, dask: str | None = None, workers: int | None = None,
+                 use_summaries: bool = True, write_summaries: bool = False, summary_dir: Path | None = None,
+                 param_dtype: str | None = None) -> tuple[dict | None, list[RankResult]]:
+    """Every rank's ``RankResult``: from current summaries where allowed, else from the map."""
+    if path.is_dir() and not _trace_files(path) and not write_summaries:
+        summaries = sorted(p for p in path.glob("*" + rankresult.SUMMARY_SUFFIX) if not p.name.startswith("."))
+        if summaries:  # summaries copied away from their traces: nothing to check them against
+            if steps is not None:
+                raise InputError(path, "--steps needs the traces: this folder holds only per-rank summaries "
+                                       "(made for all steps)")
+            return read_manifest(path), _only_summaries(path, summaries, ranks)
+    manifest, groups = find_inputs(path, ranks)
+    if write_summaries:
+        _check_writable(groups, summary_dir)
+    dtype = param_dtype or model_dtype(manifest)
+    results: list[RankResult] = []
+    todo: list[RankUnit] = []
+    for files in groups:
+        if use_summaries and steps is None and len(files) == 1 and not write_summaries:
+            r = rankresult.read_current(files[0])
+            if r is not None and r.param_dtype == dtype:
+                r.summary.file = str(files[0])  # the path as given now, as a re-read would report it
+                results.append(r)
+                continue
+        todo.append(RankUnit(files=tuple(str(f) for f in files), steps=tuple(sorted(steps)) if steps else None,
+                             param_dtype=dtype, write_summary=write_summaries,
+                             summary_dir=str(summary_dir) if summary_dir else None))
+    if todo:
+        total = sum(Path(f).stat().st_size for u in todo for f in u.files)
+        engine = make_engine(dask, workers, total, len(todo))
+        report = _Reporter(progress, len(groups), len(results))
+        try:
+            for unit, encoded in engine.map(todo):
+                results.extend(rankresult.decode(b) for b in encoded)
+                report(Path(unit.files[0]).name)
+        finally:
+            engine.close()
+        report.done()
+    _check_consistent(path, results)
+    if ranks is not None:
+        results = [r for r in results if r.rank in set(ranks)]
+        if not results:
+            raise InputError(path, f"no trace for rank(s) {', '.join(map(str, ranks))}")
+    results.sort(key=lambda r: r.rank)
+    return manifest, results
+
+
+def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None) -> list[RankResult]:
+    out = []
+    for f in files:
+        try:
+            r = rankresult.decode(f.read_bytes())
+        except (OSError, ValueError) as exc:
+            raise InputError(f, f"unreadable summary ({str(exc)[:80]})") from None
+        if r.analysis_version != rankresult.ANALYSIS_VERSION:
+            raise InputError(f, f"summary of analysis version {r.analysis_version}, this is "
+                                f"{rankresult.ANALYSIS_VERSION}: rebuild it with `fsdpdoctor summarize` on the traces")
+        out.append(r)
+    _check_consistent(path, out)
+    if ranks is not None:
+        out = [r for r in out if r.rank in set(ranks)]
+        if not out:
+            raise InputError(path, f"no summary for rank(s) {', '.join(map(str, ranks))}")
+    return sorted(out, key=lambda r: r.rank)
+
+
+def _check_writable(groups: list[list[Path]], summary_dir: Path | None) -> None:
+    """Never write into a folder marked read-only (even as root, who could)."""
+    import os
+    import stat
+
+    folders = {summary_dir} if summary_dir else {f.parent for g in groups for f in g}
+    for d in folders:
+        mode = stat.S_IMODE(os.stat(d).st_mode)
+        if not mode & 0o222 or not os.access(d, os.W_OK):
+            raise InputError(d, "folder is read-only: write the summaries elsewhere with --out DIR")
+
+
+class _Reporter:
+    """Per-rank progress: the caller's callback (a progress bar), else, on long runs, a line on
+    stderr every few seconds (silent for runs that finish quickly)."""
+
+    QUIET_S = 5.0
+
+    def __init__(self, progress: Progress | None, total: int, done: int):
+        self.progress, self.total, self.n = progress, total, done
+        self.t0 = self.last = time.monotonic()
+        if progress:
+            progress("", done, total)
+
+    def __call__(self, name: str) -> None:
+        self.n += 1
+        if self.progress:
+            self.progress(name, self.n, self.total)
+            return
+        now = time.monotonic()
+        if now - self.t0 > self.QUIET_S and now - self.last > self.QUIET_S:
+            self.last = now
+            rate = (self.n) / (now - self.t0)
+            print(f"fsdpdoctor: {self.n}/{self.total} ranks analysed ({name}; {rate:.1f} ranks/s)", file=sys.stderr)
+
+    def done(self) -> None:
+        if self.progress:
+            self.progress("", self.total, self.total)
+
+
+def _check_consistent(source: Path, results: list[RankResult]) -> None:
+    """Ranks in one folder must belong to one job."""
+    if len(results) < 2:
+        return
+    seen: dict[int, str] = {}
+    for r in results:
+        where = r.summary.file
+        if r.rank in seen:
+            if r.rank_source == "default":
+                raise InputError(where, "cannot tell this file's rank (no distributedInfo, no rank in file name)")
+            raise InputError(where, f"rank {r.rank} appears twice (also in {Path(seen[r.rank]).name}): "
+                                    "traces of different jobs?")
+        seen[r.rank] = where
+    worlds = {r.world_size for r in results if r.world_size}
+    if len(worlds) > 1:
+        raise InputError(source, f"ranks do not belong together: world sizes {sorted(worlds)}")
+    backends = {r.backend for r in results if r.backend}
+    if len(backends) > 1:
+        raise InputError(source, f"ranks do not belong together: backends {sorted(backends)}")
+    world = next(iter(worlds), None)
+    if world:
+        bad = [r for r in results if r.rank >= world]
+        if bad:
+            raise InputError(bad[0].summary.file, f"rank {bad[0].rank} is outside world size {world}")

@@ -74,13 +74,23 @@ def is_user_frame(name: str) -> bool:
 class RankContext:
     """Lazily computed indexes over one ``RankTrace``."""
 
-    def __init__(self, trace: RankTrace):
+    def __init__(self, trace: RankTrace, dialect=None):
         self.t = trace
         self.end = trace.ts + trace.dur
+        if dialect is None:
+            from fsdpdoctor.analysis.dialects import detect  # dialects build on this module
 
-    @cached_property
+            dialect = detect(trace)
+        self.dialect_impl = dialect   # the ``Dialect`` that reads this rank
+
+    @property
     def dialect(self) -> str:
-        return self.t.dialect
+        """The dialect's family, "gpu" or "cpu" (``JobInfo.dialect``); branch on ``traits`` instead."""
+        return self.dialect_impl.family
+
+    @property
+    def traits(self):
+        return self.dialect_impl.traits
 
     # -- threads -------------------------------------------------------
     @cached_property
@@ -117,6 +127,11 @@ class RankContext:
         """Correlation id -> the runtime call (cudaLaunchKernel...) that launched the device event."""
         rt = np.nonzero(self.t.cat == RUNTIME)[0]
         return {int(c): int(r) for c, r in zip(self.t.corr[rt], rt) if c >= 0}
+
+    @cached_property
+    def launch_ts(self) -> dict[int, float]:
+        """Correlation id -> host time of the launch."""
+        return {c: float(self.t.ts[r]) for c, r in self.launch_row.items()}
 
     # -- generic lookups ----------------------------------------------
     def rows_prefix(self, prefix: str | tuple[str, ...], cat=None) -> np.ndarray:

@@ -1,8 +1,17 @@
-"""Run -> Analysis: the metrics of every rank and step, before diagnosis."""
+"""Ranks -> Analysis in two stages: a per-rank map and a cross-rank reduce.
+
+``analyze_rank`` reads one rank's tables (through its dialect) and returns a compact
+``RankResult``; ``reduce`` builds the job's ``Analysis`` from those results alone
+(stragglers, prefetch status, DDP structure, job info, collective statistics), so the
+map can run anywhere (worker processes, a Dask cluster, the capture itself) and the
+main process never holds more than one rank's tables.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
@@ -15,140 +24,184 @@ from fsdpdoctor.analysis import recompute as recompute_mod
 from fsdpdoctor.analysis import setup as setup_mod
 from fsdpdoctor.analysis import signals as signals_mod
 from fsdpdoctor.analysis import stragglers
-from fsdpdoctor.analysis.breakdown import (
-    breakdown_step, launch_times, mean_breakdown, step_windows, timelines,
-)
+from fsdpdoctor.analysis.breakdown import breakdown_step, mean_breakdown
 from fsdpdoctor.analysis.context import RankContext
+from fsdpdoctor.analysis.dialects import detect
+from fsdpdoctor.analysis.rankresult import RankResult, TraceStamp, Window
 from fsdpdoctor.results import (
-    Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals, StepBreakdown,
+    Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals,
 )
 from fsdpdoctor.trace.loader import Run
-from fsdpdoctor.trace.table import ANNOTATION
+from fsdpdoctor.trace.table import RankTrace
 
 SMALL_MESSAGE_BYTES = 1 << 20  # below ~1 MiB NCCL collectives are latency-bound (nccl-tests curves)
 
 
-def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
-    notes = list(run.notes)
-    ctxs: list[RankContext] = []
-    summaries: list[RankSummary] = []
-    all_colls: list[Collective] = []
-    windows_by_rank = {}
-    steps_by_rank: dict[int, list[StepBreakdown]] = {}
-    backward_end: dict[int, dict] = {}
-    host_syncs, loaders = [], []
-    idles, setups, recomputes, offloads = [], [], [], []
-    sleep_sources: dict[int, str] = {}
-    for trace in run.ranks:
-        ctx = RankContext(trace)
-        ctxs.append(ctx)
-        launch = launch_times(ctx) if ctx.dialect == "gpu" else {}
-        windows = step_windows(ctx, launch)
-        if not len(ctx.step_rows):
-            notes.append(f"rank {trace.rank}: no ProfilerStep annotations; the whole trace is treated as one step")
-        if steps is not None:
-            windows = [w for w in windows if w.step in steps]
-            if not windows:
-                notes.append(f"rank {trace.rank}: none of the requested steps is in the trace")
-                continue
-        colls = coll_mod.extract(ctx)
-        # step and phase of each collective, from its host issue time
-        in_steps = []
-        for c in colls:
-            t0 = c.issue_us if c.issue_us is not None else c.start_us
-            w = next((w for w in windows if w.start <= t0 < w.end), None)
-            if w is None:
-                continue  # issued outside the analysed steps
-            c.step = w.step
-            # a kernel with no launch record was issued before the trace began: phase unknown
-            c.phase = ctx.phase_at(t0, w.end) if c.issue_us is not None or ctx.dialect == "cpu" else "other"
-            in_steps.append(c)
-        colls = in_steps
-        _assume_dtype(colls, run.manifest)
-        orphans = sum(1 for c in colls if c.issue_us is None and ctx.dialect == "gpu")
-        if orphans:
-            notes.append(f"rank {trace.rank}: {orphans} communication kernel(s) have no launch record in the trace; "
-                         "their kind is inferred from similar kernels on the same stream, their phase is 'other'")
-        prefetch_mod.annotate(ctx, colls)
-        tl = timelines(ctx, colls, launch)
-        if colls:
-            hidden = iv.overlap_each([c.start_us for c in colls], [c.end_us for c in colls], tl.compute)
-            for c, h in zip(colls, hidden):
-                c.exposed_us = max(c.duration_us - float(h), 0.0)
-                c.algbw_gbps, c.busbw_gbps = coll_mod.bus_bandwidth(c.kind, c.size_bytes, c.group_size, c.duration_us)
-                tr = getattr(c, "_issue_track", None)
-                if tr is not None and c.issue_us is not None and trace.has_stacks:
-                    c.source = ctx.source_line(tr, c.issue_us)
-        by_step = defaultdict(list)
-        for c in colls:
-            by_step[c.step].append(c)
-        bds = [breakdown_step(ctx, w, tl, by_step.get(w.step, [])) for w in windows]
-        backward_end[trace.rank] = {}
-        for w in windows:
-            opt = iv.clip(ctx.optimizer_set, w.start, w.end)
-            stop = opt[0, 0] if len(opt) else w.end
-            comp = iv.clip(iv.subtract(tl.compute, tl.optimizer), w.start, stop)
-            if len(comp):
-                backward_end[trace.rank][w.step] = float(comp[-1, 1])
-        windows_by_rank[trace.rank] = windows
-        steps_by_rank[trace.rank] = bds
-        summaries.append(RankSummary(rank=trace.rank, file=str(trace.path), dialect=ctx.dialect, steps=bds,
-                                     mean=mean_breakdown(bds, trace.rank), host=trace.host, device=trace.device_name))
-        all_colls.extend(colls)
-        host_syncs.extend(signals_mod.host_syncs(ctx, windows))
-        if len(ctx.sleep_rows):
-            r0 = int(ctx.sleep_rows[0])
-            src = ctx.source_line(int(trace.track[r0]), float(trace.ts[r0]))
-            if src:
-                sleep_sources[trace.rank] = src
-        dl = signals_mod.dataloader(ctx, windows, bds)
-        if dl:
-            loaders.append(dl)
-        setups.append(setup_mod.rank_setup(ctx, windows, colls))
-        idles.append(gpu_idle_mod.gpu_idle(ctx, windows, (run.manifest or {}).get("options")))
-        recomputes.append(recompute_mod.recompute(ctx, windows))
-        offloads.append(recompute_mod.offload(ctx, windows, run.manifest))
+# ----------------------------------------------------------------------------- map
+def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Path] | None = None,
+                 param_dtype: str | None = None) -> RankResult:
+    """Everything about one rank that cross-rank work needs, from its tables.
 
-    ctx_by_rank = {c.t.rank: c for c in ctxs}
-    fw = next((f for f in (prefetch_mod.framework(c) for c in ctxs) if f), None)
-    prefetch = prefetch_mod.status(ctx_by_rank, all_colls, fw)
-    setup_mod.single_rank_prefetch(prefetch, run.world_size)
-    hosts = {r.host for r in run.ranks if r.host}
-    if run.manifest and isinstance(run.manifest.get("hosts"), dict):
-        hosts = set(run.manifest["hosts"].values())
+    ``param_dtype``: the model's dtype (manifest), assumed for collectives recorded without one."""
+    dialect = detect(trace)
+    ctx = RankContext(trace, dialect)
+    notes = []
+    windows = dialect.step_windows(ctx)
+    if not len(ctx.step_rows):
+        notes.append(f"rank {trace.rank}: no ProfilerStep annotations; the whole trace is treated as one step")
+    stamps = [TraceStamp.of(Path(f)) for f in (files or [trace.path]) if Path(f).is_file()]
+    res = RankResult(
+        rank=trace.rank, rank_source=trace.rank_source, files=stamps, dialect=dialect.name, family=dialect.family,
+        traits=dialect.traits, world_size=trace.world_size, backend=trace.backend, host=trace.host,
+        device=trace.device_name, has_stacks=trace.has_stacks, steps_filter=sorted(steps) if steps is not None else None,
+        windows=[], summary=RankSummary(rank=trace.rank, file=str(trace.path), dialect=dialect.family, steps=[],
+                                        mean=None, host=trace.host, device=trace.device_name),
+        collectives=[], dialect_note=dialect.note, notes=notes, param_dtype=param_dtype)
+    if steps is not None:
+        windows = [w for w in windows if w.step in steps]
+        if not windows:
+            notes.append(f"rank {trace.rank}: none of the requested steps is in the trace")
+            res.skipped = True
+            return res
+    records = coll_mod.extract_records(ctx)
+    # step and phase of each collective, from its host issue time
+    in_steps = []
+    for rec in records:
+        c = rec.coll
+        t0 = c.issue_us if c.issue_us is not None else c.start_us
+        w = next((w for w in windows if w.start <= t0 < w.end), None)
+        if w is None:
+            continue  # issued outside the analysed steps
+        c.step = w.step
+        # a kernel with no launch record was issued before the trace began: phase unknown
+        c.phase = ctx.phase_at(t0, w.end) if rec.launch_known else "other"
+        in_steps.append(rec)
+    records = in_steps
+    colls = [r.coll for r in records]
+    _assume_dtype(colls, param_dtype)
+    orphans = sum(1 for r in records if not r.launch_known)
+    if orphans:
+        notes.append(f"rank {trace.rank}: {orphans} communication kernel(s) have no launch record in the trace; "
+                     "their kind is inferred from similar kernels on the same stream, their phase is 'other'")
+    prefetch_mod.annotate(ctx, records)
+    tl = dialect.timelines(ctx, records)
+    if colls:
+        hidden = iv.overlap_each([c.start_us for c in colls], [c.end_us for c in colls], tl.compute)
+        for rec, h in zip(records, hidden):
+            c = rec.coll
+            c.exposed_us = max(c.duration_us - float(h), 0.0)
+            c.algbw_gbps, c.busbw_gbps = coll_mod.bus_bandwidth(c.kind, c.size_bytes, c.group_size, c.duration_us)
+            if rec.issue_track is not None and c.issue_us is not None and trace.has_stacks:
+                c.source = ctx.source_line(rec.issue_track, c.issue_us)
+    by_step = defaultdict(list)
+    for c in colls:
+        by_step[c.step].append(c)
+    bds = [breakdown_step(ctx, w, tl, by_step.get(w.step, [])) for w in windows]
+    for w in windows:
+        opt = iv.clip(ctx.optimizer_set, w.start, w.end)
+        stop = opt[0, 0] if len(opt) else w.end
+        comp = iv.clip(iv.subtract(tl.compute, tl.optimizer), w.start, stop)
+        if len(comp):
+            res.backward_end[w.step] = float(comp[-1, 1])
+    res.windows = [Window(w.step, w.start, w.end) for w in windows]
+    res.summary.steps = bds
+    res.summary.mean = mean_breakdown(bds, trace.rank)
+    res.collectives = colls
+    res.host_syncs = signals_mod.host_syncs(ctx, windows)
+    if len(ctx.sleep_rows):
+        r0 = int(ctx.sleep_rows[0])
+        res.sleep_source = ctx.source_line(int(trace.track[r0]), float(trace.ts[r0]))
+    res.dataloader = signals_mod.dataloader(ctx, windows, bds)
+    res.prefetch = prefetch_mod.rank_counts(ctx, records)
+    res.ddp = signals_mod.ddp_counts(ctx, colls, res.backward_end)
+    res.setup = setup_mod.rank_setup(ctx, windows, colls)
+    # profiler options and the offload configuration come from the manifest, applied in the reduce
+    res.gpu_idle = gpu_idle_mod.gpu_idle(ctx, windows, None)
+    res.recompute = recompute_mod.recompute(ctx, windows)
+    res.offload = recompute_mod.offload(ctx, windows, None)
+    res.user_frames = stragglers.user_frame_times(ctx, windows)
+    if any(c.seq is not None for c in colls):
+        res.traits = dataclasses.replace(res.traits, has_sequence_numbers=True)
+    return res
+
+
+# -------------------------------------------------------------------------- reduce
+def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | None = None,
+           notes: list[str] | None = None) -> Analysis:
+    """The job's ``Analysis`` from per-rank results only (sorted by rank)."""
+    results = sorted(results, key=lambda r: r.rank)
+    notes = list(notes or [])
+    for r in results:
+        notes.extend(r.notes)
+    kept = [r for r in results if not r.skipped]
+    summaries = [r.summary for r in kept]
+    all_colls: list[Collective] = [c for r in kept for c in r.collectives]
+    steps_by_rank = {r.rank: r.summary.steps for r in kept}
+    fw = next((r.prefetch.framework for r in results if r.prefetch.framework), None)
+    first = results[0] if results else None
+    traits = first.traits if first else DialectTraits()
+    prefetch = prefetch_mod.status([r.prefetch for r in kept], all_colls, fw, traits.device_timeline)
+    world_size = _world_size(results, manifest)
+    setup_mod.single_rank_prefetch(prefetch, world_size)
+    hosts = {r.host for r in results if r.host}
+    if manifest and isinstance(manifest.get("hosts"), dict):
+        hosts = set(manifest["hosts"].values())
     same_clock = len(hosts) <= 1
     clock = clock_mod.estimate(all_colls, [s.rank for s in summaries])
     strag = stragglers.analyze(all_colls, summaries, same_clock, clock)
     if strag:
         stragglers.attribute_cause(strag, summaries)
-        stragglers.culprit_frames(strag, {c.t.rank: c for c in ctxs}, windows_by_rank)
+        stragglers.culprit_frames(strag, {r.rank: r.user_frames for r in kept})
         for s in summaries:
             s.wait_us = strag.wait_by_rank.get(s.rank, 0.0)
-    job = _job_info(run, ctxs, summaries, fw)
+    job = _job_info(results, kept, manifest, fw, world_size)
     means = [s.mean for s in summaries if s.mean]
     overall = mean_breakdown(means, -1) if means else None
-    sig = Signals(host_syncs=host_syncs, dataloader=loaders, sleep_sources=sleep_sources, setup=setups,
-                  gpu_idle=[x for x in idles if x], recompute=[x for x in recomputes if x],
-                  offload=[x for x in offloads if x],
-                  ddp=signals_mod.ddp(ctxs, all_colls, steps_by_rank, backward_end) if job.wrapping == "ddp" else None)
-    if any(c.dialect == "cpu" for c in ctxs) and all_colls:
-        notes.append("CPU/gloo trace: communication time is the gloo worker span, which includes waiting for peers; "
-                     "CPU 'streams' do not overlap, so synchronous FSDP collectives are fully exposed by design")
+    sig = Signals(host_syncs=[h for r in kept for h in r.host_syncs],
+                  dataloader=[r.dataloader for r in kept if r.dataloader],
+                  sleep_sources={r.rank: r.sleep_source for r in kept if r.sleep_source},
+                  ddp=signals_mod.ddp([r.ddp for r in kept], all_colls, steps_by_rank) if job.wrapping == "ddp" else None,
+                  setup=[r.setup for r in kept if r.setup],
+                  gpu_idle=[r.gpu_idle for r in kept if r.gpu_idle],
+                  recompute=[r.recompute for r in kept if r.recompute],
+                  offload=[r.offload for r in kept if r.offload])
+    gpu_idle_mod.apply_profiler_options(sig.gpu_idle, (manifest or {}).get("options"))
+    recompute_mod.apply_offload_config(sig.offload, manifest)
+    if all_colls:
+        for note in dict.fromkeys(r.dialect_note for r in kept if r.dialect_note):
+            notes.append(note)
     if overall is not None and overall.comm_us > 0 and overall.compute_us + overall.optimizer_us == 0:
         notes.append("the trace holds communication but no compute events (recorded without CPU ops or "
                      "kernels?): exposed and overlapped communication cannot be told apart")
-    if len(run.ranks) == 1 and (run.world_size or 1) > 1:
-        notes.append(f"only rank {run.ranks[0].rank} of {run.world_size} is in the input: straggler analysis needs "
+    if len(results) == 1 and (world_size or 1) > 1:
+        notes.append(f"only rank {results[0].rank} of {world_size} is in the input: straggler analysis needs "
                      "several ranks")
-    return Analysis(source=str(run.source), job=job, ranks=summaries, mean=overall,
+    return Analysis(source=str(source), job=job, ranks=summaries, mean=overall,
                     collectives=collective_stats(all_colls, sum(len(v) for v in steps_by_rank.values())),
                     prefetch=prefetch, straggler=strag, notes=notes, collective_events=all_colls, signals=sig,
                     clock=clock)
 
 
-def _assume_dtype(colls: list[Collective], manifest: dict | None) -> None:
-    """gloo traces record tensor lists without a dtype; gradients and parameters have the model's."""
+def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
+    """Map and reduce in this process over an already loaded ``Run``."""
+    results = [analyze_rank(t, steps, param_dtype=param_dtype(run.manifest)) for t in run.ranks]
+    return reduce(results, source=run.source, manifest=run.manifest, notes=run.notes)
+
+
+def _world_size(results: list[RankResult], manifest: dict | None) -> int | None:
+    if manifest and manifest.get("world_size"):
+        return int(manifest["world_size"])
+    sizes = [r.world_size for r in results if r.world_size]
+    return sizes[0] if sizes else None
+
+
+def param_dtype(manifest: dict | None) -> str | None:
     dtype = ((manifest or {}).get("model") or {}).get("param_dtype")
+    return str(dtype) if dtype else None
+
+
+def _assume_dtype(colls: list[Collective], dtype: str | None) -> None:
+    """gloo traces record tensor lists without a dtype; gradients and parameters have the model's."""
     db = coll_mod.dtype_bytes(dtype)
     if not db:
         return
@@ -179,34 +232,29 @@ def collective_stats(colls: list[Collective], n_rank_steps: int) -> list[Collect
     return out
 
 
-def _job_info(run: Run, ctxs: list[RankContext], summaries: list[RankSummary], fw: str | None) -> JobInfo:
-    m = run.manifest or {}
+def _job_info(results: list[RankResult], kept: list[RankResult], manifest: dict | None, fw: str | None,
+              world_size: int | None) -> JobInfo:
+    m = manifest or {}
     wrapping, source, details = "unknown", "trace", {}
     if m.get("wrapping"):
         details = dict(m["wrapping"])
         wrapping, source = details.get("kind", "unknown"), "manifest"
     elif fw:
         wrapping = fw
-    elif any(len(c.rows_prefix("DistributedDataParallel.forward", ANNOTATION)) for c in ctxs):
+    elif any(r.ddp.forward_annotations or r.ddp.reducer_events for r in results):
         wrapping = "ddp"
-    elif any(len(c.t.rows_named(lambda n: "reducer::" in n)) for c in ctxs):
-        wrapping = "ddp"
-    elif all(not s.mean or s.mean.collectives == 0 for s in summaries):
+    elif all(not r.summary.mean or r.summary.mean.collectives == 0 for r in kept):
         wrapping = "none"
-    backend = m.get("backend") or next((r.backend for r in run.ranks if r.backend), None)
-    steps = sorted({s.step for r in summaries for s in r.steps if s.step is not None})
+    backend = m.get("backend") or next((r.backend for r in results if r.backend), None)
+    steps = sorted({s.step for r in kept for s in r.summary.steps if s.step is not None})
+    first = results[0] if results else None
+    family = first.family if first else "cpu"
+    traits = first.traits if first else DialectTraits()
     return JobInfo(
-        world_size=run.world_size, ranks_analyzed=[s.rank for s in summaries], backend=backend,
-        dialect=ctxs[0].dialect if ctxs else "cpu", wrapping=wrapping, wrapping_source=source,
+        world_size=world_size, ranks_analyzed=[r.rank for r in kept], backend=backend,
+        dialect=family, wrapping=wrapping, wrapping_source=source,
         wrapping_details=details, steps=steps,
-        devices=sorted({r.device_name for r in run.ranks if r.device_name}),
-        has_stacks=any(r.has_stacks for r in run.ranks), manifest=run.manifest or None,
+        devices=sorted({r.device for r in results if r.device}),
+        has_stacks=any(r.has_stacks for r in results), manifest=manifest or None,
         samples_per_step=m.get("samples_per_step"), tokens_per_step=m.get("tokens_per_step"),
-        traits=_traits(ctxs[0].dialect if ctxs else "cpu"))
-
-
-def _traits(dialect: str) -> DialectTraits:
-    if dialect == "gpu":
-        return DialectTraits(name="nccl-gpu", device_timeline=True, async_collectives=True,
-                             shared_host_cores=False, has_message_sizes=True)
-    return DialectTraits(name="gloo-cpu")
+        traits=traits)

@@ -176,3 +176,14 @@ def _sources(ctx: RankContext, pieces: np.ndarray, nsteps: int) -> list[list]:
             acc[src] = acc.get(src, 0.0) + float(lengths[i])
     top = sorted(acc.items(), key=lambda kv: -kv[1])[:5]
     return [[s, us / nsteps] for s, us in top]
+
+
+def apply_profiler_options(idles: list[GpuIdle], options: dict | None) -> None:
+    """The capture's profiler options (manifest) override what the trace suggests."""
+    if not isinstance(options, dict):
+        return
+    for g in idles:
+        if "with_stack" in options:
+            g.with_stack = bool(options["with_stack"])
+        if options.get("record_shapes") is not None:
+            g.record_shapes = bool(options["record_shapes"])

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from fsdpdoctor.analysis.context import RankContext
+from fsdpdoctor.analysis.dialects.base import CollectiveRecord
+from fsdpdoctor.analysis.rankresult import PrefetchCounts
 from fsdpdoctor.results import Collective, PrefetchStatus
 from fsdpdoctor.trace.table import ANNOTATION, PYFUNC
 
@@ -46,7 +48,7 @@ def _reason(context: str | None) -> str:
     return "on-demand"
 
 
-def annotate(ctx: RankContext, colls: list[Collective]) -> None:
+def annotate(ctx: RankContext, records: list[CollectiveRecord]) -> None:
     """Set ``fsdp_context`` and ``prefetch`` on all-gathers (and context on the rest)."""
     t = ctx.t
     hooks = ctx.rows_prefix((FSDP1_PREFIX, FSDP2_PREFIX), ANNOTATION)
@@ -61,8 +63,8 @@ def annotate(ctx: RankContext, colls: list[Collective]) -> None:
         return
     # without annotations, FSDP1's prefetch frame is the same for PRE and POST: the hook around it tells
     post_hooks = t.rows_named(lambda n: n.endswith(": _post_backward_hook"), cat=PYFUNC) if not len(hooks) else None
-    for c in colls:
-        tr = getattr(c, "_issue_track", None)
+    for rec in records:
+        c, tr = rec.coll, rec.issue_track
         if tr is None or c.issue_us is None:
             continue
         r = ctx.enclosing(source, tr, c.issue_us)
@@ -76,7 +78,39 @@ def annotate(ctx: RankContext, colls: list[Collective]) -> None:
                 c.prefetch = "prefetch-post" if post else "prefetch-pre" if c.phase == "backward" else "prefetch"
 
 
-def status(ctx_by_rank: dict[int, RankContext], colls: list[Collective], fw: str | None) -> PrefetchStatus | None:
+_PREFETCH_ANNOTATIONS = ("FSDP::backward_prefetch for", "FullyShardedDataParallel._pre_backward_prefetch",
+                         "FullyShardedDataParallel._post_backward_prefetch")
+
+
+def rank_counts(ctx: RankContext, records: list[CollectiveRecord]) -> PrefetchCounts:
+    """Per-rank facts for ``status``: the framework, and prefetch annotations that gathered nothing."""
+    t = ctx.t
+    fw = framework(ctx)
+    out = PrefetchCounts(framework=fw)
+    rows = ctx.rows_prefix(_PREFETCH_ANNOTATIONS, ANNOTATION)
+    out.annotations = int(len(rows))
+    issue = [(r.issue_track, r.coll.issue_us) for r in records
+             if r.coll.kind == "all_gather" and r.coll.issue_us is not None and r.issue_track is not None]
+    if issue:
+        tracks = np.array([i[0] for i in issue])
+        times = np.array([i[1] for i in issue])
+    for r in rows:
+        start, end, tr = t.ts[r], t.ts[r] + t.dur[r], t.track[r]
+        if not issue or not np.any((tracks == tr) & (times >= start) & (times <= end)):
+            out.empty_annotations += 1
+    explicit = ctx.rows_prefix("FSDP::backward_prefetch for", ANNOTATION)
+    if len(explicit):
+        outer = ctx.rows_prefix("FSDP::pre_backward", ANNOTATION)
+        for r in explicit:
+            if ctx.enclosing(outer, int(t.track[r]), float(t.ts[r])) is None:
+                out.explicit_backward = True
+                break
+    return out
+
+
+def status(counts: list[PrefetchCounts], colls: list[Collective], fw: str | None,
+           device_timeline: bool) -> PrefetchStatus | None:
+    """Job-wide prefetch verdict from every rank's collectives and counts (no trace tables)."""
     if fw is None:
         return None
     ag = [c for c in colls if c.kind == "all_gather"]
@@ -106,26 +140,13 @@ def status(ctx_by_rank: dict[int, RankContext], colls: list[Collective], fw: str
     elif known:
         s.forward_mode = "on" if s.forward_prefetched * 4 >= len(fwd) else "off"
     # prefetch annotations that gathered nothing
-    for ctx in ctx_by_rank.values():
-        t = ctx.t
-        names = ("FSDP::backward_prefetch for", "FullyShardedDataParallel._pre_backward_prefetch",
-                 "FullyShardedDataParallel._post_backward_prefetch")
-        rows = ctx.rows_prefix(names, ANNOTATION)
-        s.prefetch_annotations += int(len(rows))
-        issue = [(getattr(c, "_issue_track", None), c.issue_us) for c in ag if c.rank == t.rank and c.issue_us is not None]
-        for r in rows:
-            start, end, tr = t.ts[r], t.ts[r] + t.dur[r], t.track[r]
-            if not any(it == tr and start <= ts <= end for it, ts in issue):
-                s.empty_prefetch_annotations += 1
-        if fw == "fsdp2":
-            outer = ctx.rows_prefix("FSDP::pre_backward", ANNOTATION)
-            for r in ctx.rows_prefix("FSDP::backward_prefetch for", ANNOTATION):
-                if ctx.enclosing(outer, int(t.track[r]), float(t.ts[r])) is None:
-                    s.explicit_backward = True
-                    break
-    # on GPU, a prefetch takes effect only if the gathered kernel overlaps compute
+    for k in counts:
+        s.prefetch_annotations += k.annotations
+        s.empty_prefetch_annotations += k.empty_annotations
+        s.explicit_backward |= k.explicit_backward and fw == "fsdp2"
+    # on a device timeline, a prefetch takes effect only if the gathered kernel overlaps compute
     pref = [c for c in bwd if c.prefetch and c.prefetch.startswith("prefetch")]
-    if pref and any(ctx.dialect == "gpu" for ctx in ctx_by_rank.values()):
+    if pref and device_timeline:
         hidden = sum(c.duration_us - c.exposed_us for c in pref)
         s.gpu_overlap_confirmed = hidden > 0.2 * sum(c.duration_us for c in pref)
     steps = sorted({c.step for c in bwd if c.step is not None})

@@ -137,3 +137,12 @@ def offload(ctx: RankContext, windows: list[StepWindow], manifest: dict | None) 
 def _inside(s: np.ndarray, x: float) -> bool:
     k = np.searchsorted(s[:, 0], x, side="right") - 1
     return bool(k >= 0 and s[k, 1] >= x)
+
+
+def apply_offload_config(infos: list[OffloadInfo], manifest: dict | None) -> None:
+    """Whether the wrapper was configured to offload (manifest), on each rank's copy facts."""
+    wrap = manifest.get("wrapping") if isinstance(manifest, dict) else None
+    wrap = wrap if isinstance(wrap, dict) else {}
+    configured = any(bool(wrap.get(k)) for k in ("cpu_offload", "offload", "offload_params", "offload_policy"))
+    for o in infos:
+        o.offload_configured = configured

@@ -9,6 +9,7 @@ import numpy as np
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.breakdown import StepWindow
 from fsdpdoctor.analysis.context import RankContext, is_user_frame
+from fsdpdoctor.analysis.rankresult import DdpCounts
 from fsdpdoctor.results import Collective, DataLoaderInfo, DdpInfo, HostSync, StepBreakdown
 from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, PYFUNC
 
@@ -104,49 +105,53 @@ def dataloader(ctx: RankContext, windows: list[StepWindow], steps: list[StepBrea
     return info
 
 
-def ddp(ctxs: list[RankContext], colls: list[Collective], steps_by_rank: dict[int, list[StepBreakdown]],
-        backward_end: dict[int, dict]) -> DdpInfo | None:
-    fwd_rows = {c.t.rank: c.rows_prefix("DistributedDataParallel.forward", ANNOTATION) for c in ctxs}
-    reducer = {c.t.rank: c.t.rows_named(lambda n: "reducer::" in n or "reducer." in n, cat=CPU_OP) for c in ctxs}
-    if not any(len(v) for v in fwd_rows.values()) and not any(len(v) for v in reducer.values()):
+def ddp_counts(ctx: RankContext, colls: list[Collective], backward_end: dict[int, float]) -> DdpCounts:
+    """DDP structure on one rank (``colls``: its collectives in the analysed steps)."""
+    t = ctx.t
+    fwd_rows = ctx.rows_prefix("DistributedDataParallel.forward", ANNOTATION)
+    reducer = t.rows_named(lambda n: "reducer::" in n or "reducer." in n, cat=CPU_OP)
+    search_rows = ctx.rows_prefix("torch.distributed.ddp.reducer::search_unused_parameters", CPU_OP)
+    out = DdpCounts(forward_annotations=int(len(fwd_rows)), reducer_ops=int(len(reducer)),
+                    reducer_events=int(len(t.rows_named(lambda n: "reducer::" in n))),
+                    search_unused=int(len(search_rows)), search_unused_us=float(t.dur[search_rows].sum()),
+                    grads_accumulated=int(len(t.rows_named(lambda n: n.endswith("torch::autograd::AccumulateGrad"),
+                                                           cat=CPU_OP))),
+                    bucket_copies=int(len(ctx.rows_prefix("torch.distributed.ddp.reducer::copy_bucket_to_grad",
+                                                          CPU_OP))))
+    # backward passes = clusters of evaluate_function ops between forwards
+    passes = _passes(ctx.backward_set, ctx.set_of(fwd_rows) if len(fwd_rows) else iv.EMPTY)
+    out.backward_passes = len(passes)
+    rank_ar = [c for c in colls if c.kind == "all_reduce" and c.phase in ("backward", "other") and c.issue_us is not None]
+    for s, e in passes:
+        if any(s <= c.issue_us <= e for c in rank_ar):
+            out.backward_passes_with_allreduce += 1
+    for st, end in backward_end.items():
+        for c in rank_ar:
+            if c.step == st:
+                out.allreduce_busy_us += c.duration_us
+                out.allreduce_after_backward_us += max(0.0, c.end_us - max(c.start_us, end))
+    return out
+
+
+def ddp(counts: list[DdpCounts], colls: list[Collective], steps_by_rank: dict[int, list[StepBreakdown]]) -> DdpInfo | None:
+    """Job-wide DDP facts from the ranks' counts and collectives (no trace tables)."""
+    if not any(k.forward_annotations or k.reducer_ops for k in counts):
         return None
     nsteps = sum(len(v) for v in steps_by_rank.values()) or 1
     ar = [c for c in colls if c.kind == "all_reduce" and c.phase in ("backward", "other")]
-    sizes = sorted({int(c.size_bytes) for c in ar if c.size_bytes})
-    search_rows = {c.t.rank: c.rows_prefix("torch.distributed.ddp.reducer::search_unused_parameters", CPU_OP)
-                   for c in ctxs}
-    search = sum(len(v) for v in search_rows.values())
-    search_us = sum(float(c.t.dur[search_rows[c.t.rank]].sum()) for c in ctxs)
-    acc = sum(len(c.t.rows_named(lambda n: n.endswith("torch::autograd::AccumulateGrad"), cat=CPU_OP)) for c in ctxs)
-    copies = sum(len(c.rows_prefix("torch.distributed.ddp.reducer::copy_bucket_to_grad", CPU_OP)) for c in ctxs)
-    nelems = sorted({int(c.nelems) for c in ar if c.nelems})
-    fwd = sum(len(v) for v in fwd_rows.values())
-    bwd_count = 0
-    bwd_with_ar = 0
-    after = 0.0
-    busy = 0.0
-    for ctx in ctxs:
-        # backward passes = clusters of evaluate_function ops between forwards
-        b = ctx.backward_set
-        f = ctx.set_of(fwd_rows[ctx.t.rank]) if len(fwd_rows[ctx.t.rank]) else iv.EMPTY
-        passes = _passes(b, f)
-        bwd_count += len(passes)
-        rank_ar = [c for c in ar if c.rank == ctx.t.rank and c.issue_us is not None]
-        for s, e in passes:
-            if any(s <= c.issue_us <= e for c in rank_ar):
-                bwd_with_ar += 1
-        for st, end in backward_end.get(ctx.t.rank, {}).items():
-            for c in rank_ar:
-                if c.step == st:
-                    busy += c.duration_us
-                    after += max(0.0, c.end_us - max(c.start_us, end))
+    busy = sum(k.allreduce_busy_us for k in counts)
+    after = sum(k.allreduce_after_backward_us for k in counts)
     overlaps = [s.overlapped_comm_us / s.comm_us for v in steps_by_rank.values() for s in v if s.comm_us > 0]
-    return DdpInfo(allreduces_per_step=len(ar) / nsteps, bucket_sizes_bytes=sizes,
-                   forwards_per_step=fwd / nsteps, backwards_per_step=bwd_count / nsteps,
-                   backwards_with_allreduce_per_step=bwd_with_ar / nsteps,
-                   search_unused_per_step=search / nsteps, search_unused_us_per_step=search_us / nsteps,
-                   grads_accumulated_per_step=acc / nsteps, bucket_copies_per_step=copies / nsteps,
-                   bucket_nelems=nelems,
+    return DdpInfo(allreduces_per_step=len(ar) / nsteps,
+                   bucket_sizes_bytes=sorted({int(c.size_bytes) for c in ar if c.size_bytes}),
+                   forwards_per_step=sum(k.forward_annotations for k in counts) / nsteps,
+                   backwards_per_step=sum(k.backward_passes for k in counts) / nsteps,
+                   backwards_with_allreduce_per_step=sum(k.backward_passes_with_allreduce for k in counts) / nsteps,
+                   search_unused_per_step=sum(k.search_unused for k in counts) / nsteps,
+                   search_unused_us_per_step=sum(k.search_unused_us for k in counts) / nsteps,
+                   grads_accumulated_per_step=sum(k.grads_accumulated for k in counts) / nsteps,
+                   bucket_copies_per_step=sum(k.bucket_copies for k in counts) / nsteps,
+                   bucket_nelems=sorted({int(c.nelems) for c in ar if c.nelems}),
                    after_backward_frac=after / busy if busy else 0.0,
                    overlap_frac=float(np.mean(overlaps)) if overlaps else None)
 

@@ -156,34 +156,37 @@ def attribute_cause(report: StragglerReport, ranks: list[RankSummary]) -> None:
                              f"of the other ranks")
 
 
-def culprit_frames(report: StragglerReport, ctxs: dict[int, RankContext], windows: dict[int, list]) -> None:
+def user_frame_times(ctx: RankContext, wins: list) -> dict[str, float]:
+    """Per-rank part of ``culprit_frames``: inclusive time per step of every user-code Python
+    frame on the main thread, inside the analysed steps (empty without stacks)."""
+    t = ctx.t
+    if not t.has_stacks or not wins:
+        return {}
+    rows = t.rows_named(is_user_frame, cat=PYFUNC)
+    rows = rows[t.track[rows] == ctx.main_track] if len(rows) else rows
+    if not len(rows):
+        return {}
+    ts = t.ts[rows]
+    inside = np.zeros(len(rows), dtype=bool)
+    for w in wins:
+        inside |= (ts >= w.start) & (ts < w.end)
+    acc: dict[str, float] = defaultdict(float)
+    for r in rows[inside]:
+        acc[t.name(int(r))] += float(t.dur[r])
+    return {k: v / len(wins) for k, v in acc.items()}
+
+
+def culprit_frames(report: StragglerReport, per_rank: dict[int, dict[str, float]]) -> None:
     """The culprit's own user frames where its extra time goes, against the same frames elsewhere.
 
-    Per rank, inclusive time per step of every user-code Python frame on the main thread. A
-    frame the culprit spends much longer in than the other ranks (median) holds its extra
-    work; of nested frames that all carry it (train_step > micro_step > slow_fn) the innermost,
-    the one with the least inclusive time, is named.
+    ``per_rank``: each rank's ``user_frame_times``. A frame the culprit spends much longer in
+    than the other ranks (median) holds its extra work; of nested frames that all carry it
+    (train_step > micro_step > slow_fn) the innermost, the one with the least inclusive time,
+    is named.
     """
-    if report.straggler not in ctxs or len(ctxs) < 2:
+    per_rank = {r: v for r, v in per_rank.items() if v}
+    if report.straggler not in per_rank or len(per_rank) < 2:
         return
-    per_rank: dict[int, dict[str, float]] = {}
-    for rank, ctx in ctxs.items():
-        t = ctx.t
-        wins = windows.get(rank) or []
-        if not t.has_stacks or not wins:
-            continue
-        rows = t.rows_named(is_user_frame, cat=PYFUNC)
-        rows = rows[t.track[rows] == ctx.main_track] if len(rows) else rows
-        if not len(rows):
-            continue
-        ts = t.ts[rows]
-        inside = np.zeros(len(rows), dtype=bool)
-        for w in wins:
-            inside |= (ts >= w.start) & (ts < w.end)
-        acc: dict[str, float] = defaultdict(float)
-        for r in rows[inside]:
-            acc[t.name(int(r))] += float(t.dur[r])
-        per_rank[rank] = {k: v / len(wins) for k, v in acc.items()}
     mine = per_rank.get(report.straggler)
     others = [v for r, v in per_rank.items() if r != report.straggler]
     if not mine or not others:

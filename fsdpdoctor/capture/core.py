@@ -302,12 +302,36 @@ class Capture:
             prof.export_chrome_trace(str(tmp))
             os.replace(tmp, path)
             self.exported = True
+            self._summarize_in_background(path)
         except Exception as exc:
             _warn(f"rank {self.rank}: cannot write trace {path} ({exc}); training continues")
             try:
                 tmp.unlink()
             except Exception:
                 pass
+
+    # Each exported trace gets its rank<N>.summary.msgpack from a separate, niced process, so that
+    # `fsdpdoctor analyze` on the folder reads summaries, not traces. Never on the training thread,
+    # never an error in the job. Set to False (or FSDPDOCTOR_NO_SUMMARY=1) to skip.
+    write_summaries = True
+
+    def _summarize_in_background(self, path: Path) -> None:
+        if not self.write_summaries or os.environ.get("FSDPDOCTOR_NO_SUMMARY"):
+            return
+        import subprocess
+        import sys
+
+        try:
+            if not hasattr(self, "_param_dtype"):
+                self._param_dtype = describe_model(self.model).get("param_dtype") if self.model is not None else None
+            argv = ["summarize", str(path), "--quiet", "--no-progress", "--jobs", "1"]
+            if self._param_dtype:
+                argv += ["--param-dtype", str(self._param_dtype)]
+            code = f"import os,sys; os.nice(10); from fsdpdoctor.cli import main; sys.exit(main({argv!r}))"
+            subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        except Exception as exc:
+            _warn(f"rank {self.rank}: cannot start the trace summary ({exc}); `fsdpdoctor summarize` builds it later")
 
     def _gather_hosts(self) -> None:
         host = socket.gethostname()

@@ -18,6 +18,18 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
                    help="override a diagnosis threshold (see `fsdpdoctor check --list-thresholds`)")
     p.add_argument("--config", metavar="FILE", help="JSON or TOML file of threshold overrides")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
+    add_engine_args(p)
+
+
+def add_engine_args(p: argparse.ArgumentParser, summaries: bool = True) -> None:
+    p.add_argument("--dask", metavar="ADDRESS",
+                   help="analyse the ranks on a Dask cluster (scheduler address, or 'local' for a LocalCluster); "
+                        "the workers must see the traces at the same path (docs/scale-out.md)")
+    p.add_argument("--jobs", "-j", type=int, metavar="N",
+                   help="worker processes on this machine (default: one per core; 1: in this process)")
+    if summaries:
+        p.add_argument("--no-summaries", action="store_true",
+                       help="re-read every trace even where a current rank<N>.summary.msgpack is present")
 
 
 def parse_ranks(values: list[str] | None) -> list[int] | None:
@@ -92,7 +104,15 @@ def run_analysis(args):
 
     with progress_bar(not args.no_progress) as cb:
         analysis = analyze_path(args.path, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps),
-                                thresholds=parse_thresholds(args), progress=cb)
+                                thresholds=parse_thresholds(args), progress=cb, **engine_kwargs(args))
     if note := hang_note(args.path):
         analysis.notes.append(note)
     return analysis
+
+
+def engine_kwargs(args) -> dict:
+    jobs = getattr(args, "jobs", None)
+    if jobs is not None and jobs < 1:
+        raise InputError(None, f"--jobs expects a positive number, got {jobs}")
+    return {"dask": getattr(args, "dask", None), "workers": jobs,
+            "use_summaries": not getattr(args, "no_summaries", False)}

@@ -8,6 +8,12 @@ from pathlib import Path
 
 from fsdpdoctor.errors import InputError
 
+try:  # ISA-L inflate is 2-3x zlib's on traces (benchmarks/README.md); optional: `pip install isal`
+    from isal.igzip import decompress as _gunzip
+    from isal.isal_zlib import error as _isal_error
+except ImportError:  # pragma: no cover - depends on the environment
+    _gunzip, _isal_error = gzip.decompress, zlib.error
+
 def read_bytes(path: Path) -> bytes:
     """The decompressed bytes of a ``.json`` or ``.json.gz`` file (read-only)."""
     if not path.exists():
@@ -20,7 +26,7 @@ def read_bytes(path: Path) -> bytes:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
     if raw[:2] == b"\x1f\x8b":
         try:
-            return gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
+            return _gunzip(raw)
+        except (OSError, EOFError, zlib.error, _isal_error, ValueError) as exc:
             raise InputError(path, f"corrupt or truncated gzip data ({exc})") from None
     return raw

@@ -74,6 +74,7 @@ class RankTrace:
     rank_source: str         # "distributedInfo", "file name" or "default"
     distributed_info: dict = field(default_factory=dict)
     memory_events: list[dict] = field(default_factory=list)   # the [memory] instants, Chrome form
+    unreadable_events: int = 0   # complete events skipped because a field could not be read (ill-typed)
 
     @property
     def end(self) -> np.ndarray:

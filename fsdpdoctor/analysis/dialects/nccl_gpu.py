@@ -1,0 +1,163 @@
+"""NCCL/RCCL on GPUs: collectives are kernels on device streams, issued by host ops.
+
+The kind comes from ``Collective name`` (on the kernel or the correlated
+``record_param_comms``), then the ``c10d::`` op, then the ``nccl:`` annotation,
+and only last from the kernel name, which is unreliable (NCCL may run an
+all-reduce in a SendRecv-named kernel). Steps are sliced at the next step's
+start, so device work that runs on after its host step is counted where it runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.collectives import (
+    C10D_PREFIXES, NOT_COLLECTIVE_OPS, dtype_bytes, is_comm_kernel, kind_from_collective_name, kind_from_kernel,
+    kind_from_op, to_int,
+)
+from fsdpdoctor.analysis.context import RankContext
+from fsdpdoctor.analysis.dialects.gloo_cpu import extract_spans
+from fsdpdoctor.analysis.dialects.base import (
+    CollectiveRecord, StepWindow, Timelines, comm_by_kind_and_phase, host_step_windows,
+)
+from fsdpdoctor.results import Collective, DialectTraits
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, RankTrace
+
+
+class NcclGpu:
+    name = "nccl-gpu"
+    family = "gpu"
+    note = None
+
+    def __init__(self) -> None:
+        self.traits = DialectTraits(name=self.name, device_timeline=True, async_collectives=True,
+                                    shared_host_cores=False, has_message_sizes=True)
+
+    def matches(self, trace: RankTrace) -> bool:
+        return bool(np.any(trace.cat == KERNEL))
+
+    def step_windows(self, ctx: RankContext) -> list[StepWindow]:
+        out = host_step_windows(ctx)
+        if out[0].step is None:
+            return out
+        # device work of a step runs on after its host window: slice at the next step's start
+        for w, nxt in zip(out, out[1:]):
+            w.end = nxt.start
+        # the last step's device work runs past its host window: extend to it
+        t, last = ctx.t, out[-1]
+        drows = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
+        if len(drows):
+            launch = ctx.launch_ts
+            lt = np.array([launch.get(int(c), np.nan) for c in t.corr[drows]])
+            sel = drows[(lt >= last.start) & (lt <= last.end)]
+            if len(sel):
+                last.end = max(last.end, float((t.ts[sel] + t.dur[sel]).max()))
+        return out
+
+    def collectives(self, ctx: RankContext) -> list[CollectiveRecord]:
+        out = extract_kernels(ctx)
+        # kernels, but the collectives ran elsewhere (gloo with CUDA compute): read the gloo spans
+        return out or extract_spans(ctx)
+
+    def timelines(self, ctx: RankContext, records: list[CollectiveRecord]) -> Timelines:
+        t = ctx.t
+        colls = [r.coll for r in records]
+        comm = iv.as_set([c.start_us for c in colls], [c.end_us for c in colls])
+        k = np.nonzero(t.cat == KERNEL)[0]
+        k = k[~np.isin(t.name_id[k], t.ids_of(is_comm_kernel))]
+        coll_starts = {c.start_us for c in colls}
+        if coll_starts:  # kernels with collective metadata but odd names
+            k = k[~np.isin(t.ts[k], np.fromiter(coll_starts, float))]
+        compute = ctx.set_of(k)
+        opt = iv.EMPTY
+        if len(ctx.optimizer_set) and len(k):
+            launch = ctx.launch_ts
+            lt = np.array([launch.get(int(c), np.nan) for c in t.corr[k]])
+            ok = ~np.isnan(lt)
+            idx = np.searchsorted(ctx.optimizer_set[:, 0], lt[ok], side="right") - 1
+            inside = (idx >= 0) & (lt[ok] <= ctx.optimizer_set[np.maximum(idx, 0), 1])
+            opt = ctx.set_of(k[ok][inside])
+        by_kind, by_phase = comm_by_kind_and_phase(colls)
+        return Timelines(compute=compute, optimizer=opt, comm=comm, comm_by_kind=by_kind, comm_by_phase=by_phase)
+
+
+DIALECT = NcclGpu()
+
+
+def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
+    t = ctx.t
+    kernels = np.nonzero(t.cat == KERNEL)[0]
+    if len(kernels) == 0:
+        return []
+    is_comm = np.isin(t.name_id[kernels], t.ids_of(is_comm_kernel))
+    with_meta = np.fromiter((r in t.args and "Collective name" in t.args[r] for r in kernels), bool, len(kernels))
+    rows = kernels[is_comm | with_meta]
+    if len(rows) == 0:
+        return []
+    launch_of = ctx.launch_row  # kernel -> launching runtime call (same correlation id)
+    param_rows = t.rows_named(lambda n: n == "record_param_comms", cat=CPU_OP)
+    op_rows = t.rows_named(lambda n: n.startswith(C10D_PREFIXES) and not n.startswith(NOT_COLLECTIVE_OPS), cat=CPU_OP)
+    nccl_ann = t.rows_named(lambda n: n.startswith("nccl:"), cat=(ANNOTATION, CPU_OP))
+    out = []
+    for r in rows:
+        r = int(r)
+        kname = t.name(r)
+        kargs = t.args.get(r, {})
+        launch = launch_of.get(int(t.corr[r])) if t.corr[r] >= 0 else None
+        issue_t = issue_track = None
+        meta = kargs if "Collective name" in kargs else {}
+        op_name = None
+        if launch is not None:
+            issue_t, issue_track = float(t.ts[launch]), int(t.track[launch])
+            p = ctx.enclosing(param_rows, issue_track, issue_t)
+            if p is not None and not meta:
+                meta = t.args.get(p, {}) if "Collective name" in t.args.get(p, {}) else {}
+            o = ctx.enclosing(op_rows, issue_track, issue_t)
+            if o is None:
+                o = ctx.enclosing(nccl_ann, issue_track, issue_t)
+            if o is not None:
+                op_name = t.name(o)
+                issue_t = float(t.ts[o])
+        kind = (kind_from_collective_name(meta.get("Collective name"))
+                or (kind_from_op(op_name) if op_name else None)
+                or kind_from_kernel(kname) or "other")
+        raw = meta.get("Collective name") or op_name or kname.split("(")[0]
+        nelems_in, nelems_out = to_int(meta.get("In msg nelems")), to_int(meta.get("Out msg nelems"))
+        dtype = meta.get("dtype")
+        nbytes = None
+        db = dtype_bytes(dtype)
+        if db and (nelems_in or nelems_out):
+            full = (max(nelems_in or 0, nelems_out or 0) if kind in ("all_gather", "reduce_scatter")
+                    else (nelems_in or nelems_out))
+            nbytes = int(full * db)
+        pg = meta.get("Process Group Name")
+        c = Collective(rank=t.rank, index=0, step=None, kind=kind, raw_name=str(raw), phase="other",
+                       start_us=float(t.ts[r]), end_us=float(t.ts[r] + t.dur[r]), issue_us=issue_t,
+                       nelems=nelems_in, dtype=str(dtype) if dtype else None, size_bytes=nbytes,
+                       group_size=to_int(meta.get("Group size")), process_group=str(pg) if pg is not None else None,
+                       seq=to_int(meta.get("Seq")))
+        out.append(CollectiveRecord(coll=c, issue_track=issue_track, launch_known=launch is not None, kernel=kname,
+                                    stream=int(t.track[r]), described=bool(meta) or op_name is not None))
+    _infer_orphans(out)
+    return out
+
+
+def _infer_orphans(records: list[CollectiveRecord]) -> None:
+    """Kernels launched before the trace began have no launch record, and generic kernel names
+    (RCCL's ``ncclDevKernel_Generic``) say nothing. Take the kind of the correlated kernel with the
+    same name on the same stream whose duration is closest (log scale); phase stays unknown."""
+    known = [r for r in records if r.described]
+    for rec in records:
+        c = rec.coll
+        if rec.described or c.issue_us is not None or kind_from_kernel(rec.kernel) not in (None, "other"):
+            continue
+        peers = [k for k in known if k.kernel == rec.kernel and k.stream == rec.stream]
+        if not peers:
+            continue
+        d = math.log(max(c.duration_us, 1e-3))
+        best = min(peers, key=lambda k: abs(math.log(max(k.coll.duration_us, 1e-3)) - d))
+        c.kind = best.coll.kind
+        c.raw_name = f"{rec.kernel.split('(')[0]} (kind inferred: no launch record)"

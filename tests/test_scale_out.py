@@ -1,0 +1,314 @@
+"""The map/reduce split: dialects behind one seam, engines (serial, process pool, Dask) that
+agree to the byte, and per-rank summaries that stand in for the traces."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fsdpdoctor.analysis import dialects
+from fsdpdoctor.analysis.dialects.gloo_cpu import GlooCpu
+from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis.dialects.base import Timelines, comm_by_kind_and_phase
+from fsdpdoctor.report.json_report import to_json
+from fsdpdoctor.results import DialectTraits
+from fsdpdoctor.session import analyze_path
+
+from conftest import requires_torch
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = REPO / "traces"
+RUNS = ["straggler", "fsdp2_default", "ddp_default", "fsdp1_backward_pre", "host_sync"]
+CANDIDATES = [Path(__file__).resolve().parents[2] / "shared" / "traces-public", Path("/work/shared/traces-public")]
+PUBLIC = next((p for p in CANDIDATES if p.is_dir()), None)
+
+
+def doc(path, **kw) -> dict:
+    a = analyze_path(path, **kw)
+    d = json.loads(to_json(a, include_events=True))
+    d.pop("source")
+    return d
+
+
+# ------------------------------------------------------------------ dialect seam
+class CommIsComputeDialect(GlooCpu):
+    """A test double: reads gloo traces, but calls every host op communication-free idle
+    (no compute at all) and says so in its traits. If the seam holds, analyze must show
+    exactly what this dialect says, end to end."""
+
+    name = "test-double"
+    family = "cpu"
+    note = "test double in use"
+
+    def __init__(self):
+        self.traits = DialectTraits(name=self.name, has_sequence_numbers=False, shared_host_cores=False)
+        self.calls = {"matches": 0, "step_windows": 0, "collectives": 0, "timelines": 0}
+
+    def matches(self, trace):
+        self.calls["matches"] += 1
+        return True
+
+    def step_windows(self, ctx):
+        self.calls["step_windows"] += 1
+        return super().step_windows(ctx)
+
+    def collectives(self, ctx):
+        self.calls["collectives"] += 1
+        return super().collectives(ctx)
+
+    def timelines(self, ctx, records):
+        self.calls["timelines"] += 1
+        colls = [r.coll for r in records]
+        by_kind, by_phase = comm_by_kind_and_phase(colls)
+        return Timelines(compute=iv.EMPTY, optimizer=iv.EMPTY,
+                         comm=iv.as_set([c.start_us for c in colls], [c.end_us for c in colls]),
+                         comm_by_kind=by_kind, comm_by_phase=by_phase)
+
+
+def test_a_registered_dialect_drives_analyze_end_to_end(monkeypatch):
+    fake = CommIsComputeDialect()
+    monkeypatch.setattr(dialects, "DIALECTS", [fake, *dialects.DIALECTS])  # the "one line" of a new dialect
+    a = analyze_path(TRACES / "straggler", workers=1, use_summaries=False)
+    assert fake.calls["matches"] == 2 and fake.calls["timelines"] == 2     # once per rank
+    assert a.job.traits.name == "test-double" and a.job.dialect == "cpu"
+    assert "test double in use" in a.notes
+    # no compute from this dialect: all communication is exposed, nothing overlapped
+    for r in a.ranks:
+        for s in r.steps:
+            assert s.compute_us == 0 and s.optimizer_us == 0 and s.overlapped_comm_us == 0
+            assert s.exposed_comm_us == pytest.approx(s.comm_us)
+    monkeypatch.undo()
+    real = analyze_path(TRACES / "straggler", workers=1, use_summaries=False)
+    assert real.job.traits.name == "gloo-cpu"
+    assert any(s.compute_us > 0 for r in real.ranks for s in r.steps)
+    # the collectives themselves come from the same reading: same kinds in the same order
+    assert [c.kind for c in a.collective_events] == [c.kind for c in real.collective_events]
+
+
+def test_detect_picks_the_dialect_by_content():
+    from fsdpdoctor.trace.loader import load_file
+
+    assert dialects.detect(load_file(TRACES / "straggler" / "rank0.json.gz")).name == "gloo-cpu"
+    if PUBLIC is not None:
+        t = load_file(PUBLIC / "ddp_a100_rank0" / "nccl_data.json.gz")
+        d = dialects.detect(t)
+        assert d.name == "nccl-gpu" and d.traits.device_timeline and d.traits.async_collectives
+
+
+# ------------------------------------------------------------------ engines agree
+@pytest.mark.parametrize("run", RUNS)
+def test_process_pool_equals_serial(run):
+    assert doc(TRACES / run, workers=2, use_summaries=False) == doc(TRACES / run, workers=1, use_summaries=False)
+
+
+@pytest.fixture(scope="module")
+def dask_address():
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None)
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_dask_equals_local(run, dask_address):
+    assert doc(TRACES / run, dask=dask_address, use_summaries=False) == doc(TRACES / run, workers=2,
+                                                                             use_summaries=False)
+
+
+@pytest.mark.skipif(PUBLIC is None, reason="public traces not found")
+def test_dask_equals_local_on_a_public_gpu_run(dask_address):
+    p = PUBLIC / "recsys_2_of_128_ranks"
+    assert doc(p, dask=dask_address) == doc(p, workers=1)
+
+
+# ------------------------------------------------------------------ summaries
+def _summarize(path: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "fsdpdoctor", "summarize", str(path), *extra],
+                          capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_summaries_give_the_same_analysis_as_traces(run, tmp_path):
+    folder = tmp_path / run
+    shutil.copytree(TRACES / run, folder)
+    full = doc(folder, use_summaries=False)
+    assert _summarize(folder, "-q").returncode == 0
+    assert sorted(p.name for p in folder.glob("*.summary.msgpack")) == ["rank0.summary.msgpack",
+                                                                         "rank1.summary.msgpack"]
+    # prove the traces are not read: make them unreadable (root ignores modes, so move them aside
+    # and leave same-size, same-mtime stand-ins that are not JSON)
+    for t in folder.glob("rank*.json.gz"):
+        st = t.stat()
+        t.write_bytes(b"\0" * st.st_size)
+        os.utime(t, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert doc(folder) == full
+    # only the summaries (and the manifest), far from the traces
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for f in list(folder.glob("*.summary.msgpack")) + [folder / "manifest.json"]:
+        shutil.copy(f, alone)
+    assert doc(alone) == full
+
+
+def test_a_changed_trace_makes_its_summary_stale(tmp_path):
+    folder = tmp_path / "run"
+    shutil.copytree(TRACES / "straggler", folder)
+    assert _summarize(folder, "-q").returncode == 0
+    # replace rank 1 by the rank 1 of another job: its summary no longer describes the file
+    shutil.copy(TRACES / "dataloader_slow" / "rank1.json.gz", folder / "rank1.json.gz")
+    assert doc(folder) == doc(folder, use_summaries=False)
+    assert doc(folder) != doc(TRACES / "straggler", use_summaries=False)
+
+
+def test_summarize_never_writes_into_a_read_only_folder(tmp_path):
+    folder = tmp_path / "ro"
+    shutil.copytree(TRACES / "straggler", folder)
+    folder.chmod(0o555)
+    try:
+        r = _summarize(folder)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--out" in r.stderr
+        assert not list(folder.glob("*.summary.msgpack"))
+        out = tmp_path / "out"
+        assert _summarize(folder, "--out", str(out), "-q").returncode == 0
+        assert len(list(out.glob("*.summary.msgpack"))) == 2
+    finally:
+        folder.chmod(0o755)
+
+
+@requires_torch
+def test_capture_writes_a_summary_beside_the_trace(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = tmp_path / "run"
+    with capture(out, model=model, optimizer=opt, wait=0, warmup=1, active=2) as cap:
+        for _ in range(4):
+            model(torch.randn(8, 16)).sum().backward()
+            opt.step()
+            cap.step()
+    summary = out / "rank0.summary.msgpack"
+    deadline = time.monotonic() + 120
+    while not summary.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert summary.exists(), "the background summary was not written"
+    assert doc(out) == doc(out, use_summaries=False)
+
+
+# ------------------------------------------------------------------ layers
+LAYERS = {"capture": 0, "trace": 1, "analysis": 2, "diagnose": 3, "report": 4, "tui": 4}
+
+
+def _imports(path: Path, top_level_only: bool) -> set[str]:
+    import ast
+
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    out = set()
+    for n in nodes:
+        if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+            out.add(n.module)
+        elif isinstance(n, ast.Import):
+            out.update(a.name for a in n.names)
+    return {m for m in out if m.startswith("fsdpdoctor")}
+
+
+def test_layers_import_only_upstream():
+    pkg = REPO / "fsdpdoctor"
+    bad = []
+    for f in pkg.rglob("*.py"):
+        layer = f.relative_to(pkg).parts[0]
+        if layer not in LAYERS:
+            continue
+        for m in _imports(f, top_level_only=False):
+            target = m.split(".")[1] if "." in m else None
+            if target in LAYERS and LAYERS[target] > LAYERS[layer]:
+                bad.append(f"{f.relative_to(pkg)} imports {m}")
+    assert not bad, bad
+
+
+def test_no_import_cycles_at_module_level():
+    pkg = REPO / "fsdpdoctor"
+    graph = {}
+    for f in pkg.rglob("*.py"):
+        mod = ".".join(("fsdpdoctor",) + f.relative_to(pkg).with_suffix("").parts).removesuffix(".__init__")
+        graph[mod] = {m for m in _imports(f, top_level_only=True)}
+    # a module imports its package's __init__ too; only edges between known modules count
+    state: dict[str, int] = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for n in graph.get(m, ()):
+            if n not in graph:
+                continue
+            if state.get(n) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack + [m, n]))
+            if n not in state:
+                visit(n, stack + [m])
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m, [])
+
+
+# ------------------------------------------------------------------ loader paths
+def test_columnar_and_per_event_readings_agree_on_real_traces():
+    import numpy as np
+
+    from fsdpdoctor.trace import loader
+    from fsdpdoctor.trace.events import decode_trace
+    from fsdpdoctor.trace.io import read_bytes
+
+    files = [TRACES / "fsdp2_default" / "rank0.json.gz"]
+    if PUBLIC is not None:
+        files += [PUBLIC / "ddp_a100_rank0" / "nccl_data.json.gz",
+                  PUBLIC / "mi300_rccl_ddp_act_checkpoint" / "resnet_act_checkpoint.json.gz"]
+    for f in files:
+        _, events, _ = decode_trace(read_bytes(f), f)
+        fast = loader._columns_fast(list(events))
+        slow = loader._columns_per_event(list(events))
+        assert fast is not None
+        for a, b in zip(fast, slow):
+            if isinstance(a, np.ndarray):
+                assert a.dtype == b.dtype and np.array_equal(a, b)
+            elif isinstance(a, list) and a and hasattr(a[0], "pid"):
+                assert [(t.pid, t.tid) for t in a] == [(t.pid, t.tid) for t in b]
+            else:
+                assert a == b
+
+
+def test_an_unreadable_event_is_skipped_and_counted(tmp_path):
+    from fsdpdoctor.trace.loader import load_file
+
+    good = [{"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 100, "pid": 1, "tid": 1},
+            {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 10, "dur": 20, "pid": 1, "tid": 1}]
+    bad = [{"ph": "X", "name": ["a list"], "ts": 5, "dur": 1, "pid": 1, "tid": 1},
+           {"ph": "X", "name": "x", "ts": "soon", "dur": 1, "pid": 1, "tid": 1},
+           {"ph": "X", "name": "y", "ts": 7, "dur": {"a": 1}, "pid": 1, "tid": 1}]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": good[:1] + bad + good[1:]}))
+    t = load_file(p)
+    assert t.names == ["ProfilerStep#1", "aten::mm"] and t.unreadable_events == len(bad)
+    assert list(t.ts) == [0.0, 10.0]
+
+
+def test_long_runs_report_progress_per_rank(monkeypatch, capsys):
+    from fsdpdoctor import session
+
+    monkeypatch.setattr(session._Reporter, "QUIET_S", -1.0)   # report from the first rank on
+    analyze_path(TRACES / "straggler", workers=1, use_summaries=False, diagnose=False)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "ranks analysed" in ln]
+    assert lines and lines[-1].startswith("fsdpdoctor: 2/2 ranks analysed (rank1.json.gz")
