@@ -255,8 +255,10 @@ def _gate(folder: Path) -> int:
 
 
 @needs_traces
-@pytest.mark.parametrize("folder", ALL + sorted(TRACES.glob("scaling_*")), ids=lambda p: p.name)
+@pytest.mark.parametrize("folder", [p for p in ALL if not p.name.startswith("hang_")] + sorted(TRACES.glob("scaling_*")),
+                         ids=lambda p: p.name)
 def test_check_passes_healthy_and_fails_faults(folder):
+    # hang_* folders are judged by `fsdpdoctor hang` (their profiled steps precede a deliberate hang)
     must = set(json.loads((folder / "expected.json").read_text())["must"]) if (folder / "expected.json").exists() \
         else set()
     gating = must - NOT_GATING_ON_CPU
