@@ -140,6 +140,7 @@ def main(argv=None) -> int:
             out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        straggler.step_done()
 
     model.train()
     if calib:

@@ -83,36 +83,65 @@ def calibrate(train_step, steps: int, synchronized: bool) -> float:
 
 
 class Straggler:
-    """The slow rank's extra work before each forward, sized by :func:`calibrate`."""
+    """The slow rank's extra work before each forward.
+
+    Sized from the step time measured by :func:`calibrate`, then kept at the
+    target share as the machine's load changes: after every step the slow rank
+    takes the rest of its step (everything but the injected work: its own
+    healthy step) and sizes the next injection from the median of the last
+    three, E = rest * share / (1 - share); for matmuls the repetitions follow
+    from the measured time per repetition.
+    """
 
     def __init__(self, kind: str, slow: bool, share: float, delay_ms: float | None):
         self.kind, self.slow, self.share, self.delay_ms = kind, slow, share, delay_ms
+        self.active = kind != "none" and slow
         self.extra_s = 0.0
         self.reps = 0
+        self.rep_s = None
         self.step_s = None
         self.reported_reps = 0
+        self._rests: list[float] = []
+        self._t_begin = self._t_after = None
 
     def size(self, step_s: float, synchronized: bool) -> None:
         self.step_s = step_s
-        self.extra_s = (self.delay_ms / 1000.0 if self.delay_ms is not None
-                        else step_s * self.share / (1.0 - self.share))
-        if self.kind == "matmul" and self.slow:
-            self.reps = max(1, round(self.extra_s / time_matmul_rep()))
+        self._target(step_s)
         if synchronized and dist.is_available() and dist.is_initialized():
             box = torch.tensor([self.reps], dtype=torch.int64)  # so the manifest rank knows it too
             dist.all_reduce(box, op=dist.ReduceOp.MAX)
-            if not self.slow:
-                self.reps = 0
             self.reported_reps = int(box.item())
 
+    def _target(self, healthy_s: float) -> None:
+        self.extra_s = (self.delay_ms / 1000.0 if self.delay_ms is not None
+                        else healthy_s * self.share / (1.0 - self.share))
+        if self.kind == "matmul" and self.slow:
+            if self.rep_s is None:
+                self.rep_s = time_matmul_rep()
+            self.reps = max(1, round(self.extra_s / self.rep_s))
+
     def __call__(self) -> None:
-        if not self.slow or self.kind == "none":
+        """The injected work; call it before the forward."""
+        if not self.active:
             return
+        self._t_begin = time.perf_counter()
         if self.kind == "sleep":
             straggler_sleep(self.extra_s)
         elif self.kind == "matmul":
             straggler_extra_matmul(self.reps)
+        self._t_after = time.perf_counter()
+        if self.kind == "matmul" and self.reps:
+            self.rep_s = (self._t_after - self._t_begin) / self.reps
+
+    def step_done(self) -> None:
+        """Call at the end of every step: resize the next injection from this step."""
+        if not self.active or self._t_after is None or self.delay_ms is not None:
+            return
+        self._rests = (self._rests + [time.perf_counter() - self._t_after])[-3:]
+        self._target(statistics.median(self._rests))
+        self._t_after = None
 
     def facts(self) -> dict:
         return {"calibrated_step_ms": None if self.step_s is None else round(self.step_s * 1000, 1),
-                "extra_ms": round(self.extra_s * 1000, 1), "matmul_reps": max(self.reps, self.reported_reps)}
+                "target_share": self.share if self.delay_ms is None else None,
+                "matmul_reps_at_start": max(self.reps, self.reported_reps)}
