@@ -345,12 +345,15 @@ class Capture:
             prof.export_chrome_trace(str(tmp))
             os.replace(tmp, path)
             self.exported = True
-        except Exception as exc:
-            _warn(f"rank {self.rank}: cannot write trace {path} ({exc}); training continues")
+        except BaseException as exc:
+            # no half-written file is left behind, also when Ctrl-C lands inside the export
             try:
                 tmp.unlink()
             except Exception:
                 pass
+            if not isinstance(exc, Exception):
+                raise
+            _warn(f"rank {self.rank}: cannot write trace {path} ({exc}); training continues")
 
     def _store_key(self, rank: int) -> str:
         return f"fsdpdoctor.capture/{os.path.abspath(self.out_dir)}/host/{rank}"
@@ -455,8 +458,12 @@ class Capture:
             data = self.manifest()
             self.out_dir.mkdir(parents=True, exist_ok=True)
             tmp = self.out_dir / ".manifest.partial.json"
-            tmp.write_text(json.dumps(data, indent=2) + "\n")
-            os.replace(tmp, path)
+            try:
+                tmp.write_text(json.dumps(data, indent=2) + "\n")
+                os.replace(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
         except Exception as exc:
             _warn(f"rank {self.rank}: cannot write {path} ({exc}); training continues")
 
