@@ -93,11 +93,12 @@ def check_run(folder: Path) -> tuple[str, bool]:
         lines.append(f"  backward all-gathers per step: prefetched {bwd_pf / n:g}, on-demand {bwd_od / n:g}; "
                      f"'FSDP::backward_prefetch for' annotations {n_pf_ann / n:g}")
         ok &= (bwd_pf == 0) if name == "fsdp2_no_backward_prefetch" else (bwd_pf > 0 and bwd_od == 0)
-    if name.startswith(("hf_", "cnn_")):
+    scenario = (json.loads((folder / "manifest.json").read_text()).get("scenario") or {}).get("name") or name
+    if scenario.startswith(("hf_", "cnn_")):
         text, user_ok = check_user_job(folder, ranks)
         lines.append(text)
         ok &= user_ok
-    elif not name.startswith("fsdp"):
+    elif not name.startswith("fsdp"):  # train.py scenarios, by folder name
         for r, t in sorted(ranks.items()):
             ar = t.per_step(c10d("c10d::allreduce_"))
             mul = t.per_step(c10d("torch::distributed::reducer::mul_out"))

@@ -372,15 +372,19 @@ def test_fsdp1_orig_params_full_count_and_no_added_warnings(tmp_path):
 @requires_torch
 def test_optimizer_wrapper_is_unwrapped():
     torch = pytest.importorskip("torch")
-    pytest.importorskip("accelerate")
-    from accelerate.optimizer import AcceleratedOptimizer
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
 
     from fsdpdoctor.capture import describe_model
 
     model = torch.nn.Linear(4, 3)
     inner = torch.optim.SGD(model.parameters(), lr=0.1)
-    wrapped = AcceleratedOptimizer(inner, device_placement=False)
-    d = describe_model(model, wrapped)
+    try:
+        wrapped = accelerate.Accelerator(cpu=True).prepare(inner)  # one process: no process group
+        assert type(wrapped).__name__ == "AcceleratedOptimizer"
+        d = describe_model(model, wrapped)
+    finally:
+        AcceleratorState._reset_state(True)  # leave no accelerate singleton to other tests
     assert d["optimizer"] == "SGD" and d["optimizer_wrappers"] == ["AcceleratedOptimizer"]
     d = describe_model(model, inner)
     assert d["optimizer"] == "SGD" and d["optimizer_wrappers"] == []
