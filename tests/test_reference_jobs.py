@@ -192,3 +192,39 @@ def test_reference_run_never_synchronized_job(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(out), "--json"],
                           capture_output=True, text=True)
     assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+def qwen2_parameters(vocab: int, hidden: int, inter: int, layers: int, heads: int, kv_heads: int) -> int:
+    """Parameters of an untied Qwen2 causal LM, from its architecture (q/k/v with bias, o without,
+    gated MLP, two RMSNorms per layer and one at the end, input embedding and LM head)."""
+    kv = hidden // heads * kv_heads
+    per_layer = (hidden * hidden + hidden) + 2 * (hidden * kv + kv) + hidden * hidden + 3 * hidden * inter + 2 * hidden
+    return 2 * vocab * hidden + layers * per_layer + hidden
+
+
+def test_user_job_manifests_describe_the_whole_model(traces_dir):
+    """Every wrapping of the same Qwen2 decoder reports the same full parameter count (FSDP1 and
+    FSDP2 unsharded), the optimizer under Accelerate's wrapper, and activation checkpointing."""
+    sc = load_scenarios()
+    hf = [n for n, s in sc.items() if s["script"] == "hf_decoder.py"]
+    assert len(hf) >= 8
+    src = (REFERENCE / "hf_decoder.py").read_text()
+    sizes = {k: int(re.search(rf"{k}=(\d+)", src).group(1)) for k in
+             ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")}
+    vocab = int(re.search(r"SEQ, BATCH, VOCAB = \d+, \d+, (\d+)", src).group(1))
+    want = qwen2_parameters(vocab, sizes["hidden_size"], sizes["intermediate_size"], sizes["num_hidden_layers"],
+                            sizes["num_attention_heads"], sizes["num_key_value_heads"])
+    for name in hf:
+        m = json.loads((traces_dir / name / "manifest.json").read_text())
+        assert m["model"]["parameters"] == want, (name, m["wrapping"]["kind"])
+        assert m["model"]["param_bytes"] == 4 * want, name
+        assert m["model"]["optimizer"] == "AdamW", name
+        accelerate = sc[name]["params"]["launch"].startswith("accelerate")
+        assert m["model"]["optimizer_wrappers"] == (["AcceleratedOptimizer"] if accelerate else []), name
+        ckpt = sc[name]["params"]["act_ckpt"]
+        ac = m["model"]["activation_checkpointing"]
+        if ckpt == "none":
+            assert ac is None, name
+        else:
+            assert ac["method"] == {"checkpoint_wrapper": "checkpoint_wrapper", "hf": "gradient_checkpointing"}[ckpt]
+            assert ac["modules"] >= sizes["num_hidden_layers"], name
