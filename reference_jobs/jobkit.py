@@ -135,7 +135,8 @@ class Straggler:
 
     def step_done(self) -> None:
         """Call at the end of every step: resize the next injection from this step."""
-        if not self.active or self._t_after is None or self.delay_ms is not None:
+        # nothing to resize before calibrate() sized it, so the calibration steps stay healthy
+        if not self.active or self._t_after is None or self.delay_ms is not None or self.step_s is None:
             return
         self._rests = (self._rests + [time.perf_counter() - self._t_after])[-3:]
         self._target(statistics.median(self._rests))
