@@ -227,4 +227,4 @@ def test_user_job_manifests_describe_the_whole_model(traces_dir):
             assert ac is None, name
         else:
             assert ac["method"] == {"checkpoint_wrapper": "checkpoint_wrapper", "hf": "gradient_checkpointing"}[ckpt]
-            assert ac["modules"] >= sizes["num_hidden_layers"], name
+            assert ac["modules"] == sizes["num_hidden_layers"], name

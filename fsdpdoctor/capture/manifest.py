@@ -158,18 +158,21 @@ def describe_checkpointing(model) -> dict | None:
         return None
     wrappers: collections.Counter = collections.Counter()
     impl = None
-    hf_layers = 0
+    hf_layers = hf_flagged = 0
     for m in model.modules():
         name = type(m).__name__
         if name in ("CheckpointWrapper", "OffloadWrapper"):
             wrappers[name] += 1
             impl = impl or _enum_name(getattr(m, "checkpoint_impl", None))
-        elif getattr(m, "gradient_checkpointing", None) is True:
-            hf_layers += 1
+        elif getattr(m, "gradient_checkpointing", None) is True or getattr(m, "activation_checkpointing", None) is True:
+            hf_flagged += 1
+            # the layers that recompute (transformers >= 4.52 derive them from GradientCheckpointingLayer);
+            # the stack module above them carries the flag too
+            hf_layers += any(c.__name__ == "GradientCheckpointingLayer" for c in type(m).__mro__)
     if wrappers.get("CheckpointWrapper"):
         return {"method": "checkpoint_wrapper", "modules": wrappers["CheckpointWrapper"], "impl": impl}
-    if hf_layers:
-        return {"method": "gradient_checkpointing", "modules": hf_layers, "impl": None}
+    if hf_flagged:
+        return {"method": "gradient_checkpointing", "modules": hf_layers or hf_flagged, "impl": None}
     if wrappers.get("OffloadWrapper"):
         return {"method": "offload_wrapper", "modules": wrappers["OffloadWrapper"], "impl": None}
     return None
