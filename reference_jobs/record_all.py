@@ -6,7 +6,11 @@ traces/scaling_1proc and traces/scaling_2proc (ddp_default on 1 and 2 ranks).
 Each folder gets manifest.json, rank<N>.json.gz and expected.json
 ({"scenario", "must", "must_not"}). CPU/gloo here; CUDA/NCCL where available.
 Schedule: wait 1, warmup 1, active 3 (FSDP2: active 2, its with_stack traces are
-~4x larger; straggler: active 4, so the verdict has several steps).
+~4x larger; stragglers: active 4, so the verdict has several steps). Each scenario
+runs its own script (train.py, hf_decoder.py or cnn.py).
+
+Record on a machine as quiet as you can make it (CPU/gloo step times are shared-core
+timings), e.g. ``nice -n -5 python reference_jobs/record_all.py --only hf_ddp``.
 """
 
 from __future__ import annotations
@@ -34,10 +38,11 @@ def free_port() -> int:
 
 
 def active_steps(name: str) -> int:
-    wrap = SCENARIOS[name]["wrap"]
-    if wrap == "fsdp2":
+    sc = SCENARIOS[name]
+    # FSDP2 and activation checkpointing: their with_stack traces are several times larger
+    if sc["wrap"] == "fsdp2" or sc["params"].get("act_ckpt", "none") != "none":
         return 2
-    if name == "straggler":
+    if name == "straggler" or sc["params"].get("straggler", "none") != "none":
         return 4
     return 3
 
@@ -52,7 +57,7 @@ def record(run_name: str, scenario: str, nproc: int, out_root: Path, tries: int 
     active = 5 if scaling else active_steps(scenario)
     env = {**os.environ, "OMP_NUM_THREADS": "1"} if scaling else None
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_port", "0", str(HERE / "train.py"), "--scenario", scenario,
+           "--master_port", "0", str(HERE / SCENARIOS[scenario]["script"]), "--scenario", scenario,
            "--out", str(out), "--wait", "1", "--warmup", "1", "--active", str(active)]
     for attempt in range(tries):
         cmd[cmd.index("--master_port") + 1] = str(free_port())

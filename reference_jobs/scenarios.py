@@ -1,6 +1,7 @@
 """The reference scenarios, in one table (no torch import: the CLI reads it).
 
-Each scenario: ``wrap`` (ddp / fsdp1 / fsdp2), ``injects`` (one line: what is
+Each scenario: ``script`` (the job under reference_jobs/ that runs it),
+``wrap`` (ddp / fsdp1 / fsdp2 / none: the manifest's wrapping kind), ``injects`` (one line: what is
 wrong, or "nothing (healthy)"), ``params`` (how train.py configures the job),
 ``must`` (diagnosis rule ids that must fire on its traces) and ``must_not``
 (rule ids that must not fire). ``must_not`` is derived below: every rule of a
@@ -95,13 +96,79 @@ SCENARIOS: dict[str, dict] = {
         params={"accum_steps": 4, "no_sync": False}, must=["grad-accum-without-no-sync"]),
 }
 
+# Jobs written the way users write them, with other models than train.py: a transformers
+# Qwen2 decoder (hf_decoder.py) and a small ResNet-style CNN (cnn.py). Their rule universe
+# adds the rules of problems only they inject.
+USER_JOB_RULES = RULES + ["ranks-never-communicate", "activation-recompute"]
+
+USER_JOB_PARAMS = {
+    "launch": "torchrun",        # torchrun (init_process_group) / accelerate (cpu=True) /
+                                 # accelerate_default (no cpu flag: DistributedType.NO) / no_process_group
+    "act_ckpt": "none",          # none / checkpoint_wrapper (apply_activation_checkpointing) / hf
+    "item_sleep_ms": 0.0,        # sleep in Dataset.__getitem__ (per sample)
+    "num_workers": 0,
+    "straggler": "none",         # none / matmul / sleep, on slow_rank before every forward
+    "straggler_share": 0.3,      # injected extra time / step time, sized from the measured step
+    "slow_rank": 1,
+}
+
+USER_SCENARIOS: dict[str, dict] = {
+    "hf_ddp": dict(
+        script="hf_decoder.py", wrap="ddp", injects="nothing (healthy): Qwen2 decoder, DDP", params={}, must=[]),
+    "hf_fsdp1": dict(
+        script="hf_decoder.py", wrap="fsdp1",
+        injects="Qwen2 decoder, FSDP1 transformer_auto_wrap_policy with defaults (forward_prefetch off)",
+        params={}, must=["fsdp-forward-prefetch-off"]),
+    "hf_fsdp2": dict(
+        script="hf_decoder.py", wrap="fsdp2", injects="nothing (healthy): Qwen2 decoder, fully_shard per layer",
+        params={}, must=[]),
+    "hf_accelerate": dict(
+        script="hf_decoder.py", wrap="ddp", injects="nothing (healthy): Qwen2 decoder through Accelerate(cpu=True)",
+        params={"launch": "accelerate"}, must=[]),
+    "hf_accelerate_unsynchronized": dict(
+        script="hf_decoder.py", wrap="none",
+        injects="Accelerate without cpu=True on a CPU machine: DistributedType.NO, ranks never communicate",
+        params={"launch": "accelerate_default"}, must=["ranks-never-communicate"]),
+    "hf_straggler_matmul": dict(
+        script="hf_decoder.py", wrap="ddp", injects="rank 1 does extra matmuls, ~30% of the step, before forward",
+        params={"straggler": "matmul"}, must=["straggler"]),
+    "hf_straggler_sleep": dict(
+        script="hf_decoder.py", wrap="fsdp1",
+        injects="rank 1 sleeps ~30% of the step before forward (FSDP1 defaults)",
+        params={"straggler": "sleep"}, must=["straggler", "fsdp-forward-prefetch-off"]),
+    "hf_fsdp1_checkpoint_wrapper": dict(
+        script="hf_decoder.py", wrap="fsdp1",
+        injects="FSDP1 + apply_activation_checkpointing(checkpoint_wrapper) on every decoder layer",
+        params={"act_ckpt": "checkpoint_wrapper"}, must=["activation-recompute", "fsdp-forward-prefetch-off"]),
+    "hf_ddp_gradient_checkpointing": dict(
+        script="hf_decoder.py", wrap="ddp", injects="DDP + model.gradient_checkpointing_enable()",
+        params={"act_ckpt": "hf"}, must=["activation-recompute"]),
+    "hf_dataloader_slow": dict(
+        script="hf_decoder.py", wrap="ddp",
+        injects="DataLoader num_workers=0 with a slow __getitem__ (8 samples x 5 ms per batch)",
+        params={"item_sleep_ms": 5.0}, must=["input-bound"]),
+    "cnn_ddp": dict(
+        script="cnn.py", wrap="ddp", injects="nothing (healthy): ResNet-style CNN with BatchNorm, DDP",
+        params={}, must=[]),
+    "cnn_no_process_group": dict(
+        script="cnn.py", wrap="none",
+        injects="torchrun without init_process_group: two independent models, no communication",
+        params={"launch": "no_process_group"}, must=["ranks-never-communicate"]),
+}
+
 # Not scenarios: ddp_default run on 1 and 2 processes (for the scaling verb).
 SCALING_RUNS = {"scaling_1proc": ("ddp_default", 1), "scaling_2proc": ("ddp_default", 2)}
 
 for _name, _s in SCENARIOS.items():
     _s["name"] = _name
+    _s["script"] = "train.py"
     _s["must_not"] = [r for r in RULES if r not in _s["must"]]
     _s["params"] = {**DEFAULT_PARAMS, **_s["params"]}
+for _name, _s in USER_SCENARIOS.items():
+    _s["name"] = _name
+    _s["must_not"] = [r for r in USER_JOB_RULES if r not in _s["must"]]
+    _s["params"] = {**USER_JOB_PARAMS, **_s["params"]}
+SCENARIOS.update(USER_SCENARIOS)
 
 
 def expected(name: str) -> dict:

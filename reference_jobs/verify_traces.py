@@ -22,8 +22,10 @@ def load(path: Path) -> dict:
 
 
 class RankTrace:
-    def __init__(self, data: dict):
-        self.rank = data["distributedInfo"]["rank"]
+    def __init__(self, data: dict, rank: int | None = None):
+        # a job without a process group has no distributedInfo: the rank is in the file name
+        self.dist = data.get("distributedInfo")
+        self.rank = self.dist["rank"] if self.dist else rank
         evs = [e for e in data["traceEvents"] if e.get("ph") == "X"]
         self.steps = sorted((e for e in evs if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
         main_tid = self.steps[0]["tid"] if self.steps else None
@@ -55,7 +57,7 @@ def c10d(name):
 def check_run(folder: Path) -> tuple[str, bool]:
     ranks = {}
     for f in sorted(folder.glob("rank*.json.gz")):
-        t = RankTrace(load(f))
+        t = RankTrace(load(f), int(f.name[4:].split(".")[0]))
         ranks[t.rank] = t
     r0 = ranks[min(ranks)]
     name = folder.name
@@ -91,7 +93,12 @@ def check_run(folder: Path) -> tuple[str, bool]:
         lines.append(f"  backward all-gathers per step: prefetched {bwd_pf / n:g}, on-demand {bwd_od / n:g}; "
                      f"'FSDP::backward_prefetch for' annotations {n_pf_ann / n:g}")
         ok &= (bwd_pf == 0) if name == "fsdp2_no_backward_prefetch" else (bwd_pf > 0 and bwd_od == 0)
-    if not name.startswith("fsdp"):
+    scenario = (json.loads((folder / "manifest.json").read_text()).get("scenario") or {}).get("name") or name
+    if scenario.startswith(("hf_", "cnn_")):
+        text, user_ok = check_user_job(folder, ranks)
+        lines.append(text)
+        ok &= user_ok
+    elif not name.startswith("fsdp"):  # train.py scenarios, by folder name
         for r, t in sorted(ranks.items()):
             ar = t.per_step(c10d("c10d::allreduce_"))
             mul = t.per_step(c10d("torch::distributed::reducer::mul_out"))
@@ -144,6 +151,75 @@ def check_run(folder: Path) -> tuple[str, bool]:
             gloo = {r: t.per_step(lambda e: False) for r, t in ranks.items()}
             del gloo
     lines.append("  OK" if ok else "  MISSING SIGNATURE")
+    return "\n".join(lines), ok
+
+
+COLLECTIVE_PREFIXES = ("c10d::", "gloo:", "nccl:", "record_param_comms")
+
+
+def frame_ms(t: RankTrace, func: str) -> list[float]:
+    """Per step, ms inside Python frames of the function named ``func``."""
+    return t.ms_per_step(lambda e: e.get("cat") == "python_function" and e["name"].endswith(f": {func}"))
+
+
+def check_user_job(folder: Path, ranks: dict) -> tuple[str, bool]:
+    """Signatures of the user-style jobs (hf_decoder.py, cnn.py), from the raw events."""
+    name = folder.name
+    manifest = json.loads((folder / "manifest.json").read_text())
+    params = manifest["scenario"]["params"]
+    lines, ok = [], True
+    ok &= sorted(ranks) == list(range(manifest["world_size"]))
+    for r, t in sorted(ranks.items()):
+        comm = sum(1 for e in t.all if e["name"].startswith(COLLECTIVE_PREFIXES))
+        step_ms = [round(s["dur"] / 1000, 1) for s in t.steps]
+        lines.append(f"  rank{r}: step ms {step_ms}; communication events {comm}; "
+                     f"distributedInfo backend {t.dist.get('backend') if t.dist else None}")
+        if params["launch"] in ("accelerate_default", "no_process_group"):
+            ok &= comm == 0  # the ranks never communicate
+        else:
+            ok &= comm > 0
+    # activation checkpointing: the model's own forward code runs again inside backward (the recompute)
+    recompute = {}
+    for r, t in sorted(ranks.items()):
+        bwd = [e for e in t.main if e["name"].startswith("<built-in method run_backward")]
+        recompute[r] = sum(1 for e in t.all if e.get("cat") == "python_function"
+                           and e["name"].endswith(": forward") and ("modeling_qwen2.py(" in e["name"]
+                                                                    or "cnn.py(" in e["name"])
+                           and any(b["ts"] <= e["ts"] < b["ts"] + b["dur"] for b in bwd)) / max(len(t.steps), 1)
+    lines.append(f"  model forward frames inside backward per step (recompute): {recompute}")
+    ok &= all(v > 0 for v in recompute.values()) if params.get("act_ckpt", "none") != "none" else \
+        all(v == 0 for v in recompute.values())
+    if params.get("item_sleep_ms"):
+        dl = {r: t.ms_per_step(lambda e: e.get("cat") == "user_annotation"
+                               and e["name"].startswith("enumerate(DataLoader)#")) for r, t in ranks.items()}
+        lines.append(f"  DataLoader ms per step: {dl}")
+        # num_workers=0: each batch of 8 samples sleeps 8 x item_sleep_ms in the main process
+        ok &= all(d >= 0.75 * 8 * params["item_sleep_ms"] for v in dl.values() for d in v)
+    kind = params.get("straggler", "none")
+    if kind != "none":
+        func = {"sleep": "straggler_sleep", "matmul": "straggler_extra_matmul"}[kind]
+        slow = params["slow_rank"]
+        for r, t in sorted(ranks.items()):
+            extra = frame_ms(t, func)
+            shares = [round(x / (s["dur"] / 1000), 3) for x, s in zip(extra, t.steps)]
+            lines.append(f"  rank{r}: {func} ms per step {extra}; share of the step {shares}")
+            if r == slow:
+                # the injected share of the step, within a band around the target (shared-core noise)
+                ok &= all(0.15 <= x <= 0.5 for x in shares)
+            else:
+                ok &= all(x == 0 for x in extra)
+        # clock-comparable (same host): per step, when each rank issues its first collective
+        leads = []
+        for steps in zip(*(ranks[r].steps for r in sorted(ranks))):
+            firsts = []
+            for r, s in zip(sorted(ranks), steps):
+                t = ranks[r]
+                first = next((e for e in t.main if e["name"].startswith("c10d::") and t.in_step(e, s)), None)
+                firsts.append(None if first is None else first["ts"])
+            if None not in firsts:
+                leads.append(round((firsts[slow] - min(firsts)) / 1000, 1))
+        lines.append(f"  slow rank's first collective issued after the other's, per step (ms): {leads}")
+        ok &= len(leads) > 0 and all(x > 0 for x in leads)
     return "\n".join(lines), ok
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -155,6 +156,7 @@ JOB = textwrap.dedent('''
     import sys, torch, torch.distributed as dist, torch.nn as nn
     from fsdpdoctor.capture import capture, track_fsdp2_prefetch_calls
     wrap, out, ranks = sys.argv[1], sys.argv[2], sys.argv[3]
+    use_capture = len(sys.argv) < 5 or sys.argv[4] != "nocap"
     dist.init_process_group("gloo")
     torch.manual_seed(0)
 
@@ -176,6 +178,7 @@ JOB = textwrap.dedent('''
             return self.head(x)
 
     model = Net()
+    full_count = sum(p.numel() for p in model.parameters())
     if wrap == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = DDP(model, bucket_cap_mb=7, gradient_as_bucket_view=True)
@@ -184,6 +187,11 @@ JOB = textwrap.dedent('''
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
         model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
                      backward_prefetch=BackwardPrefetch.BACKWARD_POST, forward_prefetch=True)
+    elif wrap == "fsdp1_orig":  # what Accelerate and HF Trainer use: original parameters as views of the shard
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
+                     use_orig_params=True)
     elif wrap == "fsdp2":
         from torch.distributed.fsdp import fully_shard
         track_fsdp2_prefetch_calls()
@@ -195,15 +203,18 @@ JOB = textwrap.dedent('''
         model.set_modules_to_backward_prefetch([])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ranks = None if ranks == "all" else [int(r) for r in ranks.split(",")]
-    with capture(out, model=model, optimizer=opt, wait=1, warmup=1, active=2, ranks=ranks,
-                 tokens_per_step=64) as cap:
+    import contextlib
+    cm = capture(out, model=model, optimizer=opt, wait=1, warmup=1, active=2, ranks=ranks,
+                 tokens_per_step=64) if use_capture else contextlib.nullcontext()
+    with cm as cap:
         for _ in range(6):
             model(torch.randn(8, 32)).sum().backward()
             opt.step()
             opt.zero_grad()
-            cap.step()
+            if cap is not None:
+                cap.step()
     dist.barrier()
-    print(f"rank {dist.get_rank()} done")
+    print(f"rank {dist.get_rank()} done, full parameter count {full_count}")
     dist.destroy_process_group()
 ''')
 
@@ -214,11 +225,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(tmp_path, wrap, out, ranks="all", nproc=2):
+def torchrun(tmp_path, wrap, out, ranks="all", nproc=2, job=JOB, extra=()):
     script = tmp_path / "job.py"
-    script.write_text(JOB)
+    script.write_text(job)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_port", str(free_port()), str(script), wrap, str(out), ranks]
+           "--master_port", str(free_port()), str(script), wrap, str(out), ranks, *extra]
     for _attempt in range(2):
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
         # torch 2.13 + gloo: about 1 run in 20 aborts at interpreter exit with this message
@@ -330,3 +341,235 @@ def test_repeat_keeps_every_cycle_and_analyze_joins_them(tmp_path):
     assert m["cycle_files"] == {"0": ["rank0.json.gz", "rank0.cycle2.json.gz"]}
     a = analyze_path(out)
     assert a.job.steps == [1, 2, 4, 5] and [r.rank for r in a.ranks] == [0]
+
+
+# ------------------------------------------------------------------ manifest truth
+def _warning_lines(stderr: str) -> list[str]:
+    """Python warnings printed by a job (not torchrun's banner or the capture's own notes)."""
+    return sorted({ln.split("Warning:", 1)[1].strip() for ln in stderr.splitlines()
+                   if "Warning:" in ln and "fsdpdoctor.capture" not in ln})
+
+
+@requires_torch
+@pytest.mark.slow
+def test_fsdp1_orig_params_full_count_and_no_added_warnings(tmp_path):
+    """FSDP1 with use_orig_params=True: parameters() are views of this rank's shard, and the
+    profiler's Python tracer reads their .grad; the manifest must count the full model and the
+    capture must not add torch's non-leaf .grad warning."""
+    with_cap = torchrun(tmp_path, "fsdp1_orig", tmp_path / "cap")
+    without = torchrun(tmp_path, "fsdp1_orig", tmp_path / "nocap", extra=("nocap",))
+    check_ok(with_cap)
+    check_ok(without)
+    assert _warning_lines(with_cap.stderr) == _warning_lines(without.stderr)
+    assert "not a leaf Tensor" not in with_cap.stderr
+    full = int(re.search(r"full parameter count (\d+)", with_cap.stdout).group(1))
+    m = json.loads((tmp_path / "cap" / "manifest.json").read_text())
+    assert m["model"]["parameters"] == full == m["model"]["trainable_parameters"]
+    assert m["model"]["param_bytes"] == 4 * full
+    assert m["wrapping"]["kind"] == "fsdp1"
+
+
+@requires_torch
+def test_optimizer_wrapper_is_unwrapped():
+    torch = pytest.importorskip("torch")
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    from fsdpdoctor.capture import describe_model
+
+    model = torch.nn.Linear(4, 3)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        wrapped = accelerate.Accelerator(cpu=True).prepare(inner)  # one process: no process group
+        assert type(wrapped).__name__ == "AcceleratedOptimizer"
+        d = describe_model(model, wrapped)
+    finally:
+        AcceleratorState._reset_state(True)  # leave no accelerate singleton to other tests
+    assert d["optimizer"] == "SGD" and d["optimizer_wrappers"] == ["AcceleratedOptimizer"]
+    d = describe_model(model, inner)
+    assert d["optimizer"] == "SGD" and d["optimizer_wrappers"] == []
+    assert d["parameters"] == 4 * 3 + 3 and d["activation_checkpointing"] is None
+
+
+@requires_torch
+def test_activation_checkpointing_is_recorded():
+    torch = pytest.importorskip("torch")
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+
+    from fsdpdoctor.capture import describe_model
+
+    layers = 3
+    model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+                                  for _ in range(layers)))
+    full = sum(p.numel() for p in model.parameters())
+    apply_activation_checkpointing(
+        model, checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+        check_fn=lambda m: isinstance(m, torch.nn.Sequential) and isinstance(m[0], torch.nn.Linear))
+    d = describe_model(model)
+    assert d["activation_checkpointing"] == {"method": "checkpoint_wrapper", "modules": layers,
+                                             "impl": "NO_REENTRANT"}
+    assert d["parameters"] == full  # the wrapper adds no parameter and hides none
+
+
+@requires_torch
+def test_hf_gradient_checkpointing_is_recorded():
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    from fsdpdoctor.capture import describe_model
+
+    layers = 2
+    config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert describe_model(model)["activation_checkpointing"] is None
+    model.gradient_checkpointing_enable()
+    ac = describe_model(model)["activation_checkpointing"]
+    # every decoder layer recomputes its forward (the stack module above them is flagged too)
+    assert ac == {"method": "gradient_checkpointing", "modules": layers, "impl": None}
+
+
+# ------------------------------------------------------------------ robustness (the job never suffers)
+@requires_torch
+def test_keyboard_interrupt_inside_window(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    _, _, train_step = tiny_training(torch)
+    filters_before = list(warnings.filters)
+    with pytest.raises(KeyboardInterrupt):
+        with capture(tmp_path, wait=1, warmup=1, active=4) as cap:
+            for i in range(8):
+                train_step()
+                cap.step()
+                if i == 3:  # Ctrl-C in the middle of the active window (steps 2..5)
+                    raise KeyboardInterrupt
+    assert cap._prof is None  # the profiler is stopped, not left running in the interpreter
+    assert {2, 3} <= set(step_numbers(read_trace(tmp_path / "rank0.json.gz")))
+    assert json.loads((tmp_path / "manifest.json").read_text())["profiled_steps"] == [2, 3]
+    assert warnings.filters == filters_before  # the capture's own filter is gone
+    assert not list(tmp_path.glob(".*partial*"))
+
+
+@requires_torch
+def test_full_disk_on_manifest_warns_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    import errno
+    import pathlib
+
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    real_write = pathlib.Path.write_text
+
+    def disk_full(self, *a, **k):
+        if self.name.startswith(".manifest"):
+            real_write(self, "{")  # a partial write, then the disk fills up
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", disk_full)
+    _, _, train_step = tiny_training(torch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with capture(tmp_path, wait=0, warmup=1, active=1) as cap:
+            for _ in range(4):
+                train_step()
+                cap.step()
+    assert cap.step_num == 4 and cap.exported
+    assert any("No space left" in str(w.message) and "manifest" in str(w.message) for w in caught)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json.gz"]
+
+
+@requires_torch
+def test_profiler_start_failure_warns_and_training_continues(tmp_path, monkeypatch):
+    import torch
+    import torch.profiler
+
+    from fsdpdoctor.capture import capture
+
+    def broken(self):
+        raise RuntimeError("profiler already running in another thread")
+
+    monkeypatch.setattr(torch.profiler.profile, "start", broken)
+    _, _, train_step = tiny_training(torch)
+    filters_before = list(warnings.filters)
+    with pytest.warns(RuntimeWarning, match="cannot start torch.profiler"):
+        with capture(tmp_path, wait=0, warmup=0, active=2) as cap:
+            for _ in range(3):
+                train_step()
+                cap.step()
+    assert cap.step_num == 3 and not cap.profiling and not cap.exported
+    assert [f for f in warnings.filters if f not in filters_before] == []
+
+
+@requires_torch
+def test_no_process_group_under_launcher_env(tmp_path, monkeypatch):
+    """Launcher variables but no process group (a job that forgot init_process_group): the
+    launcher's rank and world size, backend null; rank 0 writes the manifest."""
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    model, opt, train_step = tiny_training(torch)
+    with capture(tmp_path, model=model, optimizer=opt, wait=0, warmup=1, active=1) as cap:
+        for _ in range(3):
+            train_step()
+            cap.step()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "rank0.json.gz"]
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["world_size"] == 2 and m["backend"] is None and m["profiled_ranks"] == [0, 1]
+    assert m["hosts"]["0"] and m["hosts"]["1"] is None  # no process group to ask the other rank through
+
+
+# A job whose ranks stop talking to each other after the start: rank 1 either dies inside the
+# profiled window or never enters the capture. Rank 0 must finish, with its trace and manifest.
+PARTIAL_JOB = textwrap.dedent('''
+    import os, sys, time, torch, torch.distributed as dist
+    from fsdpdoctor.capture import capture
+    mode, out = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    dist.barrier()
+    model = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    def train_step():
+        model(torch.randn(4, 16)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    t0 = time.time()
+    if rank == 1 and mode == "skip":
+        for _ in range(6):
+            train_step()
+        os._exit(0)
+    with capture(out, model=model, optimizer=opt, wait=1, warmup=1, active=3) as cap:
+        for i in range(6):
+            train_step()
+            cap.step()
+            if rank == 1 and mode == "die" and i == 2:
+                os._exit(0)  # dies inside the active window (steps 2..4), no cleanup at all
+    print(f"rank {rank} finished in {time.time() - t0:.1f} s", flush=True)
+    os._exit(0)  # rank 1 is gone: no barrier or destroy_process_group that would wait for it
+''')
+
+
+@requires_torch
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["die", "skip"])
+def test_other_rank_gone_does_not_block_capture(tmp_path, mode):
+    out = tmp_path / "run"
+    proc = torchrun(tmp_path, mode, out, job=PARTIAL_JOB)
+    check_ok(proc)
+    took = float(re.search(r"rank 0 finished in ([\d.]+) s", proc.stdout).group(1))
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "rank0.json.gz"]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["world_size"] == 2 and m["backend"] == "gloo" and m["hosts"]["0"]
+    if mode == "skip":
+        assert m["hosts"]["1"] is None  # never published; rank 0 waited at most HOST_WAIT_S for it
+    from fsdpdoctor.capture.core import HOST_WAIT_S
+
+    assert took < 60 + HOST_WAIT_S  # no collective inside the capture waits for the missing rank

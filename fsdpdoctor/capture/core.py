@@ -11,9 +11,12 @@ Guarantees:
 * Ranks not in ``ranks`` run no profiler at all.
 * Once the schedule is complete the profiler is stopped and dropped:
   ``step()`` is then a counter increment.
-* With a process group, every rank (profiled or not) takes part in one
-  ``all_gather_object`` at start (hosts and devices for the manifest), so all
-  ranks must construct/enter the capture (or call the decorated function).
+* It runs no collective: hosts and devices for the manifest are exchanged
+  through the process group's key-value store (each rank sets its own key at
+  start; the manifest rank reads them, waiting at most ``HOST_WAIT_S`` in
+  all for a rank that has not set its key). A rank that never enters the
+  capture, dies, or runs without a process group leaves ``null`` there; no
+  rank ever waits on another because of the capture.
 
 With ``repeat != 1`` every cycle is kept: the first as ``rank<N>.json.gz``, cycle
 k as ``rank<N>.cycle<k>.json.gz`` (listed in the manifest's ``cycle_files``);
@@ -26,9 +29,11 @@ from __future__ import annotations
 import atexit
 import datetime as _dt
 import functools
+import json
 import os
 import platform
 import socket
+import time
 import warnings
 from pathlib import Path
 from typing import Callable, Iterable
@@ -39,6 +44,28 @@ from fsdpdoctor.capture.manifest import BWD_MARK, FWD_MARK, describe_model, desc
 
 def _warn(msg: str) -> None:
     warnings.warn(f"fsdpdoctor.capture: {msg}", RuntimeWarning, stacklevel=3)
+
+
+# With with_stack=True, torch.profiler's Python tracer reads ``.grad`` of the parameters
+# of every module it sees called. FSDP1 with use_orig_params=True keeps the original
+# parameters as views of its flat parameter (non-leaf tensors), so that read makes torch
+# warn "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed" once
+# per rank: a warning the job does not give without the capture. It is silenced, for
+# exactly that message, only while this capture's profiler runs.
+_TRACER_GRAD_WARNING = r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+
+
+def _silence_tracer_grad_warning() -> tuple:
+    warnings.filterwarnings("ignore", message=_TRACER_GRAD_WARNING, category=UserWarning)
+    return warnings.filters[0]
+
+
+def _restore_warning_filter(entry) -> None:
+    try:
+        warnings.filters.remove(entry)
+        warnings._filters_mutated()  # type: ignore[attr-defined]  # invalidate the once-per-location cache
+    except (ValueError, AttributeError):
+        pass
 
 
 def track_fsdp2_prefetch_calls() -> bool:
@@ -77,6 +104,21 @@ def track_fsdp2_prefetch_calls() -> bool:
     wrap("set_modules_to_forward_prefetch", FWD_MARK)
     FSDPModule._fsdpdoctor_tracked = True
     return True
+
+
+# Longest the manifest rank waits, in all, for ranks that have not published their host yet
+# (ranks publish at start, long before the manifest is written after the profiled window).
+HOST_WAIT_S = 2.0
+
+
+def _default_store():
+    """The default process group's key-value store (private torch API), or None."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        return distributed_c10d._get_default_store()
+    except Exception:
+        return None
 
 
 def _rank_world() -> tuple[int, int, bool]:
@@ -151,9 +193,11 @@ class Capture:
         self.cycles_exported = 0   # profiler cycles written by this rank
         self.manifest_written = False
         self._prof = None
+        self._warning_filter = None
         self._started = False
         self._finished = False
         self._has_pg = False
+        self._store = None
         self._hosts: dict[str, str] = {}
         self._devices: dict[str, str] = {}
         cycle = self.wait + self.warmup + self.active
@@ -225,11 +269,14 @@ class Capture:
                 with_stack=self.with_stack,
                 profile_memory=self.profile_memory,
             )
+            if self.with_stack:
+                self._warning_filter = _silence_tracer_grad_warning()
             self._prof.start()
             self.profiling = True
         except Exception as exc:
             _warn(f"rank {self.rank}: cannot start torch.profiler ({exc}); not profiling")
             self._prof = None
+            self._unsilence()
         return self
 
     def step(self) -> None:
@@ -284,6 +331,11 @@ class Capture:
         return wrapper
 
     # ------------------------------------------------------------------ internals
+    def _unsilence(self) -> None:
+        entry, self._warning_filter = self._warning_filter, None
+        if entry is not None:
+            _restore_warning_filter(entry)
+
     def _stop_profiler(self) -> None:
         prof, self._prof = self._prof, None
         if prof is None:
@@ -292,6 +344,8 @@ class Capture:
             prof.stop()  # exports a window still being recorded (on_trace_ready)
         except Exception as exc:
             _warn(f"rank {self.rank}: stopping the profiler failed ({exc})")
+        finally:
+            self._unsilence()
 
     def _on_trace_ready(self, prof) -> None:
         self.cycles_exported += 1
@@ -303,12 +357,18 @@ class Capture:
             os.replace(tmp, path)
             self.exported = True
             self._summarize_in_background(path)
-        except Exception as exc:
-            _warn(f"rank {self.rank}: cannot write trace {path} ({exc}); training continues")
+        except BaseException as exc:
+            # no half-written file is left behind, also when Ctrl-C lands inside the export
             try:
                 tmp.unlink()
             except Exception:
                 pass
+            if not isinstance(exc, Exception):
+                raise
+            _warn(f"rank {self.rank}: cannot write trace {path} ({exc}); training continues")
+
+    def _store_key(self, rank: int) -> str:
+        return f"fsdpdoctor.capture/{os.path.abspath(self.out_dir)}/host/{rank}"
 
     # Each exported trace gets its rank<N>.summary.msgpack from a separate, niced process, so that
     # `fsdpdoctor analyze` on the folder reads summaries, not traces. Never on the training thread,
@@ -334,25 +394,39 @@ class Capture:
             _warn(f"rank {self.rank}: cannot start the trace summary ({exc}); `fsdpdoctor summarize` builds it later")
 
     def _gather_hosts(self) -> None:
+        """Publish this rank's (host, device); see the module docstring."""
         host = socket.gethostname()
         try:
             device = _device_of(self.model)
         except Exception:
             device = None
-        pairs = [(host, device)]
-        if self._has_pg:
+        self._hosts[str(self.rank)], self._devices[str(self.rank)] = host, device
+        self._store = _default_store() if self._has_pg else None
+        if self._store is not None:
             try:
-                import torch.distributed as dist
-
-                pairs = [None] * self.world_size
-                dist.all_gather_object(pairs, (host, device))
+                self._store.set(self._store_key(self.rank), json.dumps([host, device]))
             except Exception as exc:
-                _warn(f"rank {self.rank}: cannot gather hosts/devices ({exc})")
-                pairs = [None] * self.world_size
-                pairs[self.rank] = (host, device)
-        for r, pair in enumerate(pairs):
-            if pair is not None:
-                self._hosts[str(r)], self._devices[str(r)] = pair
+                _warn(f"rank {self.rank}: cannot publish host/device ({exc})")
+                self._store = None
+
+    def _collect_hosts(self) -> None:
+        """Read the other ranks' (host, device) from the store, waiting at most HOST_WAIT_S in all."""
+        if self._store is None:
+            return
+        deadline = time.monotonic() + HOST_WAIT_S
+        for r in range(self.world_size):
+            if str(r) in self._hosts:
+                continue
+            key = self._store_key(r)
+            try:
+                while not self._store.check([key]):
+                    if time.monotonic() >= deadline:
+                        break
+                    time.sleep(0.05)
+                else:
+                    self._hosts[str(r)], self._devices[str(r)] = json.loads(self._store.get(key))
+            except Exception:
+                continue
 
     def manifest(self) -> dict:
         import torch
@@ -373,6 +447,7 @@ class Capture:
         from fsdpdoctor import __version__
 
         pr = self.profiled_ranks
+        self._collect_hosts()
         try:
             wrapping = describe_wrapping(self.model)
         except Exception as exc:
@@ -415,13 +490,15 @@ class Capture:
         self.manifest_written = True
         path = self.out_dir / "manifest.json"
         try:
-            import json
-
             data = self.manifest()
             self.out_dir.mkdir(parents=True, exist_ok=True)
             tmp = self.out_dir / ".manifest.partial.json"
-            tmp.write_text(json.dumps(data, indent=2) + "\n")
-            os.replace(tmp, path)
+            try:
+                tmp.write_text(json.dumps(data, indent=2) + "\n")
+                os.replace(tmp, path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
         except Exception as exc:
             _warn(f"rank {self.rank}: cannot write {path} ({exc}); training continues")
 

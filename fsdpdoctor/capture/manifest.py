@@ -68,22 +68,127 @@ def _global_numel(p) -> int:
     return int(p.numel())  # DTensor (FSDP2): numel() is the global size
 
 
-def describe_model(model, optimizer=None) -> dict:
-    out = {"parameters": None, "trainable_parameters": None, "param_dtype": None,
-           "param_bytes": None, "optimizer": type(optimizer).__name__ if optimizer is not None else None}
-    if model is None:
-        return out
+def _fsdp1_flat_params(model) -> list:
+    """The FlatParameter of every FSDP1 unit (each once)."""
+    fsdp1 = _fsdp1_classes()
+    if fsdp1 is None:
+        return []
+    flat = {}
+    for m in model.modules():
+        if isinstance(m, fsdp1):
+            fp = getattr(getattr(m, "_handle", None), "flat_param", None)
+            if fp is not None:
+                flat[id(fp)] = fp
+    return list(flat.values())
+
+
+def _count(params) -> tuple[int, int, int, collections.Counter]:
+    """(total, trainable, bytes, numel by dtype) of (numel, requires_grad, element_size, dtype) rows."""
     total = trainable = nbytes = 0
     by_dtype: collections.Counter = collections.Counter()
-    for p in model.parameters():
-        n = _global_numel(p)
+    for n, requires_grad, size, dtype in params:
         total += n
-        if p.requires_grad:
-            trainable += n
-        nbytes += n * p.element_size()
-        by_dtype[_dtype_name(p.dtype)] += n
+        trainable += n if requires_grad else 0
+        nbytes += n * size
+        by_dtype[_dtype_name(dtype)] += n
+    return total, trainable, nbytes, by_dtype
+
+
+def _param_rows(model):
+    """One row per original parameter with its full (unsharded) size.
+
+    FSDP1 shards its units into flat parameters; with ``use_orig_params=True``
+    ``model.parameters()`` yields the original parameters as views of this rank's
+    shard (some empty), so their ``numel()`` is the local share. The flat
+    parameter keeps every original shape (``_shapes``) and, with
+    ``use_orig_params``, the original parameters (``_params``) for
+    ``requires_grad``. Parameters no FSDP1 unit manages (ignored modules, DDP,
+    FSDP2's DTensors whose ``numel()`` is global) count as they are.
+    """
+    managed = set()
+    for fp in _fsdp1_flat_params(model):
+        managed.add(id(fp))
+        shapes = list(getattr(fp, "_shapes", None) or [])
+        originals = list(getattr(fp, "_params", None) or [])
+        managed.update(id(o) for o in originals)
+        if not shapes:
+            yield _global_numel(fp), fp.requires_grad, fp.element_size(), fp.dtype
+            continue
+        for i, shape in enumerate(shapes):
+            requires_grad = originals[i].requires_grad if i < len(originals) else fp.requires_grad
+            yield int(shape.numel()), requires_grad, fp.element_size(), fp.dtype
+    for p in model.parameters():
+        if id(p) not in managed:
+            yield _global_numel(p), p.requires_grad, p.element_size(), p.dtype
+
+
+def unwrap_optimizer(optimizer) -> tuple[Any, list[str]]:
+    """(innermost optimizer, class names of the wrappers around it, outermost first).
+
+    Accelerate's ``AcceleratedOptimizer`` (``.optimizer``) and Lightning's
+    ``LightningOptimizer`` (``._optimizer``) wrap the optimizer that does the work.
+    """
+    wrappers = []
+    opt = optimizer
+    for _ in range(8):
+        inner = None
+        for attr in ("optimizer", "_optimizer"):
+            cand = getattr(opt, attr, None)
+            if cand is not None and cand is not opt and hasattr(cand, "param_groups"):
+                inner = cand
+                break
+        if inner is None:
+            break
+        wrappers.append(type(opt).__name__)
+        opt = inner
+    return opt, wrappers
+
+
+def describe_checkpointing(model) -> dict | None:
+    """Activation checkpointing visible on the module tree, or None.
+
+    ``checkpoint_wrapper`` / ``apply_activation_checkpointing`` leave
+    ``CheckpointWrapper`` modules (``OffloadWrapper`` for activation offload);
+    transformers' ``gradient_checkpointing_enable()`` sets
+    ``gradient_checkpointing = True`` on the layers it recomputes. A
+    ``torch.utils.checkpoint`` call inside a ``forward`` leaves no trace on the
+    modules and is not seen here (the trace still shows the recompute).
+    """
+    if model is None:
+        return None
+    wrappers: collections.Counter = collections.Counter()
+    impl = None
+    hf_layers = hf_flagged = 0
+    for m in model.modules():
+        name = type(m).__name__
+        if name in ("CheckpointWrapper", "OffloadWrapper"):
+            wrappers[name] += 1
+            impl = impl or _enum_name(getattr(m, "checkpoint_impl", None))
+        elif getattr(m, "gradient_checkpointing", None) is True or getattr(m, "activation_checkpointing", None) is True:
+            hf_flagged += 1
+            # the layers that recompute (transformers >= 4.52 derive them from GradientCheckpointingLayer);
+            # the stack module above them carries the flag too
+            hf_layers += any(c.__name__ == "GradientCheckpointingLayer" for c in type(m).__mro__)
+    if wrappers.get("CheckpointWrapper"):
+        return {"method": "checkpoint_wrapper", "modules": wrappers["CheckpointWrapper"], "impl": impl}
+    if hf_flagged:
+        return {"method": "gradient_checkpointing", "modules": hf_layers or hf_flagged, "impl": None}
+    if wrappers.get("OffloadWrapper"):
+        return {"method": "offload_wrapper", "modules": wrappers["OffloadWrapper"], "impl": None}
+    return None
+
+
+def describe_model(model, optimizer=None) -> dict:
+    inner, wrappers = unwrap_optimizer(optimizer) if optimizer is not None else (None, [])
+    out = {"parameters": None, "trainable_parameters": None, "param_dtype": None,
+           "param_bytes": None, "optimizer": type(inner).__name__ if inner is not None else None,
+           "optimizer_wrappers": wrappers, "activation_checkpointing": None}
+    if model is None:
+        return out
+    total, trainable, nbytes, by_dtype = _count(_param_rows(model))
     out.update(parameters=total, trainable_parameters=trainable, param_bytes=nbytes,
-               param_dtype=by_dtype.most_common(1)[0][0] if by_dtype else None)
+               param_dtype=by_dtype.most_common(1)[0][0] if by_dtype else None,
+               activation_checkpointing=describe_checkpointing(model))
     return out
 
 

@@ -1,7 +1,8 @@
 """`fsdpdoctor reference list|run`: the reference scenarios (reference_jobs/).
 
 `run` is a thin wrapper over
-``python -m torch.distributed.run --nproc_per_node N --master_port P reference_jobs/train.py ...``.
+``python -m torch.distributed.run --nproc_per_node N --master_port P reference_jobs/<script> ...``
+where the script is the scenario's (train.py, hf_decoder.py or cnn.py).
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def build_command(name: str, args) -> list[str]:
+def build_command(name: str, args, script: str = "train.py") -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run",
            "--nproc_per_node", str(args.nproc), "--master_port", str(free_port()),
-           str(reference_dir() / "train.py"), "--scenario", name, "--out", str(args.out)]
+           str(reference_dir() / script), "--scenario", name, "--out", str(args.out)]
     for opt in ("steps", "wait", "warmup", "active", "slow_rank", "delay_ms"):
         val = getattr(args, opt, None)
         if val is not None:
@@ -76,7 +77,8 @@ def cmd_run(args) -> int:
         raise InputError(None, "torch is not installed (needed to run the reference jobs)")
     for attempt in (1, 2):
         started = time.time()
-        proc = subprocess.run(build_command(args.scenario, args))  # a fresh port each attempt
+        script = scenarios[args.scenario].get("script", "train.py")
+        proc = subprocess.run(build_command(args.scenario, args, script))  # a fresh port each attempt
         if proc.returncode == 0:
             return 0
         if _run_complete(Path(args.out), started):
