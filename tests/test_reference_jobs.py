@@ -41,13 +41,13 @@ MUST = {
     "grad_accum_sync_every": ["grad-accum-without-no-sync"],
     # FSDP1 with its defaults: forward_prefetch is off
     "hf_fsdp1": ["fsdp-forward-prefetch-off"],
-    "hf_accelerate_unsynchronized": ["never-synchronized"],
+    "hf_accelerate_unsynchronized": ["ranks-never-communicate"],
     "hf_straggler_matmul": ["straggler"],
     "hf_straggler_sleep": ["straggler", "fsdp-forward-prefetch-off"],
     "hf_fsdp1_checkpoint_wrapper": ["activation-recompute", "fsdp-forward-prefetch-off"],
     "hf_ddp_gradient_checkpointing": ["activation-recompute"],
     "hf_dataloader_slow": ["input-bound"],
-    "cnn_no_process_group": ["never-synchronized"],
+    "cnn_no_process_group": ["ranks-never-communicate"],
 }
 HEALTHY = ["fsdp1_backward_pre", "fsdp2_default", "ddp_default", "dataloader_fixed", "grad_accum_no_sync"]
 HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp"]

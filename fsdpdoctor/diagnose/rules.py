@@ -178,7 +178,9 @@ def forward_prefetch(ctx: RuleContext) -> list[Finding]:
         fix, confidence=_sync_confidence(ctx, 0.8),
         evidence=[Evidence(f"{p.forward_prefetched} of {p.forward_all_gathers} forward all-gathers prefetched"),
                   Evidence(f"exposed forward all-gather time {ms(exposed)} per step", time_us=exposed)],
-        # forward_prefetch=False is FSDP's default: never more than its measured saving says
+        # forward_prefetch=False is FSDP's default: never more than its measured saving says, and where
+        # collectives block the host a prefetch only moves the wait, so the saving here is nil
+        severity=None if ctx.traits.async_collectives else "info",
         source=_wrap_site(ctx) or _first_source(ctx.a, lambda c: c.kind == "all_gather" and c.phase == "forward"))]
 
 
