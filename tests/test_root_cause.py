@@ -247,7 +247,10 @@ def test_straggler_wait_is_located_and_never_counted_as_prefetch_cost():
 
 # injected faults whose rule has no measurable cost on a CPU trace, so severity (cost) keeps them at info:
 # forward_prefetch=False is FSDP1's default; a host sync has no device queue to drain on CPU
-NOT_GATING_ON_CPU = {"fsdp-forward-prefetch-off", "host-sync"}
+NOT_GATING_ON_CPU = {"fsdp-forward-prefetch-off", "host-sync",
+                     # activation checkpointing is a chosen memory/compute trade, reported with its cost
+                     # (a warning only beyond what recomputing the whole forward costs)
+                     "activation-recompute"}
 
 
 def _gate(folder: Path) -> int:

@@ -678,6 +678,7 @@ def _ranges(steps: list[int]) -> str:
 
 
 def diagnose(analysis: Analysis, thresholds: dict[str, float] | None = None) -> list[Finding]:
+    register_all()
     ctx = RuleContext(analysis, resolve(thresholds))
     findings: list[Finding] = []
     for _, fn in RULES:
@@ -743,7 +744,20 @@ def fold_consequences(findings: list[Finding]) -> list[Finding]:
     return out
 
 
-# rule modules beside this one register on import (setup faults, device-timeline rules)
-from fsdpdoctor.diagnose import gpu_rules, setup_rules  # noqa: E402,F401
+# rule modules beside this one register on import (setup faults, device-timeline rules); imported
+# when the rules are first needed, so that they can import this module without a cycle
+RULE_MODULES = ("fsdpdoctor.diagnose.setup_rules", "fsdpdoctor.diagnose.gpu_rules")
 
-RULE_IDS = [i for ids, _ in RULES for i in ids.split(",")]
+
+def register_all() -> None:
+    import importlib
+
+    for name in RULE_MODULES:
+        importlib.import_module(name)
+
+
+def __getattr__(name: str):
+    if name == "RULE_IDS":  # every registered rule id, the other modules' too
+        register_all()
+        return [i for ids, _ in RULES for i in ids.split(",")]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
