@@ -14,6 +14,7 @@ def analyze_path(path: str | Path, *, ranks: list[int] | None = None, steps: set
                  diagnose: bool = True) -> Analysis:
     run = load_run(path, ranks=ranks, progress=progress)
     analysis = analyze_run(run, steps=steps)
+    analysis.data_quality = run.quality
     if diagnose:
         from fsdpdoctor.diagnose import diagnose as run_rules
 
