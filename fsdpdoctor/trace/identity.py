@@ -12,8 +12,8 @@ What each field can tell (measured on the bundled, CUDA and public traces):
   jobs, so only the resulting windows are compared: ranks of one job run their collectives together,
   so their profiled windows overlap in time. On one host they share one clock; across hosts NTP keeps
   clocks within milliseconds, and ``CLOCK_SKEW_US`` allows for a badly synchronised node.
-- the pids of a file's host threads: profiler cycles of one process share them; two recordings made by
-  different processes do not.
+- the pid of a file's busiest host thread: profiler cycles of one process share it; two recordings made
+  by different processes do not.
 """
 
 from __future__ import annotations
@@ -29,17 +29,19 @@ from fsdpdoctor.trace.table import RankTrace
 CLOCK_SKEW_US = 10e6
 
 
-def _pids(t: RankTrace) -> set:
-    return {tr.pid for tr in t.tracks if not tr.is_device and tr.n_events}
+def main_pid(t: RankTrace):
+    """The pid of the busiest host thread: the process that wrote the trace."""
+    host = [tr for tr in t.tracks if not tr.is_device and tr.n_events]
+    return max(host, key=lambda tr: tr.n_events).pid if host else None
 
 
 def same_process(group: list[RankTrace]) -> bool:
-    """Files written by one process: same host (when known) and the same host-thread pids."""
+    """Files written by one process: same host (when known) and the same pid."""
     hosts = {t.host for t in group}
     if len(hosts) > 1:
         return False
-    pids = [_pids(t) for t in group]
-    return all(p and p == pids[0] for p in pids)
+    pids = {main_pid(t) for t in group}
+    return len(pids) == 1 and None not in pids
 
 
 def window_us(t: RankTrace) -> tuple[float, float] | None:

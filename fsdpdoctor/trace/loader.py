@@ -21,7 +21,7 @@ from fsdpdoctor.results import DataQuality
 from fsdpdoctor.trace import identity, quality
 from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.events import corr_args, decode_trace, raw_args
-from fsdpdoctor.trace.io import read_bytes
+from fsdpdoctor.trace.io import missing_reason, read_bytes
 from fsdpdoctor.trace.table import (
     DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, RankTrace, Track, category_code,
 )
@@ -313,7 +313,7 @@ def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progres
     ``jobs``: worker processes for parsing (default: one per core for several large files)."""
     path = Path(path)
     if not path.exists():
-        raise InputError(path, _missing(path))
+        raise InputError(path, missing_reason(path))
     manifest, dq = None, DataQuality()
     if path.is_dir():
         manifest, dq.manifest = read_manifest(path)
@@ -340,20 +340,6 @@ def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progres
     dq.ranks = [r.quality for r in run.ranks if r.quality and (r.quality.dropped or r.quality.notes)]
     dq.dropped_events = sum(q.dropped for q in dq.ranks)
     return run
-
-
-def _missing(path: Path) -> str:
-    """Why a path that does not exist cannot be read: a dangling or looping link is not 'no such file'."""
-    try:
-        os.stat(path)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return "symbolic link loop"
-        if path.is_symlink():
-            return f"broken symbolic link (to {os.readlink(path)})"
-        if exc.errno == errno.EACCES:
-            return "permission denied"
-    return "no such file or directory"
 
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
