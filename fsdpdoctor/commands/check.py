@@ -55,9 +55,13 @@ def run(args) -> int:
         if share > _percent(limit):
             budgets.append(f"{label} {100 * share:.1f}% of step > {100 * _percent(limit):.1f}%")
     failed = bool(failing or budgets)
+    from fsdpdoctor.report.data_quality import lines as data_quality_lines
+
+    quality = data_quality_lines(a.data_quality)
     if args.json:
         print(json.dumps({"schema_version": a.schema_version, "passed": not failed, "fail_on": args.fail_on,
                           "failing": [f.id for f in failing], "budgets_exceeded": budgets,
+                          "data_quality": quality,
                           "findings": [f.__dict__ | {"evidence": [e.__dict__ for e in f.evidence]}
                                        for f in a.findings]}, indent=2, default=str))
     else:
@@ -67,6 +71,8 @@ def run(args) -> int:
             print(f"{mark} {f.severity:7s} {f.id}: {f.title} ({f.impact_us / 1e3:.1f} ms/step){where}")
         for b in budgets:
             print(f"FAIL budget  {b}")
+        for q in quality:
+            print(f"data quality: {q}")
         print(f"fsdpdoctor check: {'FAILED' if failed else 'passed'} "
               f"({len(failing)} finding(s) at or above {args.fail_on}, {len(budgets)} budget(s) exceeded)")
     if args.junit:
