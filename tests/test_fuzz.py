@@ -32,11 +32,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-hypothesis = pytest.importorskip("hypothesis")  # in the [test] extra; never skipped there
-from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+# hypothesis is in the [test] extra: a missing install fails here, it is never skipped
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
 
-from fsdpdoctor.cli import main  # noqa: E402
+from fsdpdoctor.cli import main
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 SCENARIO = TRACES / "ddp_default"

@@ -85,10 +85,10 @@ def build_rank_trace(meta: dict, events: list, fmt: str, path: Path,
         except _SHAPE_ERRORS as exc2:
             raise InputError(path, f"malformed trace event ({type(exc2).__name__}: {str(exc2)[:80]})") from None
         except InputError:
-            raise InputError(path, f"no usable events: {quality._reasons(drops)}") from None
+            raise InputError(path, f"no usable events: {quality.describe_drops(drops)}") from None
     except InputError:
         if drops.total:
-            raise InputError(path, f"no usable events: {quality._reasons(drops)}") from None
+            raise InputError(path, f"no usable events: {quality.describe_drops(drops)}") from None
         raise
     base = meta.get("baseTimeNanoseconds")
     t.base_time_ns = base if isinstance(base, int) else None
@@ -330,7 +330,7 @@ def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progres
         if all(r is not None for r in named.values()):
             files = [f for f in files if named[f] in wanted]
     traces = _load_files(files, progress, jobs)
-    run = Run(source=path, ranks=_merge_cycles(traces, manifest, path), manifest=manifest, quality=dq)
+    run = Run(source=path, ranks=_merge_cycles(traces, manifest), manifest=manifest, quality=dq)
     identity.check_one_job(run)
     if ranks is not None:
         run.ranks = [r for r in run.ranks if r.rank in set(ranks)]
@@ -349,11 +349,11 @@ def _steps_of(t: RankTrace) -> set[int]:
     return {int(m.group(1)) for m in map(_STEP_NAME.match, t.names) if m}
 
 
-def _merge_cycles(traces: list[RankTrace], manifest: dict | None, folder: Path) -> list[RankTrace]:
+def _merge_cycles(traces: list[RankTrace], manifest: dict | None) -> list[RankTrace]:
     """Files of one rank that are profiler cycles of one process (``repeat > 1``) become one table.
 
     Cycles are the files the manifest's ``cycle_files`` lists for that rank; without a manifest, files
-    written by the same process (same host and pids) with disjoint profiler steps. Anything else stays
+    written by the same process (same host and pid) with disjoint profiler steps. Anything else stays
     separate, and ``identity.check_one_job`` refuses two different recordings of one rank."""
     by_rank: dict[int, list[RankTrace]] = {}
     for t in traces:

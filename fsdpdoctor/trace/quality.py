@@ -280,7 +280,7 @@ def check(t: RankTrace, drops: Drops, notes: list[str], world_size_known: bool =
     if not keep.all():
         t = _filter(t, keep)
     if t.n_events == 0:
-        raise InputError(t.path, f"no usable events: {_reasons(drops)}")
+        raise InputError(t.path, f"no usable events: {describe_drops(drops)}")
     q = _quality(t, drops, notes, n_read)
     t.quality = q
     _enforce_limits(t, q, drops, world_size_known)
@@ -435,7 +435,7 @@ def _quality(t: RankTrace, drops: Drops, notes: list[str], n_read: int) -> RankD
         unlocated=drops.unlocated, notes=list(notes))
 
 
-def _reasons(drops: Drops) -> str:
+def describe_drops(drops: Drops) -> str:
     if not drops.total:
         return "trace holds no complete ('X') events: empty trace"
     return f"all {drops.total} events dropped (" + ", ".join(f"{n} {r}" for r, n in drops.by_reason.most_common(3)) + ")"
