@@ -109,6 +109,26 @@ def test_dur_1e40_drops_that_step(tmp_path, capsys):
     assert all(q["by_reason"] == {"time beyond any clock": 1} for q in report["data_quality"]["ranks"])
 
 
+def test_ts_far_outside_the_recording_is_dropped(tmp_path, capsys):
+    """A start an hour after the rest of a 60 ms recording is no clock reading of that recording."""
+    clean = analyze_json(capsys, DDP)
+
+    def far(d):
+        events_named(d, "aten::")[7]["ts"] += 3.6e9
+    report = analyze_json(capsys, write_run(tmp_path / "run", mutate_both(far)))
+    assert all(q["by_reason"] == {"outside the recording by more than 10x its length": 1}
+               for q in report["data_quality"]["ranks"])
+    assert step_ms(report) == step_ms(clean)
+
+
+def test_step_numbers_out_of_order_are_dropped(tmp_path, capsys):
+    def swap(d):
+        events_named(d, "ProfilerStep#4")[0]["name"] = "ProfilerStep#1"
+    report = analyze_json(capsys, write_run(tmp_path / "run", mutate_both(swap)))
+    assert report["job"]["steps"] == [2, 3]
+    assert "profiler step out of order or repeated" in report["data_quality"]["ranks"][0]["by_reason"]
+
+
 def test_step_overlapping_the_next_is_dropped(tmp_path, capsys):
     def stretch(d):
         e = events_named(d, "ProfilerStep#2")[0]
