@@ -31,6 +31,7 @@ class RankUnit:
     param_dtype: str | None = None
     write_summary: bool = False          # `summarize`: write ``<trace>.summary.msgpack`` beside the trace
     summary_dir: str | None = None       # ... or into this folder
+    cycle_files: tuple[str, ...] | None = None  # the manifest's profiler-cycle files of this rank (None: not listed)
 
 
 def map_unit(unit: RankUnit) -> list[bytes]:
@@ -40,7 +41,11 @@ def map_unit(unit: RankUnit) -> list[bytes]:
     from fsdpdoctor.trace.loader import _merge_cycles, load_file
 
     paths = [Path(f) for f in unit.files]
-    traces = _merge_cycles([load_file(p) for p in paths])
+    traces = [load_file(p) for p in paths]
+    # the manifest's word on which files are cycles of one process, for this rank only
+    manifest = None if unit.cycle_files is None else {"cycle_files": {str(t.rank): list(unit.cycle_files)
+                                                                      for t in traces}}
+    traces = _merge_cycles(traces, manifest)
     steps = set(unit.steps) if unit.steps is not None else None
     out = []
     for t in traces:

@@ -253,6 +253,38 @@ class Finding:
 
 
 @dataclass
+class RankDataQuality:
+    """What the loader dropped from one rank's file, and why (trace/quality.py)."""
+
+    rank: int
+    file: str
+    events_read: int                    # events in the file (complete events and metadata)
+    dropped: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)    # "negative time or duration": 3, ...
+    by_kind: dict[str, int] = field(default_factory=dict)      # "communication", "cpu_op", "unnamed"...
+    dropped_communication: int = 0
+    communication_events: int = 0       # communication events kept
+    dropped_unnamed: int = 0            # dropped events whose name (hence kind) is unknown
+    step_share_covered: float | None = None   # share of step time under dropped events with known times
+    unlocated: int = 0                  # dropped events whose time is unknown (bad ts or dur)
+    notes: list[str] = field(default_factory=list)   # document fields ignored (distributedInfo...)
+
+
+@dataclass
+class DataQuality:
+    """Everything the loader could not trust, over all ranks and the manifest."""
+
+    dropped_events: int = 0
+    ranks: list[RankDataQuality] = field(default_factory=list)   # only ranks with something dropped or noted
+    manifest: list[str] = field(default_factory=list)            # manifest fields ignored, and why
+    notes: list[str] = field(default_factory=list)               # run-level (files skipped, duplicates)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.dropped_events or self.ranks or self.manifest or self.notes)
+
+
+@dataclass
 class Analysis:
     """The whole result of ``analyze``: what every renderer shows."""
 
@@ -268,6 +300,7 @@ class Analysis:
     collective_events: list[Collective] = field(default_factory=list)
     signals: "Signals | None" = None
     clock: ClockReport | None = None           # per-rank clock offsets (None with one rank)
+    data_quality: DataQuality = field(default_factory=DataQuality)
     schema_version: str = SCHEMA_VERSION
 
     def to_dict(self, include_events: bool = False) -> dict:

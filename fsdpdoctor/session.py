@@ -17,8 +17,11 @@ from fsdpdoctor.analysis.engine import reduce
 from fsdpdoctor.analysis.rankresult import RankResult
 from fsdpdoctor.engines import RankUnit, make_engine
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.results import Analysis
-from fsdpdoctor.trace.loader import Progress, _trace_files, rank_from_filename, read_manifest
+from fsdpdoctor.results import Analysis, DataQuality
+import fsdpdoctor.trace.identity as identity
+from fsdpdoctor.trace.io import missing_reason
+from fsdpdoctor.trace.loader import Progress, _trace_files, rank_from_filename
+from fsdpdoctor.trace.manifest import read_manifest
 
 
 def analyze_path(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
@@ -26,9 +29,11 @@ def analyze_path(path: str | Path, *, ranks: list[int] | None = None, steps: set
                  diagnose: bool = True, dask: str | None = None, workers: int | None = None,
                  use_summaries: bool = True) -> Analysis:
     path = Path(path)
+    quality = DataQuality()
     manifest, results = rank_results(path, ranks=ranks, steps=steps, progress=progress, dask=dask, workers=workers,
-                                     use_summaries=use_summaries)
+                                     use_summaries=use_summaries, quality=quality)
     analysis = reduce(results, source=path, manifest=manifest)
+    analysis.data_quality = quality
     if diagnose:
         from fsdpdoctor.diagnose import diagnose as run_rules
 
@@ -36,16 +41,21 @@ def analyze_path(path: str | Path, *, ranks: list[int] | None = None, steps: set
     return analysis
 
 
-def find_inputs(path: Path, ranks: list[int] | None = None) -> tuple[dict | None, list[list[Path]]]:
-    """(manifest, trace files grouped by rank where file names tell the rank, else one file a group)."""
+def find_inputs(path: Path, ranks: list[int] | None = None,
+                quality: DataQuality | None = None) -> tuple[dict | None, list[list[Path]]]:
+    """(manifest, trace files grouped by rank where file names tell the rank, else one file a group).
+
+    What cannot be trusted (manifest fields, files that cannot be read) is noted in ``quality``."""
+    dq = quality if quality is not None else DataQuality()
     if not path.exists():
-        raise InputError(path, "no such file or directory")
+        raise InputError(path, missing_reason(path))
     manifest = None
     if path.is_dir():
-        manifest = read_manifest(path)
-        files = _trace_files(path)
+        manifest, dq.manifest = read_manifest(path)
+        files = _trace_files(path, dq.notes)
         if not files:
-            raise InputError(path, "folder holds no .json or .json.gz trace files")
+            extra = f" ({'; '.join(dq.notes)})" if dq.notes else ""
+            raise InputError(path, f"folder holds no .json or .json.gz trace files{extra}")
     else:
         files = [path]
     named = {f: rank_from_filename(f) for f in files}
@@ -59,19 +69,33 @@ def find_inputs(path: Path, ranks: list[int] | None = None) -> tuple[dict | None
     return manifest, [[f] for f in files]
 
 
+def _cycle_files(manifest: dict | None, files: list[Path]) -> tuple[str, ...] | None:
+    """The manifest's profiler-cycle files of this group's rank (None: the manifest lists none at all)."""
+    cycles = (manifest or {}).get("cycle_files")
+    if not isinstance(cycles, dict):
+        return None
+    rank = rank_from_filename(files[0])
+    return tuple(cycles.get(str(rank), ())) if rank is not None else ()
+
+
 def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
                  progress: Progress | None = None, dask: str | None = None, workers: int | None = None,
                  use_summaries: bool = True, write_summaries: bool = False, summary_dir: Path | None = None,
-                 param_dtype: str | None = None) -> tuple[dict | None, list[RankResult]]:
-    """Every rank's ``RankResult``: from current summaries where allowed, else from the map."""
-    if path.is_dir() and not _trace_files(path) and not write_summaries:
+                 param_dtype: str | None = None,
+                 quality: DataQuality | None = None) -> tuple[dict | None, list[RankResult]]:
+    """Every rank's ``RankResult``: from current summaries where allowed, else from the map.
+
+    What the loader could not trust (manifest, files, dropped events, duplicates) goes into ``quality``."""
+    dq = quality if quality is not None else DataQuality()
+    if path.is_dir() and not _trace_files(path, []) and not write_summaries:
         summaries = sorted(p for p in path.glob("*" + rankresult.SUMMARY_SUFFIX) if not p.name.startswith("."))
         if summaries:  # summaries copied away from their traces: nothing to check them against
             if steps is not None:
                 raise InputError(path, "--steps needs the traces: this folder holds only per-rank summaries "
                                        "(made for all steps)")
-            return read_manifest(path), _only_summaries(path, summaries, ranks)
-    manifest, groups = find_inputs(path, ranks)
+            manifest, dq.manifest = read_manifest(path)
+            return _only_summaries(path, summaries, ranks, manifest, dq)
+    manifest, groups = find_inputs(path, ranks, dq)
     if write_summaries:
         _check_writable(groups, summary_dir)
     dtype = param_dtype or model_dtype(manifest)
@@ -86,7 +110,8 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
                 continue
         todo.append(RankUnit(files=tuple(str(f) for f in files), steps=tuple(sorted(steps)) if steps else None,
                              param_dtype=dtype, write_summary=write_summaries,
-                             summary_dir=str(summary_dir) if summary_dir else None))
+                             summary_dir=str(summary_dir) if summary_dir else None,
+                             cycle_files=_cycle_files(manifest, files) if len(files) > 1 else None))
     if todo:
         total = sum(Path(f).stat().st_size for u in todo for f in u.files)
         engine = make_engine(dask, workers, total, len(todo))
@@ -98,16 +123,23 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
         finally:
             engine.close()
         report.done()
-    _check_consistent(path, results)
+    results, manifest = _check_one_job(path, results, manifest, dq)
     if ranks is not None:
         results = [r for r in results if r.rank in set(ranks)]
         if not results:
             raise InputError(path, f"no trace for rank(s) {', '.join(map(str, ranks))}")
     results.sort(key=lambda r: r.rank)
+    _rank_quality(results, dq)
     return manifest, results
 
 
-def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None) -> list[RankResult]:
+def _rank_quality(results: list[RankResult], dq: DataQuality) -> None:
+    dq.ranks = [r.quality for r in results if r.quality and (r.quality.dropped or r.quality.notes)]
+    dq.dropped_events = sum(q.dropped for q in dq.ranks)
+
+
+def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None, manifest: dict | None,
+                    dq: DataQuality) -> tuple[dict | None, list[RankResult]]:
     out = []
     for f in files:
         try:
@@ -118,12 +150,14 @@ def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None) -> l
             raise InputError(f, f"summary of analysis version {r.analysis_version}, this is "
                                 f"{rankresult.ANALYSIS_VERSION}: rebuild it with `fsdpdoctor summarize` on the traces")
         out.append(r)
-    _check_consistent(path, out)
+    out, manifest = _check_one_job(path, out, manifest, dq)
     if ranks is not None:
         out = [r for r in out if r.rank in set(ranks)]
         if not out:
             raise InputError(path, f"no summary for rank(s) {', '.join(map(str, ranks))}")
-    return sorted(out, key=lambda r: r.rank)
+    out.sort(key=lambda r: r.rank)
+    _rank_quality(out, dq)
+    return manifest, out
 
 
 def _check_writable(groups: list[list[Path]], summary_dir: Path | None) -> None:
@@ -166,27 +200,11 @@ class _Reporter:
             self.progress("", self.total, self.total)
 
 
-def _check_consistent(source: Path, results: list[RankResult]) -> None:
-    """Ranks in one folder must belong to one job."""
-    if len(results) < 2:
-        return
-    seen: dict[int, str] = {}
-    for r in results:
-        where = r.summary.file
-        if r.rank in seen:
-            if r.rank_source == "default":
-                raise InputError(where, "cannot tell this file's rank (no distributedInfo, no rank in file name)")
-            raise InputError(where, f"rank {r.rank} appears twice (also in {Path(seen[r.rank]).name}): "
-                                    "traces of different jobs?")
-        seen[r.rank] = where
-    worlds = {r.world_size for r in results if r.world_size}
-    if len(worlds) > 1:
-        raise InputError(source, f"ranks do not belong together: world sizes {sorted(worlds)}")
-    backends = {r.backend for r in results if r.backend}
-    if len(backends) > 1:
-        raise InputError(source, f"ranks do not belong together: backends {sorted(backends)}")
-    world = next(iter(worlds), None)
-    if world:
-        bad = [r for r in results if r.rank >= world]
-        if bad:
-            raise InputError(bad[0].summary.file, f"rank {bad[0].rank} is outside world size {world}")
+def _check_one_job(source: Path, results: list[RankResult], manifest: dict | None,
+                   dq: DataQuality) -> tuple[list[RankResult], dict | None]:
+    """Ranks in one folder must belong to one job (``trace.identity``); identical copies are read once."""
+    members = [identity.Member(rank=r.rank, rank_source=r.rank_source, world_size=r.world_size, backend=r.backend,
+                               file=r.summary.file, identity=r.identity or identity.RankIdentity(host=r.host))
+               for r in results]
+    keep, manifest = identity.check_one_job(source, members, manifest, dq)
+    return [results[i] for i in keep], manifest

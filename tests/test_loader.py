@@ -67,7 +67,11 @@ def test_profiler_cycles_of_one_rank_are_merged(tmp_path):
 
 
 def test_same_rank_same_steps_is_an_error(tmp_path):
+    """Two different recordings of rank 0 (same steps) are two jobs; an identical copy is the same one."""
     shutil.copy(TRACES / "ddp_default" / "rank0.json.gz", tmp_path / "rank0.json.gz")
-    shutil.copy(TRACES / "ddp_default" / "rank0.json.gz", tmp_path / "worker0.json.gz")
+    shutil.copy(TRACES / "ddp_find_unused" / "rank0.json.gz", tmp_path / "worker0.json.gz")
     with pytest.raises(InputError, match="appears twice"):
         load_run(tmp_path)
+    shutil.copy(TRACES / "ddp_default" / "rank0.json.gz", tmp_path / "worker0.json.gz")
+    run = load_run(tmp_path)
+    assert [r.rank for r in run.ranks] == [0] and "read once" in run.quality.notes[0]

@@ -90,8 +90,11 @@ def test_two_world_sizes_in_one_folder(tmp_path):
 
 
 def test_duplicate_rank(tmp_path):
+    """Rank 0 twice with different content (an identical copy is read once: tests/test_hostile_input.py)."""
+    other = small_trace(0, 2)
+    other["traceEvents"][1]["dur"] = 60.0
     write(tmp_path / "a.json", small_trace(0, 2))
-    write(tmp_path / "b.json", small_trace(0, 2))
+    write(tmp_path / "b.json", other)
     proc = run_cli(str(tmp_path))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line, = proc.stderr.strip().splitlines()

@@ -17,6 +17,7 @@ from fsdpdoctor.analysis import dialects
 from fsdpdoctor.analysis.dialects.gloo_cpu import GlooCpu
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.dialects.base import Timelines, comm_by_kind_and_phase
+from fsdpdoctor.errors import InputError
 from fsdpdoctor.report.json_report import to_json
 from fsdpdoctor.results import DialectTraits
 from fsdpdoctor.session import analyze_path
@@ -164,10 +165,15 @@ def test_a_changed_trace_makes_its_summary_stale(tmp_path):
     folder = tmp_path / "run"
     shutil.copytree(TRACES / "straggler", folder)
     assert _summarize(folder, "-q").returncode == 0
-    # replace rank 1 by the rank 1 of another job: its summary no longer describes the file
+    # replace rank 1 by the rank 1 of another job: its summary no longer describes the file, so the
+    # file is read again and the job checks refuse it (the stale summary would have passed them)
     shutil.copy(TRACES / "dataloader_slow" / "rank1.json.gz", folder / "rank1.json.gz")
-    assert doc(folder) == doc(folder, use_summaries=False)
-    assert doc(folder) != doc(TRACES / "straggler", use_summaries=False)
+    errors = []
+    for use in (True, False):
+        with pytest.raises(InputError, match="do not belong together") as exc:
+            doc(folder, use_summaries=use)
+        errors.append(str(exc.value))
+    assert errors[0] == errors[1]
 
 
 def test_summarize_never_writes_into_a_read_only_folder(tmp_path):
@@ -293,8 +299,10 @@ def test_columnar_and_per_event_readings_agree_on_real_traces():
 def test_an_unreadable_event_is_skipped_and_counted(tmp_path):
     from fsdpdoctor.trace.loader import load_file
 
-    good = [{"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 100, "pid": 1, "tid": 1},
-            {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 10, "dur": 20, "pid": 1, "tid": 1}]
+    # enough good events that three bad ones stay under the share of dropped events the loader tolerates
+    good = [{"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 1000, "pid": 1, "tid": 1}]
+    good += [{"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 10 + 2 * i, "dur": 1, "pid": 1, "tid": 1}
+             for i in range(400)]
     bad = [{"ph": "X", "name": ["a list"], "ts": 5, "dur": 1, "pid": 1, "tid": 1},
            {"ph": "X", "name": "x", "ts": "soon", "dur": 1, "pid": 1, "tid": 1},
            {"ph": "X", "name": "y", "ts": 7, "dur": {"a": 1}, "pid": 1, "tid": 1}]
@@ -302,7 +310,8 @@ def test_an_unreadable_event_is_skipped_and_counted(tmp_path):
     p.write_text(json.dumps({"traceEvents": good[:1] + bad + good[1:]}))
     t = load_file(p)
     assert t.names == ["ProfilerStep#1", "aten::mm"] and t.unreadable_events == len(bad)
-    assert list(t.ts) == [0.0, 10.0]
+    assert t.quality.dropped == len(bad)
+    assert list(t.ts) == [float(e["ts"]) for e in good]
 
 
 def test_long_runs_report_progress_per_rank(monkeypatch, capsys):

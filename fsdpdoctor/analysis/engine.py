@@ -31,6 +31,7 @@ from fsdpdoctor.analysis.rankresult import RankResult, TraceStamp, Window
 from fsdpdoctor.results import (
     Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals,
 )
+from fsdpdoctor.trace.identity import of as identity_of
 from fsdpdoctor.trace.loader import Run
 from fsdpdoctor.trace.table import RankTrace
 
@@ -56,7 +57,8 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
         device=trace.device_name, has_stacks=trace.has_stacks, steps_filter=sorted(steps) if steps is not None else None,
         windows=[], summary=RankSummary(rank=trace.rank, file=str(trace.path), dialect=dialect.family, steps=[],
                                         mean=None, host=trace.host, device=trace.device_name),
-        collectives=[], dialect_note=dialect.note, notes=notes, param_dtype=param_dtype)
+        collectives=[], dialect_note=dialect.note, notes=notes, param_dtype=param_dtype,
+        quality=trace.quality, identity=identity_of(trace))
     if steps is not None:
         windows = [w for w in windows if w.step in steps]
         if not windows:
@@ -185,7 +187,9 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
 def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
     """Map and reduce in this process over an already loaded ``Run``."""
     results = [analyze_rank(t, steps, param_dtype=param_dtype(run.manifest)) for t in run.ranks]
-    return reduce(results, source=run.source, manifest=run.manifest, notes=run.notes)
+    a = reduce(results, source=run.source, manifest=run.manifest, notes=run.notes)
+    a.data_quality = run.quality
+    return a
 
 
 def _world_size(results: list[RankResult], manifest: dict | None) -> int | None:

@@ -15,11 +15,13 @@ from pathlib import Path
 import msgspec
 
 from fsdpdoctor.results import (
-    Collective, DataLoaderInfo, DialectTraits, GpuIdle, HostSync, OffloadInfo, RankSetup, RankSummary, RecomputeInfo,
+    Collective, DataLoaderInfo, DialectTraits, GpuIdle, HostSync, OffloadInfo, RankDataQuality, RankSetup, RankSummary,
+    RecomputeInfo,
 )
+from fsdpdoctor.trace.identity import RankIdentity
 
 # Bump whenever what analyze_rank computes changes: older summaries are then rebuilt from the traces.
-ANALYSIS_VERSION = "2"
+ANALYSIS_VERSION = "3"
 SUMMARY_SUFFIX = ".summary.msgpack"
 
 
@@ -121,6 +123,8 @@ class RankResult(msgspec.Struct):
     recompute: RecomputeInfo | None = None
     offload: OffloadInfo | None = None
     user_frames: dict[str, float] = msgspec.field(default_factory=dict)  # user frame -> inclusive us per step
+    quality: RankDataQuality | None = None   # what the loader dropped from this rank's file(s)
+    identity: RankIdentity | None = None     # what the one-job checks compare across ranks
     analysis_version: str = ANALYSIS_VERSION
 
 

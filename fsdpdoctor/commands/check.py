@@ -70,10 +70,14 @@ def run(args) -> int:
         comparison = compare(base, a, thresholds=th)
     regressed = comparison is not None and comparison.regressed
     failed = bool(failing or budgets or regressed)
+    from fsdpdoctor.report.data_quality import lines as data_quality_lines
+
+    quality = data_quality_lines(a.data_quality)
     if args.json:
         print(json.dumps({"schema_version": a.schema_version, "passed": not failed, "fail_on": args.fail_on,
                           "failing": [f.id for f in failing], "budgets_exceeded": budgets,
                           "baseline": None if comparison is None else comparison.to_dict(),
+                          "data_quality": quality,
                           "findings": [f.__dict__ | {"evidence": [e.__dict__ for e in f.evidence]}
                                        for f in a.findings]}, indent=2, default=str))
     else:
@@ -88,6 +92,8 @@ def run(args) -> int:
             from fsdpdoctor.report.diff_view import baseline_line
 
             print(baseline_line(comparison))
+        for q in quality:
+            print(f"data quality: {q}")
         print(f"fsdpdoctor check: {'FAILED' if failed else 'passed'} "
               f"({len(failing)} finding(s) at or above {args.fail_on}, {len(budgets)} budget(s) exceeded"
               + (f", {'a significant regression' if regressed else 'no regression'} against the baseline"

@@ -97,21 +97,19 @@ def _state_dtype(value) -> str:
     raise InputError(None, f"--optimizer-state-dtype: {value!r} is not fp32 or param")
 
 
-def _read_manifest(folder: Path) -> dict:
+def _read_manifest(folder: Path) -> tuple[dict, list[str]]:
+    """The run folder's manifest, validated by the one reader every verb uses (fields of the wrong
+    type are dropped with a note; this verb needs a manifest, so an unusable one is an input error)."""
+    from fsdpdoctor.trace.manifest import read_manifest
+
     if not folder.exists():
         raise InputError(folder, "no such directory")
     if not folder.is_dir():
         raise InputError(folder, "not a directory (expected a run folder with manifest.json)")
-    path = folder / "manifest.json"
-    if not path.is_file():
-        raise InputError(folder, "no manifest.json (not a run folder)")
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(path, f"cannot read manifest ({str(exc).splitlines()[0][:120]})") from None
-    if not isinstance(doc, dict):
-        raise InputError(path, "manifest is not a JSON object")
-    return doc
+    doc, notes = read_manifest(folder)
+    if doc is None:
+        raise InputError(folder / "manifest.json", notes[0] if notes else "no manifest.json (not a run folder)")
+    return doc, notes
 
 
 def _read_trace(path: Path) -> dict:
@@ -175,12 +173,12 @@ def build_config(args) -> tuple[mem.MemoryConfig, list[str], Path | None, dict |
     optimizer = _norm("--optimizer", mem.normalize_optimizer, args.optimizer) if args.optimizer else None
     if args.run_folder:
         folder = Path(args.run_folder)
-        manifest = _read_manifest(folder)
+        manifest, manifest_notes = _read_manifest(folder)
         try:
             mc = mem.config_from_manifest(manifest, optimizer=optimizer)
         except ValueError as exc:
             raise InputError(folder / "manifest.json", str(exc)) from None
-        cfg, notes, devices = mc.config, list(mc.notes), mc.devices
+        cfg, notes, devices = mc.config, manifest_notes + list(mc.notes), mc.devices
     else:
         if args.params is None:
             raise InputError(None, "give --params (e.g. --params 7B) or a RUN_FOLDER")

@@ -18,9 +18,11 @@ def register(sub) -> None:
 
 def open_tui(args) -> int:
     """Validate what can be validated before the screen switches, then run the app."""
+    from fsdpdoctor.trace.loader import missing_reason
+
     path = Path(args.path)
     if not path.exists():
-        raise InputError(args.path, "no such file or directory")
+        raise InputError(args.path, missing_reason(path))
     ranks = parse_ranks(getattr(args, "rank", None))
     steps = parse_steps(getattr(args, "steps", None))
     thresholds = parse_thresholds(args)

@@ -9,6 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from fsdpdoctor.report.data_quality import lines as data_quality_lines
 from fsdpdoctor.report.format import (
     CATEGORY_STYLE, SEVERITY_STYLE, categories, ms, num, pct, size, wrapping_line,
 )
@@ -185,6 +186,9 @@ def render(a: Analysis, console: Console | None = None, verbose: bool = False) -
                                                            s.exposed_comm_us, s.overlapped_comm_us,
                                                            s.data_loading_us, s.idle_us)))
             parts.append(st)
+    dq = data_quality_lines(a.data_quality)
+    if dq:
+        parts.append(Text("\n".join(f"data quality: {n}" for n in dq), style="yellow"))
     if a.notes:
         parts.append(Text("\n".join(f"note: {n}" for n in a.notes), style="dim"))
     console.print(Group(*parts))

@@ -8,6 +8,7 @@ correlation ids), which is a small fraction of the events.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ class KinetoDoc(msgspec.Struct, gc=False):
     distributedInfo: Any = None
     deviceProperties: Any = None
     host_name: Any = None
+    baseTimeNanoseconds: Any = None
 
 
 class CorrArgs(msgspec.Struct, gc=False):
@@ -47,8 +49,15 @@ _corr_decoder = msgspec.json.Decoder(CorrArgs)
 _dict_decoder = msgspec.json.Decoder(dict)
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 def decode_trace(data: bytes, path: Path) -> tuple[dict, list[Event], str]:
     """(document fields, events, format) from the bytes of one trace file."""
+    if data.startswith(_BOM):
+        data = data[len(_BOM):]  # a UTF-8 byte-order mark some editors write: the JSON after it is fine
+    elif data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise InputError(path, "UTF-16 text (byte-order mark); a trace is UTF-8 JSON")
     head = data.lstrip()[:1]
     try:
         if head == b"[":
@@ -58,22 +67,42 @@ def decode_trace(data: bytes, path: Path) -> tuple[dict, list[Event], str]:
             raise InputError(path, "JSON is not a Chrome/Kineto trace")
         doc = _doc_decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise InputError(path, f"JSON is not a Chrome/Kineto trace ({str(exc)[:100]})") from None
+        msg = str(exc)
+        if msg.startswith("Number out of range"):
+            raise InputError(path, f"a number beyond the range of a double ({msg[:100]})") from None
+        raise InputError(path, f"JSON is not a Chrome/Kineto trace ({msg[:100]})") from None
     except msgspec.DecodeError as exc:
-        raise InputError(path, f"not valid JSON ({str(exc)[:100]}); truncated file?") from None
+        raise InputError(path, _decode_problem(data, str(exc))) from None
+    except RecursionError:
+        raise InputError(path, "JSON nested too deeply to be a trace") from None
     events = doc.traceEvents
     if events is None:
         raise InputError(path, "JSON is not a Chrome/Kineto trace (no 'traceEvents' list)")
     meta = {"distributedInfo": doc.distributedInfo, "deviceProperties": doc.deviceProperties,
-            "host_name": doc.host_name}
+            "host_name": doc.host_name, "baseTimeNanoseconds": doc.baseTimeNanoseconds}
     return meta, events, "kineto"
 
 
+_NON_JSON_NUMBERS = re.compile(rb"-?(?:NaN|Infinity)\b")
+
+
+def _decode_problem(data: bytes, msg: str) -> str:
+    """What is wrong with bytes msgspec could not decode, in words a user can act on."""
+    if "truncated" in msg:
+        return "JSON ends early (truncated file?)"
+    m = re.search(r"\(byte (\d+)\)", msg)
+    if m:
+        at = int(m.group(1))
+        if _NON_JSON_NUMBERS.match(data, at) or _NON_JSON_NUMBERS.match(data, max(at - 1, 0)):
+            return f"NaN or Infinity at byte {at}: not valid JSON (the writer produced non-standard numbers)"
+    return f"not valid JSON ({msg[:100]})"
+
+
 def raw_args(raw: msgspec.Raw) -> dict:
+    """An event's ``args`` object; raises (ValidationError/RecursionError) when it is not a sane object."""
     if not raw:
         return {}
-    a = _dict_decoder.decode(raw)
-    return a if isinstance(a, dict) else {}
+    return _dict_decoder.decode(raw)
 
 
 def corr_args(raw: msgspec.Raw) -> CorrArgs | None:

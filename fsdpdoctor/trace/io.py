@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import gzip
+import os
 import zlib
 from pathlib import Path
 
@@ -14,10 +16,11 @@ try:  # ISA-L inflate is 2-3x zlib's on traces (benchmarks/README.md); optional:
 except ImportError:  # pragma: no cover - depends on the environment
     _gunzip, _isal_error = gzip.decompress, zlib.error
 
+
 def read_bytes(path: Path) -> bytes:
     """The decompressed bytes of a ``.json`` or ``.json.gz`` file (read-only)."""
     if not path.exists():
-        raise InputError(path, "no such file or directory")
+        raise InputError(path, missing_reason(path))
     if not path.is_file():
         raise InputError(path, "not a regular file")
     try:
@@ -30,3 +33,17 @@ def read_bytes(path: Path) -> bytes:
         except (OSError, EOFError, zlib.error, _isal_error, ValueError) as exc:
             raise InputError(path, f"corrupt or truncated gzip data ({exc})") from None
     return raw
+
+
+def missing_reason(path: Path) -> str:
+    """Why a path that does not exist cannot be read: a dangling or looping link is not 'no such file'."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "symbolic link loop"
+        if path.is_symlink():
+            return f"broken symbolic link (to {os.readlink(path)})"
+        if exc.errno == errno.EACCES:
+            return "permission denied"
+    return "no such file or directory"

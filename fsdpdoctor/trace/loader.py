@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
+import errno
 import multiprocessing as mp
 import os
 import re
+import stat
 from array import array
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -16,8 +17,12 @@ import msgspec
 import numpy as np
 
 from fsdpdoctor.errors import InputError
+from fsdpdoctor.results import DataQuality
+import fsdpdoctor.trace.identity as identity
+import fsdpdoctor.trace.quality as quality
+from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.events import CorrArgs, corr_args, decode_trace, raw_args
-from fsdpdoctor.trace.io import read_bytes
+from fsdpdoctor.trace.io import missing_reason, read_bytes
 from fsdpdoctor.trace.table import (
     DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, RankTrace, Track, category_code,
 )
@@ -37,6 +42,7 @@ class Run:
     ranks: list[RankTrace]
     manifest: dict | None = None
     notes: list[str] = field(default_factory=list)
+    quality: DataQuality = field(default_factory=DataQuality)
 
     @property
     def world_size(self) -> int | None:
@@ -48,16 +54,58 @@ class Run:
 
 def rank_from_filename(path: Path) -> int | None:
     m = _RANK_IN_NAME.search(path.name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m and len(m.group(1)) < 10 else None
 
 
-def build_rank_trace(meta: dict, events: list, fmt: str, path: Path) -> RankTrace:
-    """Columns from decoded events (see ``fsdpdoctor.trace.events``)."""
+def reads_args(name, cat) -> bool:
+    """Whether ``_build`` decodes this complete event's ``args`` (the sanitizer checks exactly those)."""
+    return bool(_KEEP_ARGS.match(name)) or category_code(cat) in (KERNEL, RUNTIME, MEMCPY, MEMSET)
+
+
+# what a malformed event raises in ``_build``: a list as name, text as ts, args that are not an object...
+_SHAPE_ERRORS = (TypeError, ValueError, AttributeError, KeyError, OverflowError, RecursionError, msgspec.MsgspecError)
+
+
+def build_rank_trace(meta: dict, events: list, fmt: str, path: Path,
+                     reread: Callable[[], list] | None = None) -> RankTrace:
+    """Columns from decoded events (see ``fsdpdoctor.trace.events``), checked by ``trace.quality``.
+
+    The fast reading skips and counts events whose fields it cannot read; when there are any (or an
+    event has a shape it cannot handle at all) and ``reread`` gives the file's events again, they are
+    sanitized (bad ones dropped and counted by reason) and built once more."""
+    meta, notes = quality.clean_meta(meta)
+    drops = quality.Drops()
+    unreadable = 0
     try:
-        return _build(meta, events, fmt, path)
-    except (TypeError, ValueError, AttributeError, KeyError, OverflowError, msgspec.MsgspecError) as exc:
-        # an event of the wrong shape (a list as name, text as ts...): one line, not a traceback
-        raise InputError(path, f"malformed trace event ({type(exc).__name__}: {str(exc)[:80]})") from None
+        t = _build(meta, events, fmt, path)
+        unreadable = t.unreadable_events
+    except _SHAPE_ERRORS as exc:
+        if reread is None:
+            raise InputError(path, f"malformed trace event ({type(exc).__name__}: {str(exc)[:80]})") from None
+        t, unreadable = None, -1
+    except InputError:
+        if reread is None:
+            raise
+        t, unreadable = None, -1  # maybe nothing was readable: the sanitizer says why
+    del events
+    if unreadable and reread is not None:
+        del t
+        try:
+            t = _build(meta, quality.sanitize(reread(), drops), fmt, path)
+        except _SHAPE_ERRORS as exc2:
+            raise InputError(path, f"malformed trace event ({type(exc2).__name__}: {str(exc2)[:80]})") from None
+        except InputError:
+            if drops.total:
+                raise InputError(path, f"no usable events: {quality.describe_drops(drops)}") from None
+            raise
+        if t.unreadable_events:  # what the sanitizer let through and the reading still could not use
+            drops.by_reason["unreadable field"] += t.unreadable_events
+            drops.by_kind["other"] += t.unreadable_events
+            drops.unlocated += t.unreadable_events
+        t.unreadable_events = max(unreadable, 0) or drops.total
+    base = meta.get("baseTimeNanoseconds")
+    t.base_time_ns = base if isinstance(base, int) else None
+    return quality.check(t, drops, notes, world_size_known=(t.world_size or 0) > 1)
 
 
 def _build(meta: dict, events: list, fmt: str, path: Path) -> RankTrace:
@@ -143,10 +191,14 @@ def _columns_fast(events: list):
     thread_names: dict[tuple, str] = {}
     memory_events: list[dict] = []
     try:
-        xs = [e for e in events if e.ph == "X" and e.ts is not None]
+        xs = [e for e in events if e.ph == "X"]
         if len(xs) != len(events):  # flow arrows ("s"/"f") are most of the rest: skip them in C
-            for e in [e for e in events if e.ph in _KEPT_PHASES]:
+            for e in [e for e in events if e.ph.__class__ is not str or e.ph in _KEPT_PHASES]:
+                if e.ph.__class__ is not str:
+                    return None  # no phase: the per-event reading counts it
                 _non_complete(e, thread_names, memory_events)
+        if any([e.ts is None for e in xs]):
+            return None  # a complete event without a time: the per-event reading counts it
         n = len(xs)
         ni: dict = {}
         nid = np.fromiter([ni.setdefault(e.name, len(ni)) for e in xs], dtype=np.int32, count=n)
@@ -214,19 +266,19 @@ def _columns_per_event(events: list):
     for i, e in enumerate(events):
         events[i] = None  # free each event as soon as it is read: lower peak memory
         try:
+            if e.ph.__class__ is not str:
+                raise TypeError("phase is not text")
             if e.ph != "X":
                 _non_complete(e, thread_names, memory_events)
                 continue
             if e.ts is None:
-                continue
+                raise ValueError("no time")
             ts, dur = float(e.ts), float(e.dur or 0.0)
             if ts != ts or dur != dur or abs(ts) == float("inf") or abs(dur) == float("inf"):
                 raise ValueError("not a finite time")
             name = e.name
             if not isinstance(name, str):
-                if not isinstance(name, (int, float)) or isinstance(name, bool):
-                    raise TypeError("name is not text")
-                name = str(name)
+                raise TypeError("name is not text")  # the sanitizer drops and counts it
             key = (e.pid, e.tid)
             hash(key)
             code = category_code(e.cat if isinstance(e.cat, str) or e.cat is None else str(e.cat))
@@ -267,33 +319,48 @@ def _columns_per_event(events: list):
             thread_names, args, memory_events, unreadable)
 
 
-
 def load_file(path: Path) -> RankTrace:
     data = read_bytes(path)
     if not data.strip():
         raise InputError(path, "empty file")
     meta, events, fmt = decode_trace(data, path)
     del data
-    return build_rank_trace(meta, events, fmt, path)
+    return build_rank_trace(meta, events, fmt, path, reread=lambda: decode_trace(read_bytes(path), path)[1])
 
 
-def _trace_files(folder: Path) -> list[Path]:
-    files = sorted(p for p in folder.iterdir() if p.is_file() and (p.name.endswith(".json.gz") or p.name.endswith(".json"))
-                   and p.name not in ("manifest.json", "expected.json"))
+def _trace_files(folder: Path, notes: list[str]) -> list[Path]:
+    """The trace files of a run folder; what looks like one but cannot be read is named in ``notes``."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError as exc:
+        raise InputError(folder, f"cannot list the folder: {exc.strerror or exc}") from None
+    files = []
+    for p in entries:
+        if not (p.name.endswith(".json.gz") or p.name.endswith(".json")) or p.name in ("manifest.json", "expected.json"):
+            continue
+        problem = _not_a_file(p)
+        if problem:
+            notes.append(f"{p.name} skipped: {problem}")
+        else:
+            files.append(p)
     return files
 
 
-def read_manifest(folder: Path) -> dict | None:
-    mpath = folder / "manifest.json"
-    if not mpath.exists():
-        return None
+def _not_a_file(p: Path) -> str | None:
+    """Why ``p`` cannot be read as a trace file (None when it can)."""
     try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(mpath, f"unreadable manifest ({exc})") from None
-    if not isinstance(manifest, dict) or "fsdpdoctor_manifest" not in manifest:
-        raise InputError(mpath, "not an fsdpdoctor manifest (no 'fsdpdoctor_manifest' key)")
-    return manifest
+        st = p.stat()
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "symbolic link loop"
+        if p.is_symlink():
+            return f"broken symbolic link (to {os.readlink(p)})"
+        return exc.strerror or str(exc)
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory, not a trace file"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    return None
 
 
 # below this many bytes on disk, starting worker processes costs more than it saves
@@ -339,13 +406,14 @@ def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progres
     ``jobs``: worker processes for parsing (default: one per core for several large files)."""
     path = Path(path)
     if not path.exists():
-        raise InputError(path, "no such file or directory")
-    manifest = None
+        raise InputError(path, missing_reason(path))
+    manifest, dq = None, DataQuality()
     if path.is_dir():
-        manifest = read_manifest(path)
-        files = _trace_files(path)
+        manifest, dq.manifest = read_manifest(path)
+        files = _trace_files(path, dq.notes)
         if not files:
-            raise InputError(path, "folder holds no .json or .json.gz trace files")
+            extra = f" ({'; '.join(dq.notes)})" if dq.notes else ""
+            raise InputError(path, f"folder holds no .json or .json.gz trace files{extra}")
     else:
         files = [path]
     if ranks is not None and len(files) > 1:
@@ -355,13 +423,15 @@ def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progres
         if all(r is not None for r in named.values()):
             files = [f for f in files if named[f] in wanted]
     traces = _load_files(files, progress, jobs)
-    run = Run(source=path, ranks=_merge_cycles(traces), manifest=manifest)
-    _check_consistent(run)
+    run = Run(source=path, ranks=_merge_cycles(traces, manifest), manifest=manifest, quality=dq)
+    identity.check_run(run)
     if ranks is not None:
         run.ranks = [r for r in run.ranks if r.rank in set(ranks)]
         if not run.ranks:
             raise InputError(path, f"no trace for rank(s) {', '.join(map(str, ranks))}")
     run.ranks.sort(key=lambda r: r.rank)
+    dq.ranks = [r.quality for r in run.ranks if r.quality and (r.quality.dropped or r.quality.notes)]
+    dq.dropped_events = sum(q.dropped for q in dq.ranks)
     return run
 
 
@@ -372,20 +442,32 @@ def _steps_of(t: RankTrace) -> set[int]:
     return {int(m.group(1)) for m in map(_STEP_NAME.match, t.names) if m}
 
 
-def _merge_cycles(traces: list[RankTrace]) -> list[RankTrace]:
-    """Files of one rank with disjoint profiler steps are windows of one job (``repeat > 1``):
-    join them into one table. Overlapping steps mean different jobs; that stays an error."""
+def _merge_cycles(traces: list[RankTrace], manifest: dict | None) -> list[RankTrace]:
+    """Files of one rank that are profiler cycles of one process (``repeat > 1``) become one table.
+
+    Cycles are the files the manifest's ``cycle_files`` lists for that rank; without a manifest, files
+    written by the same process (same host and pid) with disjoint profiler steps. Anything else stays
+    separate, and ``identity.check_one_job`` refuses two different recordings of one rank."""
     by_rank: dict[int, list[RankTrace]] = {}
     for t in traces:
         by_rank.setdefault(t.rank, []).append(t)
+    cycles = (manifest or {}).get("cycle_files") if isinstance((manifest or {}).get("cycle_files"), dict) else None
     out = []
     for rank, group in by_rank.items():
         if len(group) == 1 or any(t.rank_source == "default" for t in group):
             out.extend(group)
             continue
+        if cycles is not None:
+            listed = set(cycles.get(str(rank), []))
+            same_job = listed and all(t.path.name in listed for t in group)
+        else:
+            same_job = identity.same_process(group)
         steps = [_steps_of(t) for t in group]
         disjoint = all(s for s in steps) and sum(len(s) for s in steps) == len(set().union(*steps))
-        out.extend([merge_rank_traces(sorted(group, key=lambda t: float(t.ts.min())))] if disjoint else group)
+        if same_job and disjoint:
+            out.append(merge_rank_traces(sorted(group, key=lambda t: float(t.ts.min()))))
+        else:
+            out.extend(group)
     return out
 
 
@@ -429,28 +511,5 @@ def merge_rank_traces(parts: list[RankTrace]) -> RankTrace:
         **{k: np.concatenate(v) for k, v in cols.items()},
         memory_events=[e for t in parts for e in t.memory_events],
         has_stacks=any(t.has_stacks for t in parts), format=first.format, rank_source=first.rank_source,
-        distributed_info=first.distributed_info)
-
-
-def _check_consistent(run: Run) -> None:
-    """Ranks in one folder must belong to one job."""
-    if len(run.ranks) < 2:
-        return
-    seen: dict[int, Path] = {}
-    for r in run.ranks:
-        if r.rank in seen:
-            if r.rank_source == "default":
-                raise InputError(r.path, "cannot tell this file's rank (no distributedInfo, no rank in file name)")
-            raise InputError(r.path, f"rank {r.rank} appears twice (also in {seen[r.rank].name}): traces of different jobs?")
-        seen[r.rank] = r.path
-    worlds = {r.world_size for r in run.ranks if r.world_size}
-    if len(worlds) > 1:
-        raise InputError(run.source, f"ranks do not belong together: world sizes {sorted(worlds)}")
-    backends = {r.backend for r in run.ranks if r.backend}
-    if len(backends) > 1:
-        raise InputError(run.source, f"ranks do not belong together: backends {sorted(backends)}")
-    world = next(iter(worlds), None)
-    if world:
-        bad = [r for r in run.ranks if r.rank >= world]
-        if bad:
-            raise InputError(bad[0].path, f"rank {bad[0].rank} is outside world size {world}")
+        distributed_info=first.distributed_info, quality=quality.merged([t.quality for t in parts]),
+        base_time_ns=first.base_time_ns, unreadable_events=sum(t.unreadable_events for t in parts))

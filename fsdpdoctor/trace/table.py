@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fsdpdoctor.results import RankDataQuality
+
 # Category codes. Old (2021) traces spell them "Operator", "Kernel", "Runtime"...
 CPU_OP, ANNOTATION, PYFUNC, KERNEL, MEMCPY, MEMSET, RUNTIME, GPU_ANNOTATION, OTHER = range(9)
 CATEGORY_NAMES = ["cpu_op", "user_annotation", "python_function", "kernel", "gpu_memcpy",
@@ -75,6 +77,8 @@ class RankTrace:
     distributed_info: dict = field(default_factory=dict)
     memory_events: list[dict] = field(default_factory=list)   # the [memory] instants, Chrome form
     unreadable_events: int = 0   # complete events skipped because a field could not be read (ill-typed)
+    quality: "RankDataQuality | None" = None   # what trace/quality.py dropped from this file
+    base_time_ns: int | None = None            # baseTimeNanoseconds: ts + base = wall clock (job identity)
 
     @property
     def end(self) -> np.ndarray:
