@@ -99,12 +99,15 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     for c in colls:
         by_step[c.step].append(c)
     bds = [breakdown_step(ctx, w, tl, by_step.get(w.step, [])) for w in windows]
+    backward_end: dict[int | None, float] = {}  # None: a window without a step number (no ProfilerStep)
     for w in windows:
         opt = iv.clip(ctx.optimizer_set, w.start, w.end)
         stop = opt[0, 0] if len(opt) else w.end
         comp = iv.clip(iv.subtract(tl.compute, tl.optimizer), w.start, stop)
         if len(comp):
-            res.backward_end[w.step] = float(comp[-1, 1])
+            backward_end[w.step] = float(comp[-1, 1])
+    # the summary's keys are step numbers (msgpack keys are typed)
+    res.backward_end = {st: end for st, end in backward_end.items() if st is not None}
     res.windows = [Window(w.step, w.start, w.end) for w in windows]
     res.summary.steps = bds
     res.summary.mean = mean_breakdown(bds, trace.rank)
@@ -115,7 +118,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
         res.sleep_source = ctx.source_line(int(trace.track[r0]), float(trace.ts[r0]))
     res.dataloader = signals_mod.dataloader(ctx, windows, bds)
     res.prefetch = prefetch_mod.rank_counts(ctx, records)
-    res.ddp = signals_mod.ddp_counts(ctx, colls, res.backward_end)
+    res.ddp = signals_mod.ddp_counts(ctx, colls, backward_end)
     res.setup = setup_mod.rank_setup(ctx, windows, colls)
     # profiler options and the offload configuration come from the manifest, applied in the reduce
     res.gpu_idle = gpu_idle_mod.gpu_idle(ctx, windows, None)
