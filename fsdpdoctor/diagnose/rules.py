@@ -35,10 +35,6 @@ class RuleContext:
         return self.a.mean.duration_us if self.a.mean else 0.0
 
     @property
-    def cpu(self) -> bool:
-        return self.a.job.dialect == "cpu"
-
-    @property
     def traits(self) -> DialectTraits:
         return self.a.job.traits
 
