@@ -25,12 +25,32 @@ def scenario_files(traces: Path) -> list[Path]:
     return sorted(traces.glob("*/expected.json")) + sorted(traces.glob("cuda/*/expected.json"))
 
 
+# injected problems whose rule has no measurable cost on a CPU/gloo trace, so `check` (which gates on
+# cost) passes them: FSDP1's default forward_prefetch=False (a prefetch there only moves a blocking
+# wait), a host sync with no device queue to drain, and activation checkpointing (a chosen trade)
+NOT_GATING_ON_CPU = {"fsdp-forward-prefetch-off", "host-sync", "activation-recompute"}
+
+
+def gate_rows(exp_path: Path, exp: dict, findings) -> str:
+    """One row: does `fsdpdoctor check` (default: fail on warning) pass or fail this scenario as it should?"""
+    fails = sorted({f.id for f in findings if f.severity in ("warning", "error")})
+    gpu = "cuda" in exp_path.parent.parts
+    gating = set(exp["must"]) - (set() if gpu else NOT_GATING_ON_CPU)
+    want, got = ("fail" if gating else "pass"), ("fail" if fails else "pass")
+    return (f"| `{exp_path.parent.name}`{' (CUDA)' if gpu else ''} | {', '.join(sorted(exp['must'])) or '-'} | "
+            f"{want} | {got} ({', '.join(fails) or 'no warning'}) | {'yes' if want == got else '**no**'} |")
+
+
 def scorecard(traces: Path) -> tuple[dict, list[str]]:
     stats = {r: defaultdict(int) for r in RULE_IDS}
     failures = []
+    scorecard.gate = []
     for exp_path in scenario_files(traces):
         exp = json.loads(exp_path.read_text())
-        fired = {f.id for f in analyze_path(exp_path.parent).findings}
+        findings = analyze_path(exp_path.parent).findings
+        fired = {f.id for f in findings}
+        if not exp_path.parent.name.startswith("hang_"):
+            scorecard.gate.append(gate_rows(exp_path, exp, findings))
         must, must_not = set(exp["must"]), set(exp["must_not"])
         for r in RULE_IDS:
             s = stats[r]
@@ -71,10 +91,50 @@ def hang_scorecard(traces: Path) -> tuple[list[str], list[str]]:
     return rows, failures
 
 
+README_NOTE = """
+`exposed-comm-high`, `low-overlap`, `latency-bound-collectives` and `low-bus-bandwidth` are not judged per
+scenario: on 2 ranks sharing 2 CPU cores every FSDP gloo collective blocks the host, so healthy runs expose
+up to 40 % of the step and injected faults sit inside that range ([docs/noise-study.md](docs/noise-study.md));
+on such traces exposed communication is reported only above half of the step, and the last three are GPU
+rules, tested on the public GPU traces (`tests/test_diagnose.py`, `tests/test_gpu_rules.py`).
+
+The second table is the CI gate: `fsdpdoctor check` with default thresholds fails every injected fault and
+passes every healthy run, except the faults that cost nothing measurable on a CPU trace, which severity
+(the saving a fix brings) keeps at info: FSDP1's default `forward_prefetch=False` (on gloo a prefetch only
+moves a blocking wait), `.item()` (no device queue to drain on CPU; on the CUDA recording the same job fails
+on its measured device idle) and activation checkpointing (a chosen memory/compute trade, reported with its
+cost). The third table checks `fsdpdoctor hang` on the recorded hangs.
+"""
+
+
+def readme_block(text: str) -> str:
+    return text.rstrip() + "\n" + README_NOTE
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=str(Path(__file__).resolve().parents[1] / "traces"))
+    ap.add_argument("--readme", help="write the tables between the scorecard markers of this README")
     args = ap.parse_args()
+    if args.readme:
+        import contextlib
+        import io
+        import re
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            code = _print(args)
+        readme = Path(args.readme)
+        text = re.sub(r"(<!-- scorecard -->\n).*?(<!-- /scorecard -->)",
+                      lambda m: m.group(1) + readme_block(buf.getvalue()) + m.group(2),
+                      readme.read_text(), flags=re.S)
+        readme.write_text(text)
+        print(buf.getvalue())
+        return code
+    return _print(args)
+
+
+def _print(args) -> int:
     stats, failures = scorecard(Path(args.traces))
     print("| rule | scenarios that must fire | TP | FN | FP | TN | precision | recall | unlisted fires |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -84,6 +144,9 @@ def main() -> int:
         rec = s["tp"] / (s["tp"] + s["fn"]) if s["tp"] + s["fn"] else None
         print(f"| `{r}` | {s['tp'] + s['fn']} | {s['tp']} | {s['fn']} | {s['fp']} | {s['tn']} | "
               f"{'-' if p is None else f'{p:.2f}'} | {'-' if rec is None else f'{rec:.2f}'} | {s['unlisted']} |")
+    print("\n| scenario | must fire | `check` should | `check` did | right |")
+    print("|---|---|---|---|---|")
+    print("\n".join(scorecard.gate))
     hang_rows, hang_failures = hang_scorecard(Path(args.traces))
     if hang_rows:
         print("\n| hang scenario | expected cause | verdict | lagging | named | frame | found | right |")

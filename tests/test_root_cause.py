@@ -397,3 +397,19 @@ def test_tui_lists_effects_under_their_cause_and_marks_the_slow_rank():
             assert "1 ◀ slow" in dump(app)
 
     asyncio.run(run())
+
+
+@needs_traces
+@pytest.mark.parametrize("folder", ALL, ids=lambda p: p.name)
+def test_single_bucket_only_where_splitting_helps(folder):
+    """One DDP bucket is a fault only when the cap was raised, or gradients are large enough that
+    splitting them overlaps backward; a fix never asks for the value already set."""
+    a = analyze_path(folder)
+    cap = a.job.wrapping_details.get("bucket_cap_mb")
+    for f in a.findings:
+        if f.id != "ddp-single-bucket":
+            continue
+        assert f"bucket_cap_mb={cap:g}  " not in f.fix if isinstance(cap, (int, float)) else True
+        grads = [c.nelems or 0 for c in a.collective_events if c.kind == "all_reduce"]
+        raised = isinstance(cap, (int, float)) and cap > 25
+        assert raised or max(grads) * 4 >= 1 << 20, (folder.name, f.fix)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.results import COLLECTIVE_KINDS, Analysis, Finding
+from fsdpdoctor.results import COLLECTIVE_KINDS, Analysis, DialectTraits, Finding
 
 
 # per-rank work equal within this relative tolerance counts as "the same batch"
@@ -126,7 +126,8 @@ class ScalingReport:
     waterfalls: list[Waterfall]         # one per non-base run
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    dialect: str = "cpu"                # "cpu" or "gpu" (of the base run)
+    dialect: str = "cpu"                # "cpu" or "gpu" (of the base run), for display
+    traits: DialectTraits = field(default_factory=DialectTraits)   # what the base run's dialect can show
 
     def to_dict(self) -> dict:
         import dataclasses
@@ -276,10 +277,10 @@ def measure_scaling(analyses: list[Analysis], *, world_sizes: list[int] | None =
         mode = "mixed"
 
     waterfalls = [_waterfall(base, r) for r in runs[1:] if r.world_size != base.world_size]
-    dialect = analyses[order[0]].job.dialect
-    notes = _notes(runs, waterfalls, mode, dialect)
+    job = analyses[order[0]].job
+    notes = _notes(runs, waterfalls, mode, job.traits)
     return ScalingReport(mode=mode, unit=unit, base_world_size=base.world_size, runs=runs, waterfalls=waterfalls,
-                         notes=notes, dialect=dialect)
+                         notes=notes, dialect=job.dialect, traits=job.traits)
 
 
 def _waterfall(base: ScalingRun, run: ScalingRun) -> Waterfall:
@@ -311,7 +312,7 @@ def _explained(p: StepParts) -> float:
     return sum(p.comm_by_kind.values()) + p.wait_us + p.data_loading_us + p.compute_us + p.idle_us
 
 
-def _notes(runs: list[ScalingRun], waterfalls: list[Waterfall], mode: str, dialect: str) -> list[str]:
+def _notes(runs: list[ScalingRun], waterfalls: list[Waterfall], mode: str, traits: DialectTraits) -> list[str]:
     notes = []
     if mode == "mixed":
         notes.append("per-rank work is neither constant (weak scaling) nor inversely proportional to the world "
@@ -327,8 +328,8 @@ def _notes(runs: list[ScalingRun], waterfalls: list[Waterfall], mode: str, diale
             notes.append(f"{w.world_size} vs {w.base_world_size} ranks: super-linear ({100 * w.efficiency:.0f}%): "
                          "the larger run did more work per second than ideal; the waterfall shows which parts got "
                          "faster (negative bars)" + (" - on CPU usually a noisy or oversubscribed base run"
-                                                    if dialect == "cpu" else ""))
-    if dialect == "cpu" and any(r.world_size > 1 for r in runs):
+                                                    if traits.shared_host_cores else ""))
+    if traits.shared_host_cores and any(r.world_size > 1 for r in runs):
         notes.append("CPU/gloo: ranks on one host share its cores, so compute inflation is core contention (and "
                      "threads per rank: torchrun sets OMP_NUM_THREADS=1 only for more than one process; set it "
                      "explicitly to compare like for like); gloo collective spans include waiting for the peer")

@@ -35,10 +35,6 @@ class RuleContext:
         return self.a.mean.duration_us if self.a.mean else 0.0
 
     @property
-    def cpu(self) -> bool:
-        return self.a.job.dialect == "cpu"
-
-    @property
     def traits(self) -> DialectTraits:
         return self.a.job.traits
 
@@ -385,6 +381,15 @@ def _latency_fix(ctx: RuleContext) -> str:
 
 
 # ------------------------------------------------------------------ DDP
+DDP_DEFAULT_BUCKET_MB = 25   # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25), in MiB
+MIB = 1 << 20
+
+
+def _grad_dtype_bytes(ctx: RuleContext) -> int:
+    dtype = ((ctx.a.job.manifest or {}).get("model") or {}).get("param_dtype") or "float32"
+    return 2 if any(k in str(dtype) for k in ("16", "half")) else 8 if "64" in str(dtype) else 4
+
+
 @rule("ddp-single-bucket", "ddp-tiny-buckets", "ddp-find-unused-unneeded", "grad-accum-without-no-sync")
 def ddp_rules(ctx: RuleContext) -> list[Finding]:
     d = ctx.a.signals.ddp if ctx.a.signals else None
@@ -407,13 +412,29 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             ev.append(Evidence(f"the bucket holds {biggest:,} of {params:,} parameters"))
         if cap is not None:
             ev.append(Evidence(f"manifest: bucket_cap_mb={cap}"))
-        out.append(ctx.finding(
-            "ddp-single-bucket", "DDP all-reduces all gradients in one bucket after backward", exposed_ar,
-            "With a single bucket the all-reduce can start only when the last gradient is ready, so none of it "
-            "overlaps backward compute.",
-            f"DDP(model, bucket_cap_mb=25)  # now {cap}" if cap is not None else
-            "DDP(model, bucket_cap_mb=25) (the default); do not raise it above the model's gradient size",
-            confidence=_sync_confidence(ctx, 0.9), evidence=ev, floor="warning", source=_wrap_site(ctx)))
+        grad_bytes = biggest * _grad_dtype_bytes(ctx)
+        raised = isinstance(cap, (int, float)) and cap > DDP_DEFAULT_BUCKET_MB
+        if raised or not grad_bytes:
+            # a cap raised above the default is the cause: the known-wrong setting gets a warning floor
+            fix = (f"DDP(model, bucket_cap_mb={DDP_DEFAULT_BUCKET_MB})  # now {cap}" if raised else
+                   f"DDP(model, bucket_cap_mb={DDP_DEFAULT_BUCKET_MB}) (the default); do not raise it above the "
+                   "model's gradient size")
+            floor = "warning" if raised else "info"
+        elif grad_bytes < ctx.th["small_message_bytes"]:
+            fix = None  # every gradient fits one latency-bound message: more buckets add latency, not overlap
+        else:
+            # the default cap already holds every gradient (a small model): only a smaller cap splits it;
+            # aim at about four buckets, the first of which can start while backward still runs
+            target = float(f"{max(grad_bytes / 4 / MIB, 0.1):.2g}")
+            fix = (f"DDP(model, bucket_cap_mb={target:g})  # now {cap if cap is not None else 'the default'}: all "
+                   f"{size(grad_bytes)} of gradients fit one bucket, so the all-reduce waits for the whole backward")
+            floor = "info"
+        if fix is not None:
+            out.append(ctx.finding(
+                "ddp-single-bucket", "DDP all-reduces all gradients in one bucket after backward", exposed_ar,
+                "With a single bucket the all-reduce can start only when the last gradient is ready, so none of it "
+                "overlaps backward compute.", fix,
+                confidence=_sync_confidence(ctx, 0.9), evidence=ev, floor=floor, source=_wrap_site(ctx)))
     mean_nelems = (sum(c.nelems or 0 for c in grad_ar) / len(grad_ar)) if grad_ar else 0
     db = 4 if (ctx.a.job.manifest or {}).get("model", {}).get("param_dtype", "float32") in ("float32", None) else 2
     mean_bytes = mean_nelems * db

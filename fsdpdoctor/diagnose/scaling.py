@@ -10,7 +10,7 @@ from fsdpdoctor.analysis.scaling import (
     COMPUTE, DATA, IDLE, RESIDUAL, WAIT, ScalingReport, Waterfall, measure_scaling, part_label,
 )
 from fsdpdoctor.diagnose.thresholds import resolve
-from fsdpdoctor.results import Analysis, Evidence, Finding
+from fsdpdoctor.results import Analysis, DialectTraits, Evidence, Finding
 
 FINDING_ID = "low-scaling-efficiency"
 
@@ -22,7 +22,7 @@ def scaling_report(analyses: list[Analysis], *, world_sizes: list[int] | None = 
     th = resolve(thresholds)
     report = measure_scaling(analyses, world_sizes=world_sizes, samples_per_rank=samples_per_rank,
                              tokens_per_rank=tokens_per_rank)
-    report.findings = [f for w in report.waterfalls if (f := _finding(w, th, report.dialect)) is not None]
+    report.findings = [f for w in report.waterfalls if (f := _finding(w, th, report.traits)) is not None]
     return report
 
 
@@ -41,7 +41,7 @@ _FIXES = {
 }
 
 
-def _fix(key: str, dialect: str) -> str:
+def _fix(key: str, traits: DialectTraits) -> str:
     if key.startswith("comm:"):
         kind = key[5:]
         return _FIXES.get(kind, f"Exposed {kind} grew with the world size: overlap it with compute, batch small "
@@ -55,7 +55,7 @@ def _fix(key: str, dialect: str) -> str:
                 "pin_memory, prefetch_factor) and make sure the ranks do not contend for the same storage/CPUs.")
     if key == COMPUTE:
         base = "Compute per step got slower: CPU contention or smaller per-rank work. "
-        if dialect == "cpu":
+        if traits.shared_host_cores:
             return base + ("The ranks share the host's cores: set torch.set_num_threads / OMP_NUM_THREADS to "
                            "cores per rank, pin ranks to cores, or scale across hosts rather than within one.")
         return base + ("Kernels ran slower at the larger size: with strong scaling each rank's batch shrinks and "
@@ -67,7 +67,7 @@ def _fix(key: str, dialect: str) -> str:
     return "The larger run is slower for reasons the breakdown does not separate; compare the runs' timelines."
 
 
-def _finding(w: Waterfall, th: dict[str, float], dialect: str) -> Finding | None:
+def _finding(w: Waterfall, th: dict[str, float], traits: DialectTraits) -> Finding | None:
     if w.efficiency >= th["scaling_efficiency_low"]:
         return None
     top = w.biggest
@@ -87,10 +87,10 @@ def _finding(w: Waterfall, th: dict[str, float], dialect: str) -> Finding | None
         id=FINDING_ID,
         title=f"Scaling efficiency {100 * w.efficiency:.0f}% from {w.base_world_size} to {w.world_size} ranks",
         severity="error" if w.efficiency < 0.5 else "warning",
-        confidence=0.6 if dialect == "cpu" else 0.8,
+        confidence=0.6 if traits.shared_host_cores else 0.8,
         impact_us=impact, impact_frac=impact / w.step_us if w.step_us else 0.0,
         summary=(f"At {w.world_size} ranks the job reaches {100 * w.efficiency:.0f}% of linear scaling "
                  f"(threshold {100 * th['scaling_efficiency_low']:.0f}%): each step takes "
                  f"{w.step_us / 1e3:.1f} ms instead of {w.ideal_step_us / 1e3:.1f} ms, losing "
                  f"{100 * lost:.0f} points of efficiency; {cause}."),
-        fix=_fix(key, dialect), evidence=ev, ranks=[], source=None)
+        fix=_fix(key, traits), evidence=ev, ranks=[], source=None)
