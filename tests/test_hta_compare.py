@@ -1,7 +1,7 @@
 """`analyze --compare-hta` against the installed HTA (traceinsight, HTA's current release).
 
-HTA is an optional extra (`pip install 'fsdpdoctor[hta]'`), not a test dependency: these tests skip
-where it is not installed or where the public GPU traces are absent. The overlap figures they compare are
+HTA is an optional extra for users (`pip install 'fsdpdoctor[hta]'`) and a test dependency (`[test]`
+installs traceinsight); the comparisons on public traces skip only where those traces are absent. The overlap figures they compare are
 also pinned, HTA-free, in tests/test_public_traces.py::test_overlap_within_3pp_of_hta.
 """
 
@@ -10,8 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("hta", reason="HTA (pip install traceinsight) is an optional extra")
 
 import fsdpdoctor  # noqa: E402
 from fsdpdoctor.report import hta_compare as hc  # noqa: E402
