@@ -19,8 +19,7 @@ from fsdpdoctor.engines import RankUnit, make_engine
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import Analysis, DataQuality
 import fsdpdoctor.trace.identity as identity
-from fsdpdoctor.trace.io import missing_reason
-from fsdpdoctor.trace.loader import Progress, _trace_files, rank_from_filename
+from fsdpdoctor.trace.loader import Progress, _trace_files, input_files, rank_from_filename
 from fsdpdoctor.trace.manifest import read_manifest
 
 
@@ -47,17 +46,7 @@ def find_inputs(path: Path, ranks: list[int] | None = None,
 
     What cannot be trusted (manifest fields, files that cannot be read) is noted in ``quality``."""
     dq = quality if quality is not None else DataQuality()
-    if not path.exists():
-        raise InputError(path, missing_reason(path))
-    manifest = None
-    if path.is_dir():
-        manifest, dq.manifest = read_manifest(path)
-        files = _trace_files(path, dq.notes)
-        if not files:
-            extra = f" ({'; '.join(dq.notes)})" if dq.notes else ""
-            raise InputError(path, f"folder holds no .json or .json.gz trace files{extra}")
-    else:
-        files = [path]
+    manifest, files = input_files(path, dq)
     named = {f: rank_from_filename(f) for f in files}
     if len(files) > 1 and all(r is not None for r in named.values()):
         if ranks is not None:  # skip parsing files whose name says they are another rank
@@ -123,19 +112,21 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
         finally:
             engine.close()
         report.done()
+    return _one_job(path, results, ranks, manifest, dq, "trace")
+
+
+def _one_job(path: Path, results: list[RankResult], ranks: list[int] | None, manifest: dict | None,
+             dq: DataQuality, what: str) -> tuple[dict | None, list[RankResult]]:
+    """The job's ranks (refused if they are not one job's), those asked for, by rank, with their data quality."""
     results, manifest = _check_one_job(path, results, manifest, dq)
     if ranks is not None:
         results = [r for r in results if r.rank in set(ranks)]
         if not results:
-            raise InputError(path, f"no trace for rank(s) {', '.join(map(str, ranks))}")
+            raise InputError(path, f"no {what} for rank(s) {', '.join(map(str, ranks))}")
     results.sort(key=lambda r: r.rank)
-    _rank_quality(results, dq)
-    return manifest, results
-
-
-def _rank_quality(results: list[RankResult], dq: DataQuality) -> None:
     dq.ranks = [r.quality for r in results if r.quality and (r.quality.dropped or r.quality.notes)]
     dq.dropped_events = sum(q.dropped for q in dq.ranks)
+    return manifest, results
 
 
 def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None, manifest: dict | None,
@@ -150,14 +141,7 @@ def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None, mani
             raise InputError(f, f"summary of analysis version {r.analysis_version}, this is "
                                 f"{rankresult.ANALYSIS_VERSION}: rebuild it with `fsdpdoctor summarize` on the traces")
         out.append(r)
-    out, manifest = _check_one_job(path, out, manifest, dq)
-    if ranks is not None:
-        out = [r for r in out if r.rank in set(ranks)]
-        if not out:
-            raise InputError(path, f"no summary for rank(s) {', '.join(map(str, ranks))}")
-    out.sort(key=lambda r: r.rank)
-    _rank_quality(out, dq)
-    return manifest, out
+    return _one_job(path, out, ranks, manifest, dq, "summary")
 
 
 def _check_writable(groups: list[list[Path]], summary_dir: Path | None) -> None:

@@ -399,23 +399,28 @@ def _load_files(files: list[Path], progress: Progress | None, jobs: int | None) 
     return traces
 
 
+def input_files(path: Path, dq: DataQuality) -> tuple[dict | None, list[Path]]:
+    """(manifest, trace files) of a file or a run folder; what cannot be trusted or read is noted in ``dq``."""
+    if not path.exists():
+        raise InputError(path, missing_reason(path))
+    if not path.is_dir():
+        return None, [path]
+    manifest, dq.manifest = read_manifest(path)
+    files = _trace_files(path, dq.notes)
+    if not files:
+        extra = f" ({'; '.join(dq.notes)})" if dq.notes else ""
+        raise InputError(path, f"folder holds no .json or .json.gz trace files{extra}")
+    return manifest, files
+
+
 def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progress | None = None,
              jobs: int | None = None) -> Run:
     """Load a trace file or a folder of per-rank traces (plus ``manifest.json`` if present).
 
     ``jobs``: worker processes for parsing (default: one per core for several large files)."""
     path = Path(path)
-    if not path.exists():
-        raise InputError(path, missing_reason(path))
-    manifest, dq = None, DataQuality()
-    if path.is_dir():
-        manifest, dq.manifest = read_manifest(path)
-        files = _trace_files(path, dq.notes)
-        if not files:
-            extra = f" ({'; '.join(dq.notes)})" if dq.notes else ""
-            raise InputError(path, f"folder holds no .json or .json.gz trace files{extra}")
-    else:
-        files = [path]
+    dq = DataQuality()
+    manifest, files = input_files(path, dq)
     if ranks is not None and len(files) > 1:
         # skip parsing files whose name says they are another rank
         wanted = set(ranks)
