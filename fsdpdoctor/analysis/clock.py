@@ -33,6 +33,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from fsdpdoctor.analysis.stats import median
 from fsdpdoctor.results import ClockReport, Collective, RankClock
 
 SYNCHRONISING = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "barrier")
@@ -76,8 +77,8 @@ def _fit_drift(t: np.ndarray, d: np.ndarray, t0: float) -> float:
     n = len(d)
     if n < MIN_DRIFT_POINTS or float(t.max() - t.min()) <= 0:
         return 0.0
-    mad = float(np.median(np.abs(d - np.median(d))))
-    keep = np.abs(d - np.median(d)) <= 3 * 1.4826 * mad if mad > 0 else np.ones(n, bool)
+    mad = float(median(np.abs(d - median(d))))
+    keep = np.abs(d - median(d)) <= 3 * 1.4826 * mad if mad > 0 else np.ones(n, bool)
     if keep.sum() < MIN_DRIFT_POINTS:
         return 0.0
     tt, dd = t[keep] - t0, d[keep]
@@ -93,7 +94,7 @@ def _estimate_rank(pairs: list[tuple[Collective, Collective]], rank: int) -> Ran
         return None
     t = np.array([x.end_us for x, _ in pairs])
     d = np.array([y.end_us - x.end_us for x, y in pairs])
-    t0 = float(np.median(t))
+    t0 = float(median(t))
     drift = _fit_drift(t, d, t0)
     trend = drift * (t - t0)
     # each pair's causal interval for the offset at t0: [start_r - end_ref, end_r - start_ref] less the drift
@@ -104,8 +105,8 @@ def _estimate_rank(pairs: list[tuple[Collective, Collective]], rank: int) -> Ran
     if len(pairs) > 1 and 2 * n <= len(pairs):
         return None     # no majority agrees on one offset: the matches are not the same collectives
     resid = (d - trend)[keep]
-    off = float(np.median(resid))
-    mad = float(np.median(np.abs(resid - off)))
+    off = float(median(resid))
+    mad = float(median(np.abs(resid - off)))
     se = _MEDIAN_SE * mad / math.sqrt(n) if n > 1 else math.inf
     b_lo, b_hi = float(lo[keep].max()), float(hi[keep].min())
     off = min(max(off, b_lo), b_hi)
@@ -124,7 +125,7 @@ def estimate(colls: list[Collective], ranks: list[int]) -> ClockReport | None:
     ref_ends = sorted(c.end_us for c in colls if c.rank == ref and c.kind in SYNCHRONISING)
     if not ref_ends:
         return None
-    rep = ClockReport(reference_rank=ref, t0_us=float(np.median(ref_ends)), method="collective-end",
+    rep = ClockReport(reference_rank=ref, t0_us=float(median(ref_ends)), method="collective-end",
                       ranks=[RankClock(rank=ref, offset_us=0.0, n_matched=len(ref_ends))])
     for r in sorted(ranks):
         if r == ref:

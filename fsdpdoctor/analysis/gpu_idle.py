@@ -27,6 +27,7 @@ import numpy as np
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.breakdown import StepWindow
 from fsdpdoctor.analysis.context import RankContext
+from fsdpdoctor.analysis.stats import median
 from fsdpdoctor.results import IDLE_CAUSES, GpuIdle, GpuIdleStep
 from fsdpdoctor.trace.table import CPU_OP, DEVICE_CATEGORIES, PYFUNC, RUNTIME
 
@@ -158,7 +159,7 @@ def _queue(ctx: RankContext, dev: np.ndarray, windows: list[StepWindow], out: Gp
         return
     delay = t.ts[k[inside]] - (t.ts[la[inside]] + t.dur[la[inside]])
     out.kernels = int(inside.sum())
-    out.queue_delay_median_us = float(np.median(delay))
+    out.queue_delay_median_us = float(median(delay))
     out.queue_empty_frac = float(np.mean(delay <= QUEUE_EMPTY_US))
 
 

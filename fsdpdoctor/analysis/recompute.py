@@ -44,7 +44,7 @@ def recompute_regions(ctx: RankContext) -> tuple[np.ndarray, np.ndarray, str]:
 def _region_set_by_track(ctx: RankContext, rows: np.ndarray, nested: np.ndarray) -> dict[int, np.ndarray]:
     t = ctx.t
     out = {}
-    for tr in np.unique(t.track[rows]):
+    for tr in np.flatnonzero(np.bincount(t.track[rows])):  # distinct tracks (np.unique imports numpy.ma)
         r = rows[t.track[rows] == tr]
         s = ctx.set_of(r)
         if len(nested):

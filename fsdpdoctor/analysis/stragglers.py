@@ -36,6 +36,7 @@ import numpy as np
 
 from fsdpdoctor.analysis.clock import aligned_lead
 from fsdpdoctor.analysis.context import RankContext, is_user_frame
+from fsdpdoctor.analysis.stats import median
 from fsdpdoctor.results import ClockReport, Collective, RankSummary, StragglerReport
 from fsdpdoctor.trace.table import PYFUNC
 
@@ -74,7 +75,7 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
         wait, ci, k, lead, waits, coll = max(cands, key=lambda c: c[0])
         for r, w in zip(rank_ids, waits):
             total_wait[r] += float(w)
-        st_time = float(np.median([step_time.get((r, st), 0.0) for r in rank_ids])) or 1.0
+        st_time = float(median([step_time.get((r, st), 0.0) for r in rank_ids])) or 1.0
         culprits[rank_ids[ci]] += 1
         per_step.append({"step": st, "straggler": rank_ids[ci], "imbalance_us": wait,
                          "imbalance_frac": wait / st_time, "collective_index": k, "arrival_lead_us": lead,
@@ -90,13 +91,13 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
     mine = [p["imbalance_us"] for p in per_step if p["straggler"] == culprit]
     saving = [p["saving_us"] for p in per_step if p["straggler"] == culprit]
     return StragglerReport(method="wait" + ("+arrival" if same_clock or clock is not None else ""), straggler=culprit,
-                           spread_frac=float(np.median([p["imbalance_frac"] for p in per_step])),
+                           spread_frac=float(median([p["imbalance_frac"] for p in per_step])),
                            last_fraction=count / nsteps, per_step=per_step,
                            wait_by_rank={r: total_wait[r] / nsteps for r in rank_ids},
                            steps_last=count, steps_total=nsteps,
                            chance=chance_last(count, nsteps, len(rank_ids)),
-                           wait_us=float(np.median(mine)) if mine else 0.0,
-                           saving_us=float(np.median(saving)) if saving else 0.0,
+                           wait_us=float(median(mine)) if mine else 0.0,
+                           saving_us=float(median(saving)) if saving else 0.0,
                            noise_us=step_time_noise(ranks))
 
 
@@ -124,7 +125,7 @@ def step_time_noise(ranks: list[RankSummary]) -> float:
     for r in ranks:
         d = [s.duration_us for s in r.steps]
         diffs.extend(abs(b - a) for a, b in zip(d, d[1:]))
-    return MAD_TO_SIGMA * float(np.median(diffs)) / math.sqrt(2) if diffs else 0.0
+    return MAD_TO_SIGMA * float(median(diffs)) / math.sqrt(2) if diffs else 0.0
 
 
 def attribute_cause(report: StragglerReport, ranks: list[RankSummary]) -> None:
@@ -137,7 +138,7 @@ def attribute_cause(report: StragglerReport, ranks: list[RankSummary]) -> None:
     m = s.mean
 
     def med(f):
-        return float(np.median([getattr(o, f) for o in others]))
+        return float(median([getattr(o, f) for o in others]))
 
     # the straggler's own comm is short (it waits less); look at what it does instead
     extra = {
@@ -193,7 +194,7 @@ def culprit_frames(report: StragglerReport, per_rank: dict[int, dict[str, float]
         return
     diffs = []
     for name, us in mine.items():
-        base = float(np.median([o.get(name, 0.0) for o in others]))
+        base = float(median([o.get(name, 0.0) for o in others]))
         diffs.append((us - base, us, base, name))
     top = max(d[0] for d in diffs)
     if top <= 0:

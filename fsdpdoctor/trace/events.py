@@ -50,6 +50,12 @@ _dict_decoder = msgspec.json.Decoder(dict)
 
 
 _BOM = b"\xef\xbb\xbf"
+_FIRST_TOKEN = re.compile(rb"\S")  # the first byte bytes.strip() would keep
+
+
+def is_blank(data: bytes) -> bool:
+    """Whether the bytes are empty or only whitespace, without copying them as ``data.strip()`` does."""
+    return _FIRST_TOKEN.search(data) is None
 
 
 def decode_trace(data: bytes, path: Path) -> tuple[dict, list[Event], str]:
@@ -58,7 +64,8 @@ def decode_trace(data: bytes, path: Path) -> tuple[dict, list[Event], str]:
         data = data[len(_BOM):]  # a UTF-8 byte-order mark some editors write: the JSON after it is fine
     elif data[:2] in (b"\xff\xfe", b"\xfe\xff"):
         raise InputError(path, "UTF-16 text (byte-order mark); a trace is UTF-8 JSON")
-    head = data.lstrip()[:1]
+    first = _FIRST_TOKEN.search(data)  # not data.lstrip(): that copies the whole buffer
+    head = data[first.start():first.start() + 1] if first else b""
     try:
         if head == b"[":
             return {}, _events_decoder.decode(data), "event-list"

@@ -23,6 +23,7 @@ from fsdpdoctor.analysis.dialects.gloo_cpu import extract_spans
 from fsdpdoctor.analysis.dialects.base import (
     CollectiveRecord, StepWindow, Timelines, comm_by_kind_and_phase, host_step_windows,
 )
+from fsdpdoctor.analysis.stats import member
 from fsdpdoctor.results import Collective, DialectTraits
 from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, RankTrace
 
@@ -70,7 +71,7 @@ class NcclGpu:
         k = k[~np.isin(t.name_id[k], t.ids_of(is_comm_kernel))]
         coll_starts = {c.start_us for c in colls}
         if coll_starts:  # kernels with collective metadata but odd names
-            k = k[~np.isin(t.ts[k], np.fromiter(coll_starts, float))]
+            k = k[~member(t.ts[k], np.fromiter(coll_starts, float))]
         compute = ctx.set_of(k)
         opt = iv.EMPTY
         if len(ctx.optimizer_set) and len(k):
