@@ -135,19 +135,38 @@ class RankContext:
         return np.flatnonzero(np.bincount(tracks)).astype(np.int32)  # distinct (np.unique imports numpy.ma)
 
     @cached_property
-    def launch_row(self) -> dict[int, int]:
-        """Correlation id -> the runtime call (cudaLaunchKernel...) that launched the device event."""
+    def _launch_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sorted correlation ids, their runtime rows): the last runtime call of an id wins."""
         rt = np.nonzero(self.t.cat == RUNTIME)[0]
-        return {int(c): int(r) for c, r in zip(self.t.corr[rt], rt) if c >= 0}
+        c = self.t.corr[rt]
+        rt, c = rt[c >= 0], c[c >= 0]
+        order = np.argsort(c, kind="stable")
+        c, rt = c[order], rt[order]
+        last = np.ones(len(c), dtype=bool)
+        last[:-1] = c[1:] != c[:-1]
+        return c[last], rt[last]
 
-    @cached_property
-    def launch_ts(self) -> dict[int, float]:
-        """Correlation id -> host time of the launch."""
-        return {c: float(self.t.ts[r]) for c, r in self.launch_row.items()}
+    def launch_rows(self, rows: np.ndarray) -> np.ndarray:
+        """For device rows, the runtime call (cudaLaunchKernel...) that launched each (same
+        correlation id), -1 where none did. Vectorised: a trace has 10^4..10^5 of them."""
+        keys, launch = self._launch_index
+        corr = self.t.corr[np.asarray(rows, dtype=np.int64)]
+        if not len(keys):
+            return np.full(len(corr), -1, dtype=np.int64)
+        i = np.minimum(np.searchsorted(keys, corr), len(keys) - 1)
+        return np.where((keys[i] == corr) & (corr >= 0), launch[i], -1)
+
+    def launch_times(self, rows: np.ndarray) -> np.ndarray:
+        """Host time of each device row's launch, NaN where it has none."""
+        lr = self.launch_rows(rows)
+        out = np.full(len(lr), np.nan)
+        ok = lr >= 0
+        out[ok] = self.t.ts[lr[ok]]
+        return out
 
     # -- generic lookups ----------------------------------------------
     def rows_prefix(self, prefix: str | tuple[str, ...], cat=None) -> np.ndarray:
-        return self.t.rows_named(lambda n: n.startswith(prefix), cat=cat)
+        return self.t.rows_with_prefix(prefix, cat=cat)
 
     def set_of(self, rows: np.ndarray) -> np.ndarray:
         return iv.as_set(self.t.ts[rows], self.end[rows])

@@ -145,12 +145,10 @@ def _starts_inside(sorted_starts: np.ndarray, s: np.ndarray) -> int:
 def _queue(ctx: RankContext, dev: np.ndarray, windows: list[StepWindow], out: GpuIdle) -> None:
     """Launch -> start delay of the device work launched in the analysed steps."""
     t = ctx.t
-    lr = ctx.launch_row
-    rows = [(int(r), lr[int(c)]) for r, c in zip(dev, t.corr[dev]) if c >= 0 and int(c) in lr]
-    if not rows:
+    launch = ctx.launch_rows(dev)
+    k, la = dev[launch >= 0], launch[launch >= 0]
+    if not len(k):
         return
-    k = np.array([r for r, _ in rows])
-    la = np.array([l for _, l in rows])
     lts = t.ts[la]
     inside = np.zeros(len(k), dtype=bool)
     for w in windows:

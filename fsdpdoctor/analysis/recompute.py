@@ -36,7 +36,7 @@ def recompute_regions(ctx: RankContext) -> tuple[np.ndarray, np.ndarray, str]:
         return frames, np.empty(0, dtype=np.int64), "torch.utils.checkpoint recompute_fn frames"
     ops = t.rows_named(lambda n: n == _REENTRANT_OP, cat=CPU_OP)
     if len(ops):
-        nested = t.rows_named(lambda n: n.startswith(_NESTED_BACKWARD), cat=CPU_OP)
+        nested = t.rows_with_prefix(_NESTED_BACKWARD, cat=CPU_OP)
         return ops, nested, "CheckpointFunctionBackward ops minus their nested backward"
     return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), ""
 
@@ -65,11 +65,9 @@ def recompute(ctx: RankContext, windows: list[StepWindow]) -> RecomputeInfo | No
     regions = _region_set_by_track(ctx, rows, nested)
     dev = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
     if len(dev):
-        lr = ctx.launch_row
         picked = []
-        for r, c in zip(dev, t.corr[dev]):
-            launch = lr.get(int(c)) if c >= 0 else None
-            if launch is None:
+        for r, launch in zip(dev.tolist(), ctx.launch_rows(dev).tolist()):
+            if launch < 0:
                 continue
             s = regions.get(int(t.track[launch]))
             if s is not None and _inside(s, float(t.ts[launch])):
@@ -121,11 +119,9 @@ def offload(ctx: RankContext, windows: list[StepWindow], manifest: dict | None) 
         in_steps |= (t.ts[both] >= w.start) & (t.ts[both] < w.end)
     # exposed copy time by the host phase that issued it
     by_phase: dict[str, float] = {}
-    lr = ctx.launch_row
     exp_each = (t.dur[both] - iv.overlap_each(t.ts[both], t.ts[both] + t.dur[both], kernels))[in_steps]
-    for r, e in zip(both[in_steps], exp_each):
-        launch = lr.get(int(t.corr[r])) if t.corr[r] >= 0 else None
-        ph = ctx.phase_at(float(t.ts[launch])) if launch is not None else "other"
+    for launch, e in zip(ctx.launch_rows(both[in_steps]).tolist(), exp_each):
+        ph = ctx.phase_at(float(t.ts[launch])) if launch >= 0 else "other"
         by_phase[ph] = by_phase.get(ph, 0.0) + float(max(e, 0.0)) / n
     wrap = manifest.get("wrapping") if isinstance(manifest, dict) else None
     wrap = wrap if isinstance(wrap, dict) else {}

@@ -34,7 +34,7 @@ def rank_setup(ctx: RankContext, windows: list[StepWindow], colls: list[Collecti
     return RankSetup(rank=t.rank, world_size=t.world_size, backend=backend, pg_backends=pg_backends,
                      default_pg_backend=default_backend,
                      device_kernels=int(np.count_nonzero(t.cat == KERNEL)),
-                     gloo_spans=int(len(t.rows_named(lambda n: n.startswith("gloo:")))),
+                     gloo_spans=int(len(t.rows_with_prefix("gloo:"))),
                      collectives=len(colls),
                      collective_kinds=sorted({c.kind for c in colls}),
                      has_backward=bool(len(bwd)), wrapper=wrapper)

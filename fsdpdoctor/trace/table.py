@@ -8,6 +8,7 @@ which keeps memory small and the analyses vectorised.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +80,7 @@ class RankTrace:
     unreadable_events: int = 0   # complete events skipped because a field could not be read (ill-typed)
     quality: "RankDataQuality | None" = None   # what trace/quality.py dropped from this file
     base_time_ns: int | None = None            # baseTimeNanoseconds: ts + base = wall clock (job identity)
+    _sorted_names: tuple | None = field(default=None, repr=False, compare=False)  # ids_with_prefix's index
 
     @property
     def end(self) -> np.ndarray:
@@ -97,9 +99,32 @@ class RankTrace:
         """Name ids whose string satisfies ``predicate`` (evaluated once per distinct name)."""
         return np.fromiter((i for i, n in enumerate(self.names) if predicate(n)), dtype=np.int32)
 
+    def ids_with_prefix(self, prefix: str | tuple[str, ...]) -> np.ndarray:
+        """Name ids starting with ``prefix`` (or any of a tuple), sorted: a binary search over the
+        sorted names instead of a test of every name (an analysis asks this ~40 times per rank)."""
+        if self._sorted_names is None or self._sorted_names[2] is not self.names:
+            order = sorted(range(len(self.names)), key=self.names.__getitem__)
+            self._sorted_names = ([self.names[i] for i in order], np.asarray(order, dtype=np.int32), self.names)
+        keys, order, _ = self._sorted_names
+        parts = []
+        for p in ((prefix,) if isinstance(prefix, str) else prefix):
+            lo = bisect_left(keys, p)
+            hi = lo
+            while hi < len(keys) and keys[hi].startswith(p):
+                hi += 1
+            parts.append(order[lo:hi])
+        ids = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.empty(0, np.int32)
+        return np.array(sorted(set(ids.tolist())), dtype=np.int32) if len(parts) > 1 else np.sort(ids)
+
+    def rows_with_prefix(self, prefix: str | tuple[str, ...], cat: int | tuple[int, ...] | None = None) -> np.ndarray:
+        """``rows_named`` for a name prefix."""
+        return self._rows_of_ids(self.ids_with_prefix(prefix), cat)
+
     def rows_named(self, predicate, cat: int | tuple[int, ...] | None = None) -> np.ndarray:
         """Row indices (sorted by start) of events whose name satisfies ``predicate``."""
-        ids = self.ids_of(predicate)
+        return self._rows_of_ids(self.ids_of(predicate), cat)
+
+    def _rows_of_ids(self, ids: np.ndarray, cat) -> np.ndarray:
         if len(ids) == 0:
             return np.empty(0, dtype=np.int64)
         mask = np.isin(self.name_id, ids)

@@ -83,7 +83,7 @@ def fsdp_hook_set(ctx: RankContext) -> np.ndarray:
 def extract_spans(ctx: RankContext) -> list[CollectiveRecord]:
     t = ctx.t
     ops = t.rows_named(lambda n: n.startswith(C10D_PREFIXES) and not n.startswith(NOT_COLLECTIVE_OPS), cat=CPU_OP)
-    gloo = t.rows_named(lambda n: n.startswith("gloo:"), cat=(ANNOTATION, CPU_OP))
+    gloo = t.rows_with_prefix("gloo:", cat=(ANNOTATION, CPU_OP))
     queues: dict[str, deque] = defaultdict(deque)
     for g in gloo:
         queues[t.name(g)].append(int(g))

@@ -51,8 +51,7 @@ class NcclGpu:
         t, last = ctx.t, out[-1]
         drows = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
         if len(drows):
-            launch = ctx.launch_ts
-            lt = np.array([launch.get(int(c), np.nan) for c in t.corr[drows]])
+            lt = ctx.launch_times(drows)
             sel = drows[(lt >= last.start) & (lt <= last.end)]
             if len(sel):
                 last.end = max(last.end, float((t.ts[sel] + t.dur[sel]).max()))
@@ -75,8 +74,7 @@ class NcclGpu:
         compute = ctx.set_of(k)
         opt = iv.EMPTY
         if len(ctx.optimizer_set) and len(k):
-            launch = ctx.launch_ts
-            lt = np.array([launch.get(int(c), np.nan) for c in t.corr[k]])
+            lt = ctx.launch_times(k)
             ok = ~np.isnan(lt)
             idx = np.searchsorted(ctx.optimizer_set[:, 0], lt[ok], side="right") - 1
             inside = (idx >= 0) & (lt[ok] <= ctx.optimizer_set[np.maximum(idx, 0), 1])
@@ -98,16 +96,16 @@ def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
     rows = kernels[is_comm | with_meta]
     if len(rows) == 0:
         return []
-    launch_of = ctx.launch_row  # kernel -> launching runtime call (same correlation id)
+    launch_of = dict(zip(rows.tolist(), ctx.launch_rows(rows).tolist()))  # kernel -> launching runtime call
     param_rows = t.rows_named(lambda n: n == "record_param_comms", cat=CPU_OP)
     op_rows = t.rows_named(lambda n: n.startswith(C10D_PREFIXES) and not n.startswith(NOT_COLLECTIVE_OPS), cat=CPU_OP)
-    nccl_ann = t.rows_named(lambda n: n.startswith("nccl:"), cat=(ANNOTATION, CPU_OP))
+    nccl_ann = t.rows_with_prefix("nccl:", cat=(ANNOTATION, CPU_OP))
     out = []
     for r in rows:
         r = int(r)
         kname = t.name(r)
         kargs = t.args.get(r, {})
-        launch = launch_of.get(int(t.corr[r])) if t.corr[r] >= 0 else None
+        launch = launch_of[r] if launch_of[r] >= 0 else None
         issue_t = issue_track = None
         meta = kargs if "Collective name" in kargs else {}
         op_name = None
