@@ -37,11 +37,13 @@ def is_analysis_json(path: str | Path) -> bool:
 
 
 def load_analysis(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
-                  thresholds: dict[str, float] | None = None, progress=None) -> Analysis:
+                  thresholds: dict[str, float] | None = None, progress=None, dask: str | None = None,
+                  workers: int | None = None, use_summaries: bool = True) -> Analysis:
     """A trace (file or folder) is analysed; a saved ``--json`` is read back (its findings as saved).
 
     On a saved JSON, ``ranks``/``steps`` keep only those ranks' and steps' samples; the findings and
-    means stay as they were computed.
+    means stay as they were computed. ``dask``/``workers``/``use_summaries`` say where a trace's
+    per-rank map runs (``session.analyze_path``); a saved JSON needs no engine and ignores them.
     """
     if is_analysis_json(path):
         try:
@@ -56,7 +58,8 @@ def load_analysis(path: str | Path, *, ranks: list[int] | None = None, steps: se
         return a
     from fsdpdoctor.session import analyze_path
 
-    return analyze_path(path, ranks=ranks, steps=steps, thresholds=thresholds, progress=progress)
+    return analyze_path(path, ranks=ranks, steps=steps, thresholds=thresholds, progress=progress, dask=dask,
+                        workers=workers, use_summaries=use_summaries)
 
 
 def analyze_with_traces(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,

@@ -293,6 +293,47 @@ def test_open_tui_passes_selection_args(monkeypatch):
     assert main(["tui", str(ROOT), "--light"]) == 0 and seen["theme"] is True
 
 
+def test_open_tui_passes_engine_args(monkeypatch):
+    import fsdpdoctor.tui.app as tui_app
+
+    seen = []
+    monkeypatch.setattr(tui_app.FsdpDoctorApp, "run", lambda self: seen.append(self.engine) or 0)
+    assert main(["tui", str(ROOT), "--jobs", "3", "--dask", "tcp://sched:8786", "--no-summaries"]) == 0
+    assert main(["analyze", str(ROOT), "--tui", "-j", "2"]) == 0
+    assert main(["tui", str(ROOT)]) == 0
+    assert seen == [{"dask": "tcp://sched:8786", "workers": 3, "use_summaries": False},
+                    {"dask": None, "workers": 2, "use_summaries": True},
+                    {"dask": None, "workers": None, "use_summaries": True}]   # analyze_path's defaults
+
+
+@needs_straggler
+@timed
+async def test_app_runs_its_analysis_on_the_engine_asked_for(monkeypatch):
+    import fsdpdoctor.session as session
+
+    made = []
+    real = session.make_engine
+
+    def spy(dask=None, workers=None, total_bytes=None, n_units=0):
+        engine = real(dask, workers, total_bytes, n_units)
+        made.append((dask, workers, type(engine).__name__))
+        return engine
+
+    monkeypatch.setattr(session, "make_engine", spy)
+    app = FsdpDoctorApp(STRAGGLER, engine={"workers": 2, "use_summaries": False})
+    async with app.run_test(size=(80, 24)) as pilot:
+        await loaded(app, pilot)
+        assert app.error is None and not isinstance(app.screen, LoadingScreen)
+        assert made == [(None, 2, "LocalEngine")]          # both ranks mapped by a pool of 2 processes
+        assert [r.rank for r in app.analysis.ranks] == [0, 1]
+        assert "Rank 1 is a straggler" in dump(app)           # the analysis is on screen
+    # the same result as in this process, one rank at a time
+    from fsdpdoctor.report.json_report import to_json
+
+    serial = analyze_path(STRAGGLER, workers=1, use_summaries=False)
+    assert to_json(app.analysis, include_events=True) == to_json(serial, include_events=True)
+
+
 @needs_straggler
 @timed
 async def test_tab_cycles_panes_and_straggler_marked():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fsdpdoctor.commands.common import parse_ranks, parse_steps, parse_thresholds
+from fsdpdoctor.commands.common import add_engine_args, engine_kwargs, parse_ranks, parse_steps, parse_thresholds
 from fsdpdoctor.errors import InputError
 
 
@@ -22,6 +22,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--fail-on-regression", action="store_true",
                    help="exit 1 on a significant regression of the job (not on noise, not on a slower machine)")
+    add_engine_args(p)
     p.set_defaults(func=run)
 
 
@@ -30,7 +31,8 @@ def run(args) -> int:
     from fsdpdoctor.diagnose.compare import compare
 
     th = parse_thresholds(args)
-    kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th)
+    # the engine options apply to a side that is a trace; a saved --json is read back without one
+    kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th, **engine_kwargs(args))
     sides = [load_analysis(p, **kw) for p in (args.base, args.new)]
     for path, a in zip((args.base, args.new), sides):
         if not any(r.steps for r in a.ranks):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich import box
 
-from fsdpdoctor.commands.common import parse_ranks, parse_steps, parse_thresholds
+from fsdpdoctor.commands.common import add_engine_args, engine_kwargs, parse_ranks, parse_steps, parse_thresholds
 from fsdpdoctor.errors import InputError
 
 
@@ -39,6 +39,7 @@ def register(sub) -> None:
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                    help="override a threshold, e.g. scaling_efficiency_low=0.9")
     p.add_argument("--config", metavar="FILE", help="JSON or TOML file of threshold overrides")
+    add_engine_args(p)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the report as JSON")
     out.add_argument("--tui", action="store_true", help="open the terminal UI on the report (q quits)")
@@ -55,7 +56,8 @@ def build_report(args):
     spr = _positive(args.samples_per_step) if args.samples_per_step is not None else None
     tpr = _positive(args.tokens_per_step) if args.tokens_per_step is not None else None
     th = parse_thresholds(args)
-    kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th, diagnose=False)
+    kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th, diagnose=False,
+              **engine_kwargs(args))
     analyses = [analyze_path(r, **kw) for r in args.runs]
     return scaling_report(analyses, samples_per_rank=spr, tokens_per_rank=tpr, thresholds=th)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fsdpdoctor.commands.common import add_selection_args, parse_ranks, parse_steps, parse_thresholds
+from fsdpdoctor.commands.common import (add_selection_args, engine_kwargs, parse_ranks, parse_steps,
+                                        parse_thresholds)
 from fsdpdoctor.errors import InputError
 
 
@@ -26,11 +27,12 @@ def open_tui(args) -> int:
     ranks = parse_ranks(getattr(args, "rank", None))
     steps = parse_steps(getattr(args, "steps", None))
     thresholds = parse_thresholds(args)
+    engine = engine_kwargs(args)  # --jobs 0 is refused here, not on the error screen
 
     from fsdpdoctor.tui.app import FsdpDoctorApp
 
     app = FsdpDoctorApp(path, ranks=ranks, steps=steps, thresholds=thresholds,
-                        light=bool(getattr(args, "light", False)))
+                        light=bool(getattr(args, "light", False)), engine=engine)
     rc = app.run()
     if app.error:
         # the error screen showed it; repeat it on the terminal the user returns to

@@ -1,7 +1,8 @@
 """The fsdpdoctor terminal UI: the same ``Analysis`` the console report prints, browsable.
 
 ``FsdpDoctorApp(path=...)`` loads and analyses in a worker thread (with a progress
-bar); ``FsdpDoctorApp(analysis=...)`` shows a ready result (tests, embedding).
+bar; ``engine=`` takes ``analyze_path``'s ``dask``/``workers``/``use_summaries``);
+``FsdpDoctorApp(analysis=...)`` shows a ready result (tests, embedding).
 """
 
 from __future__ import annotations
@@ -65,13 +66,15 @@ class FsdpDoctorApp(App[int]):
     def __init__(self, path: str | Path | None = None, *, analysis: Analysis | None = None,
                  ranks: list[int] | None = None, steps: set[int] | None = None,
                  thresholds: dict[str, float] | None = None, light: bool = False,
-                 label: str | None = None) -> None:
+                 label: str | None = None, engine: dict | None = None) -> None:
         if path is None and analysis is None:
             raise ValueError("FsdpDoctorApp needs a path or an analysis")
         super().__init__()
         self.path = path
         self.analysis: Analysis | None = analysis
         self.ranks, self.steps, self.thresholds = ranks, steps, thresholds
+        # where the per-rank map runs: analyze_path's dask/workers/use_summaries (None: its defaults)
+        self.engine: dict = dict(engine or {})
         self.label = label or display_name(path if path is not None else analysis.source)
         self.rank: int | None = None
         self.error: str | None = None
@@ -116,7 +119,7 @@ class FsdpDoctorApp(App[int]):
 
         try:
             analysis = analyze_path(self.path, ranks=self.ranks, steps=self.steps, thresholds=self.thresholds,
-                                    progress=progress)
+                                    progress=progress, **self.engine)
             outcome, arg = self._loaded, analysis
         except _Cancelled:
             return

@@ -1,0 +1,119 @@
+"""`diff`, `scaling` and `tui` take the engine options (`--jobs N`, `--dask ADDRESS|local`,
+`--no-summaries`) like `analyze`: the flags reach the engine that runs the per-rank map, and the
+result does not depend on where the map ran (docs/scale-out.md).
+
+`--no-summaries` keeps a `rank<N>.summary.msgpack` left beside a bundled trace from standing in
+for the map (no engine would run at all)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fsdpdoctor import session
+from fsdpdoctor.cli import main
+
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+BASE, NEW = TRACES / "straggler", TRACES / "ddp_default"              # diff: two runs of 2 ranks
+RUN1, RUN2 = TRACES / "scaling_1proc", TRACES / "scaling_2proc"        # scaling: one job at 1 and 2 ranks
+
+
+@pytest.fixture
+def engines(monkeypatch) -> list[tuple[str | None, int | None, int, str]]:
+    """Every engine the session makes: (dask, workers, ranks to map, engine class); the real engine runs."""
+    made = []
+    real = session.make_engine
+
+    def spy(dask=None, workers=None, total_bytes=None, n_units=0):
+        engine = real(dask, workers, total_bytes, n_units)
+        made.append((dask, workers, n_units, type(engine).__name__))
+        return engine
+
+    monkeypatch.setattr(session, "make_engine", spy)
+    return made
+
+
+@pytest.fixture(scope="module")
+def dask_address():
+    """A real LocalCluster, in this process (as tests/test_scale_out.py starts it: cheap)."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None)
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+def cli_json(capsys, *argv: str) -> dict:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    return json.loads(out.out)
+
+
+# ------------------------------------------------------------------ diff
+def test_diff_same_json_with_one_and_two_jobs(capsys, engines):
+    argv = ("diff", str(BASE), str(NEW), "--json", "--no-summaries")
+    serial = cli_json(capsys, *argv, "--jobs", "1")
+    assert engines == [(None, 1, 2, "SerialEngine")] * 2               # both sides, in this process
+    engines.clear()
+    pool = cli_json(capsys, *argv, "--jobs", "2")
+    assert engines == [(None, 2, 2, "LocalEngine")] * 2                # both sides, in a pool of 2
+    assert pool == serial
+    assert serial["verdict"] == "improvement" and serial["base_step_us"] > serial["new_step_us"] > 0
+
+
+def test_diff_saved_json_side_needs_no_engine(capsys, engines, tmp_path):
+    saved = tmp_path / "base.json"
+    assert main(["analyze", str(BASE), "--json", "--jobs", "1", "--no-summaries"]) == 0
+    saved.write_text(capsys.readouterr().out)
+    engines.clear()
+    from_json = cli_json(capsys, "diff", str(saved), str(NEW), "--json", "--jobs", "2", "--no-summaries")
+    assert engines == [(None, 2, 2, "LocalEngine")]                   # the trace side only
+    from_trace = cli_json(capsys, "diff", str(BASE), str(NEW), "--json", "--jobs", "1", "--no-summaries")
+    from_json.pop("base"), from_trace.pop("base")                     # the side's name: a file vs a folder
+    assert from_json == from_trace
+
+
+def test_diff_on_dask_equals_one_job(capsys, engines, dask_address):
+    argv = ("diff", str(BASE), str(NEW), "--json", "--no-summaries")
+    on_dask = cli_json(capsys, *argv, "--dask", dask_address)
+    assert engines == [(dask_address, None, 2, "DaskEngine")] * 2
+    assert on_dask == cli_json(capsys, *argv, "--jobs", "1")
+
+
+# ------------------------------------------------------------------ scaling
+def test_scaling_same_json_with_one_and_two_jobs(capsys, engines):
+    argv = ("scaling", str(RUN1), str(RUN2), "--json", "--no-summaries")
+    serial = cli_json(capsys, *argv, "--jobs", "1")
+    assert engines == [(None, 1, 1, "SerialEngine"), (None, 1, 2, "SerialEngine")]
+    engines.clear()
+    pool = cli_json(capsys, *argv, "--jobs", "2")
+    # one rank needs no pool; the 2-rank run is mapped by 2 processes
+    assert engines == [(None, 2, 1, "SerialEngine"), (None, 2, 2, "LocalEngine")]
+    assert pool == serial
+    assert [r["world_size"] for r in serial["runs"]] == [1, 2] and len(serial["waterfalls"]) == 1
+
+
+def test_scaling_on_dask_equals_one_job(capsys, engines, dask_address):
+    argv = ("scaling", str(RUN1), str(RUN2), "--json", "--no-summaries")
+    on_dask = cli_json(capsys, *argv, "--dask", dask_address)
+    assert engines == [(dask_address, None, 1, "DaskEngine"), (dask_address, None, 2, "DaskEngine")]
+    assert on_dask == cli_json(capsys, *argv, "--jobs", "1")
+
+
+# ------------------------------------------------------------------ --jobs 0
+@pytest.mark.parametrize("argv", [["tui", str(BASE)], ["analyze", str(BASE), "--tui"],
+                                  ["diff", str(BASE), str(NEW)], ["scaling", str(RUN1), str(RUN2)]],
+                         ids=["tui", "analyze-tui", "diff", "scaling"])
+def test_jobs_0_is_one_line_and_exit_2_before_any_work(argv, capsys, engines, monkeypatch):
+    started = []
+    if argv[0] in ("tui", "analyze"):
+        tui_app = pytest.importorskip("fsdpdoctor.tui.app")
+        monkeypatch.setattr(tui_app.FsdpDoctorApp, "run", lambda self: started.append(self) or 0)
+    assert main(argv + ["--jobs", "0"]) == 2
+    out = capsys.readouterr()
+    assert out.err == "fsdpdoctor: error: --jobs expects a positive number, got 0\n" and out.out == ""
+    assert engines == [] and started == []                            # no analysis, no screen
