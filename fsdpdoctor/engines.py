@@ -34,14 +34,16 @@ class RankUnit:
     cycle_files: tuple[str, ...] | None = None  # the manifest's profiler-cycle files of this rank (None: not listed)
 
 
-def map_unit(unit: RankUnit) -> list[bytes]:
-    """Load, analyse and summarise one rank (runs in a worker). One result per rank found."""
+def map_unit(unit: RankUnit, pieces: int = 1) -> list[bytes]:
+    """Load, analyse and summarise one rank (runs in a worker). One result per rank found.
+
+    ``pieces``: cores this rank may use to decode a large trace (``trace.split``)."""
     from fsdpdoctor.analysis import rankresult
     from fsdpdoctor.analysis.engine import analyze_rank
     from fsdpdoctor.trace.loader import _merge_cycles, load_file
 
     paths = [Path(f) for f in unit.files]
-    traces = [load_file(p) for p in paths]
+    traces = [load_file(p, pieces) for p in paths]
     # the manifest's word on which files are cycles of one process, for this rank only
     manifest = None if unit.cycle_files is None else {"cycle_files": {str(t.rank): list(unit.cycle_files)
                                                                       for t in traces}}
@@ -70,11 +72,15 @@ class Engine(Protocol):
 
 
 class SerialEngine:
-    """In this process, one rank at a time (only one rank's tables in memory)."""
+    """In this process, one rank at a time (only one rank's tables in memory); a large trace may be
+    decoded in ``pieces`` forked pieces (the cores a process pool would have used for other ranks)."""
+
+    def __init__(self, pieces: int = 1):
+        self.pieces = pieces
 
     def map(self, units):
         for u in units:
-            yield u, map_unit(u)
+            yield u, map_unit(u, self.pieces)
 
     def close(self) -> None:
         pass
@@ -96,7 +102,7 @@ class LocalEngine:
     def map(self, units):
         n = max(1, min(self.workers, len(units)))
         if n == 1:
-            yield from SerialEngine().map(units)
+            yield from SerialEngine(pieces=self.workers).map(units)
             return
         method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
         # one task per rank and a fresh worker every few ranks: a worker's heap does not keep the
@@ -159,6 +165,8 @@ def make_engine(dask: str | None = None, workers: int | None = None, total_bytes
                 n_units: int = 0) -> Engine:
     if dask:
         return DaskEngine(dask)
-    if workers == 1 or n_units < 2 or (workers is None and total_bytes is not None and total_bytes < PARALLEL_MIN_BYTES):
+    if workers == 1:
         return SerialEngine()
+    if n_units < 2 or (workers is None and total_bytes is not None and total_bytes < PARALLEL_MIN_BYTES):
+        return SerialEngine(pieces=workers or cpu_count())
     return LocalEngine(workers)

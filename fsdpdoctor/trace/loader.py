@@ -20,6 +20,7 @@ from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import DataQuality
 import fsdpdoctor.trace.identity as identity
 import fsdpdoctor.trace.quality as quality
+import fsdpdoctor.trace.split as split
 from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.events import CorrArgs, corr_args, decode_trace, is_blank, raw_args
 from fsdpdoctor.trace.io import missing_reason, read_bytes
@@ -67,7 +68,7 @@ _SHAPE_ERRORS = (TypeError, ValueError, AttributeError, KeyError, OverflowError,
 
 
 def build_rank_trace(meta: dict, events: list, fmt: str, path: Path,
-                     reread: Callable[[], list] | None = None) -> RankTrace:
+                     reread: Callable[[], list] | None = None, columns: tuple | None = None) -> RankTrace:
     """Columns from decoded events (see ``fsdpdoctor.trace.events``), checked by ``trace.quality``.
 
     The fast reading skips and counts events whose fields it cannot read; when there are any (or an
@@ -77,7 +78,7 @@ def build_rank_trace(meta: dict, events: list, fmt: str, path: Path,
     drops = quality.Drops()
     unreadable = 0
     try:
-        t = _build(meta, events, fmt, path)
+        t = _build(meta, events, fmt, path, columns)
         unreadable = t.unreadable_events
     except _SHAPE_ERRORS as exc:
         if reread is None:
@@ -108,11 +109,13 @@ def build_rank_trace(meta: dict, events: list, fmt: str, path: Path,
     return quality.check(t, drops, notes, world_size_known=(t.world_size or 0) > 1)
 
 
-def _build(meta: dict, events: list, fmt: str, path: Path) -> RankTrace:
+def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = None) -> RankTrace:
+    """``cols``: the columns when they were built already (``trace.split``), else read from ``events``."""
     dist = meta.get("distributedInfo") or {}
     if not isinstance(dist, dict):
         dist = {}
-    cols = _columns_fast(events)
+    if cols is None:
+        cols = _columns_fast(events)
     if cols is None:  # an event of an odd shape somewhere: the tolerant per-event reading
         cols = _columns_per_event(events)
     events.clear()  # the structs are no longer needed: free them before building the trace
@@ -321,13 +324,20 @@ def _columns_per_event(events: list):
             thread_names, args, memory_events, unreadable)
 
 
-def load_file(path: Path) -> RankTrace:
+def load_file(path: Path, pieces: int = 1) -> RankTrace:
+    """One trace file's tables; a large one is decoded in up to ``pieces`` pieces on as many cores."""
     data = read_bytes(path)
     if is_blank(data):
         raise InputError(path, "empty file")
+    reread = lambda: decode_trace(read_bytes(path), path)[1]  # noqa: E731
+    if pieces > 1 and len(data) >= split.SPLIT_MIN_BYTES:
+        got = split.decode_columns(data, path, pieces, _columns_fast)
+        if got is not None:
+            del data
+            return build_rank_trace(got[0], [], "kineto", path, reread=reread, columns=got[1])
     meta, events, fmt = decode_trace(data, path)
     del data
-    return build_rank_trace(meta, events, fmt, path, reread=lambda: decode_trace(read_bytes(path), path)[1])
+    return build_rank_trace(meta, events, fmt, path, reread=reread)
 
 
 def _trace_files(folder: Path, notes: list[str]) -> list[Path]:

@@ -1,0 +1,197 @@
+"""One large trace decoded in pieces on several cores.
+
+A rank's trace of 10^5..10^6 events spends most of its load time in two serial steps: the JSON
+decode and the column building. Both work event by event, so the ``traceEvents`` array is cut at
+event boundaries into one piece per core; forked workers decode and build the columns of their
+pieces while this process does the first, and the columns are joined in file order.
+
+Nothing here is trusted: the cut points are found by a byte search, and the result is used only
+if the document without its events decodes as a trace and every piece decodes on its own as a
+list of events (a cut inside an event or a string leaves a piece that is not valid JSON). Then
+the pieces, joined with commas, are exactly the array the whole-file decode would have read.
+Anything else (an odd event, a failed or dead worker, another layout) returns None and the caller
+reads the file the ordinary way, which also gives the ordinary error messages.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import re
+import threading
+import time
+
+import msgspec
+import numpy as np
+
+from fsdpdoctor.trace.events import _events_decoder, decode_trace
+
+# below this much JSON, forking and joining cost more than the pieces save: measured on 2 cores,
+# a 9.8 MB trace took 0.12 s in pieces against 0.085 s whole, 17-33 MB ones 6-15 % less (benchmarks/README.md)
+SPLIT_MIN_BYTES = 16 << 20
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_KEY = b'"traceEvents"'
+_TAIL_TRIES = 16          # "]" found after the array's own, inside the keys that follow it
+# a worker does as much as this process did for its own piece; one still silent after several
+# times that (stuck in a lock a thread held at the fork) is killed and the file is read whole
+_WORKER_GRACE = 5.0
+_WORKER_MIN_WAIT_S = 10.0
+
+
+def events_span(data: bytes) -> tuple[int, int] | None:
+    """Offsets of the ``[`` and ``]`` of the top-level ``traceEvents`` array, as far as bytes tell."""
+    key = data.find(_KEY)
+    if key < 0:
+        return None
+    m = re.compile(rb"\s*:\s*\[").match(data, key + len(_KEY))
+    if not m:
+        return None
+    start = m.end() - 1
+    # the array ends at a "]" after which the rest of the document parses as the object's other keys;
+    # arrays among those keys end in such a "]" too, so the earliest one that parses is the array's
+    found, end = None, len(data)
+    for _ in range(_TAIL_TRIES):
+        end = data.rfind(b"]", start + 1, end)
+        if end < 0:
+            break
+        tail = data[end + 1:].strip()
+        if tail == b"}":
+            found = end
+        elif tail.startswith(b",") and tail.endswith(b"}"):
+            try:
+                if isinstance(msgspec.json.decode(b"{" + tail[1:]), dict):
+                    found = end
+            except msgspec.MsgspecError:
+                pass
+    return (start, found) if found is not None else None
+
+
+def cut_points(data: bytes, start: int, end: int, pieces: int) -> list[tuple[int, int]]:
+    """(begin, end) byte ranges of ``pieces`` runs of whole events inside the array."""
+    ranges, begin = [], start + 1
+    for i in range(1, pieces):
+        m = _BOUNDARY.search(data, max(begin, start + (end - start) * i // pieces), end)
+        if not m:
+            break
+        ranges.append((begin, m.start() + 1))
+        begin = m.end() - 1
+    ranges.append((begin, end))
+    return ranges
+
+
+def _piece_columns(data: bytes, begin: int, end: int, columns):
+    """The columns of one piece, or None when it is not a clean run of events."""
+    try:
+        events = _events_decoder.decode(b"[" + data[begin:end] + b"]")
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    return columns(events) if events else None
+
+
+def _worker(data: bytes, begin: int, end: int, columns, conn) -> None:
+    try:
+        out = _piece_columns(data, begin, end, columns)
+        conn.send_bytes(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
+    except BaseException:  # noqa: BLE001 - the parent falls back; a worker must never print a traceback
+        try:
+            conn.send_bytes(pickle.dumps(None))
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        conn.close()
+
+
+def _receive(proc, conn, deadline: float):
+    """A worker's pickled answer, or None when it died or is still silent at ``deadline``."""
+    try:
+        while not conn.poll(0.05):
+            if not proc.is_alive() or time.monotonic() > deadline:
+                return None
+        return pickle.loads(conn.recv_bytes())
+    except (EOFError, OSError, pickle.UnpicklingError):
+        return None
+    finally:
+        conn.close()
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+
+
+def can_fork() -> bool:
+    """Whether forking is safe here: no other thread but daemons (a progress bar's refresher), which
+    hold no lock the workers need; the TUI and Dask run the analysis in threads, and get no pieces."""
+    if "fork" not in mp.get_all_start_methods():
+        return False
+    main = threading.main_thread()
+    return threading.current_thread() is main and all(t is main or t.daemon for t in threading.enumerate())
+
+
+def decode_columns(data: bytes, path, pieces: int, columns):
+    """(document fields, columns) of a Kineto trace decoded in ``pieces`` pieces, or None.
+
+    ``columns`` turns a list of decoded events into the loader's column tuple (or None)."""
+    if pieces < 2 or data[:1] not in (b"{", b"\n", b" ", b"\r", b"\t") or not can_fork():
+        return None
+    span = events_span(data)
+    if span is None:
+        return None
+    start, end = span
+    try:
+        meta, events, fmt = decode_trace(data[:start + 1] + data[end:], path)
+    except Exception:  # noqa: BLE001 - whatever is wrong, the ordinary reading reports it
+        return None
+    if fmt != "kineto" or events:
+        return None
+    ranges = cut_points(data, start, end, pieces)
+    if len(ranges) < 2:
+        return None
+    ctx = mp.get_context("fork")
+    workers = []
+    t0 = time.monotonic()
+    try:
+        for begin, stop in ranges[1:]:
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_worker, args=(data, begin, stop, columns, send), daemon=True)
+            proc.start()
+            send.close()
+            workers.append((proc, recv))
+        t0 = time.monotonic()  # the wait for the workers is measured by this process's own piece
+        parts = [_piece_columns(data, *ranges[0], columns)]
+    finally:
+        deadline = time.monotonic() + max(_WORKER_MIN_WAIT_S, _WORKER_GRACE * (time.monotonic() - t0))
+        parts_rest = [_receive(p, c, deadline) for p, c in workers]
+    parts += parts_rest
+    if any(p is None or p[-1] for p in parts):  # a failed piece, or one with unreadable events
+        return None
+    return meta, join_columns(parts)
+
+
+def join_columns(parts: list[tuple]) -> tuple:
+    """The loader's column tuple of consecutive pieces, as if read in one pass."""
+    names: list[str] = []
+    name_ix: dict[str, int] = {}
+    track_ix: dict[tuple, int] = {}
+    tracks, thread_names, args, memory = [], {}, {}, []
+    nids, trks, offset = [], [], 0
+    for (p_names, nid, _cat, ts, _dur, trk, _corr, p_tracks, p_threads, p_args, p_memory, _bad) in parts:
+        name_map = np.fromiter((name_ix.setdefault(n, len(name_ix)) for n in p_names), np.int32, len(p_names))
+        nids.append(name_map[nid] if len(p_names) else nid)
+        track_map = []
+        for tr in p_tracks:
+            key = (tr.pid, tr.tid)
+            if key not in track_ix:
+                track_ix[key] = len(tracks)
+                tracks.append(tr)
+            track_map.append(track_ix[key])
+        trks.append(np.asarray(track_map, dtype=np.int32)[trk] if len(track_map) else trk)
+        thread_names.update(p_threads)  # a thread named twice: the later name wins, as in one pass
+        args.update({row + offset: a for row, a in p_args.items()})
+        memory.extend(p_memory)
+        offset += len(ts)
+    names = list(name_ix)
+    cat = np.concatenate([p[2] for p in parts])
+    ts = np.concatenate([p[3] for p in parts])
+    dur = np.concatenate([p[4] for p in parts])
+    corr = np.concatenate([p[6] for p in parts])
+    return (names, np.concatenate(nids).astype(np.int32), cat, ts, dur, np.concatenate(trks).astype(np.int32), corr,
+            tracks, thread_names, args, memory, 0)

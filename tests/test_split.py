@@ -1,0 +1,191 @@
+"""A large trace decoded in forked pieces (trace/split.py) reads exactly as the whole file does,
+and anything the byte search cannot vouch for falls back to the whole-file reading."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fsdpdoctor.trace.split as split
+from fsdpdoctor.engines import SerialEngine, make_engine
+from fsdpdoctor.session import analyze_path
+from fsdpdoctor.trace.loader import load_file
+from fsdpdoctor.trace.table import RankTrace
+
+ROOT = Path(__file__).resolve().parents[1]
+CUDA_FSDP2 = ROOT / "traces" / "cuda" / "fsdp2_default" / "rank0.json.gz"   # 17 MB of JSON, 65 k events
+CPU_RANK = ROOT / "traces" / "straggler" / "rank1.json.gz"
+
+
+def _same(a: RankTrace, b: RankTrace) -> None:
+    assert a.names == b.names
+    for col in ("name_id", "cat", "ts", "dur", "track", "corr"):
+        assert np.array_equal(getattr(a, col), getattr(b, col)), col
+    assert [(t.pid, t.tid, t.name, t.n_events, t.is_device) for t in a.tracks] == \
+           [(t.pid, t.tid, t.name, t.n_events, t.is_device) for t in b.tracks]
+    assert a.args == b.args
+    assert a.memory_events == b.memory_events
+    assert (a.rank, a.world_size, a.backend, a.host, a.device_name) == (b.rank, b.world_size, b.backend, b.host,
+                                                                        b.device_name)
+    assert a.quality == b.quality
+
+
+@pytest.fixture
+def split_small(monkeypatch):
+    """Split files of any size (the bundled ones are below the production floor)."""
+    monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+
+
+def _count_forks(monkeypatch) -> list:
+    """Pieces decoded in this process, and ``"joined"`` once the pieces' columns were used."""
+    started = []
+    real, real_join = split._piece_columns, split.join_columns
+
+    def spy(data, begin, end, columns):
+        started.append((begin, end))
+        return real(data, begin, end, columns)
+
+    def join(parts):
+        started.append("joined")
+        return real_join(parts)
+
+    monkeypatch.setattr(split, "_piece_columns", spy)
+    monkeypatch.setattr(split, "join_columns", join)
+    return started
+
+
+@pytest.mark.parametrize("path", [CUDA_FSDP2, CPU_RANK], ids=["cuda-fsdp2", "gloo-cpu"])
+@pytest.mark.parametrize("pieces", [2, 3])
+def test_pieces_read_exactly_as_the_whole_file(path, pieces, split_small, monkeypatch):
+    whole = load_file(path, 1)
+    seen = _count_forks(monkeypatch)
+    parts = load_file(path, pieces)
+    assert len(seen) == 2 and seen[1] == "joined"  # one piece here, the others in forked workers
+    _same(whole, parts)
+
+
+def test_analysis_of_pieces_equals_the_whole(split_small, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "rank0.json.gz").write_bytes(CUDA_FSDP2.read_bytes())
+    a = analyze_path(run, use_summaries=False, workers=1)          # one core: whole file
+    b = analyze_path(run, use_summaries=False, workers=2)          # one rank, two cores: pieces
+    assert a.to_json() == b.to_json()
+
+
+def test_one_rank_gets_the_cores_as_pieces():
+    assert make_engine(None, None, 100 << 20, 1).pieces > 1 or os.cpu_count() == 1
+    assert make_engine(None, 1, 100 << 20, 1).pieces == 1          # --jobs 1: this process only
+    assert make_engine(None, 3, 100 << 20, 1).pieces == 3
+    assert isinstance(make_engine(None, 1, 100 << 20, 4), SerialEngine)
+
+
+def _write(tmp_path: Path, doc: dict | list, name="rank0.json", text: str | None = None) -> Path:
+    p = tmp_path / name
+    p.write_text(text if text is not None else json.dumps(doc, indent=1))
+    return p
+
+
+def _events(n: int, args_of=lambda i: {}) -> list[dict]:
+    ev = [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}}]
+    for i in range(n):
+        ev.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{i % 7}", "pid": 1, "tid": 1 + i % 2,
+                   "ts": 1000.0 + 10 * i, "dur": 5.0, "args": args_of(i)})
+        if i % 50 == 0:
+            ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i // 50}", "pid": 1, "tid": 1,
+                       "ts": 1000.0 + 10 * i, "dur": 500.0, "args": {}})
+    return ev
+
+
+def test_metadata_after_the_events_with_a_bracket_in_a_string(tmp_path, split_small):
+    doc = {"schemaVersion": 1, "traceEvents": _events(400),
+           "traceName": "/tmp/a]b.json", "deviceProperties": [{"name": "x]"}], "baseTimeNanoseconds": 5}
+    p = _write(tmp_path, doc)
+    data = p.read_bytes()
+    start, end = split.events_span(data)
+    assert data[start:start + 1] == b"[" and data[end:end + 1] == b"]"
+    assert json.loads(data[start:end + 1]) == doc["traceEvents"]
+    _same(load_file(p, 1), load_file(p, 2))
+
+
+def test_cut_inside_nested_objects_falls_back(tmp_path, split_small, monkeypatch):
+    # every event's args hold a list of objects: the byte search may cut inside one; a cut piece is not
+    # valid JSON on its own, and the file is then read whole with the same result
+    doc = {"traceEvents": _events(300, lambda i: {"shapes": [{"a": k} for k in range(20)]})}
+    p = _write(tmp_path, doc, text=json.dumps(doc, separators=(",", ":")))
+    whole = load_file(p, 1)
+    seen = _count_forks(monkeypatch)
+    for pieces in (2, 3, 5):
+        _same(whole, load_file(p, pieces))
+    assert seen.count("joined") < 3  # most "},{" here are inside args: some cut landed in one
+
+
+def test_unreadable_events_in_a_later_piece_are_counted_as_in_the_whole(tmp_path, split_small, monkeypatch):
+    ev = _events(400)
+    ev[-10]["ts"] = "late"          # a text time: dropped and counted by the tolerant reading
+    ev[-20]["dur"] = -5.0
+    p = _write(tmp_path, {"traceEvents": ev})
+    whole, parts = load_file(p, 1), load_file(p, 2)
+    assert whole.quality is not None and whole.quality.dropped >= 1
+    _same(whole, parts)
+    # and where every event is readable, the same file is read in pieces
+    ev[-10]["ts"], ev[-20]["dur"] = 1.0e6, 5.0
+    p = _write(tmp_path, {"traceEvents": ev}, name="clean.json")
+    seen = _count_forks(monkeypatch)
+    _same(load_file(p, 1), load_file(p, 2))
+    assert "joined" in seen
+
+
+def test_a_worker_that_dies_or_hangs_leaves_the_whole_reading(tmp_path, split_small, monkeypatch):
+    p = _write(tmp_path, {"traceEvents": _events(400)})
+    whole = load_file(p, 1)
+
+    def die(*a):
+        os._exit(3)
+
+    monkeypatch.setattr(split, "_worker", die)
+    _same(whole, load_file(p, 2))
+
+    def hang(*a):
+        import time
+        time.sleep(60)
+
+    monkeypatch.setattr(split, "_worker", hang)
+    monkeypatch.setattr(split, "_WORKER_MIN_WAIT_S", 0.5)
+    _same(whole, load_file(p, 2))
+
+
+def test_event_list_and_gzip_and_bom_inputs(tmp_path, split_small):
+    ev = _events(300)
+    lst = _write(tmp_path, ev, name="list.json")                       # a bare event list: read whole
+    assert split.events_span(lst.read_bytes()) is None
+    _same(load_file(lst, 1), load_file(lst, 2))
+    gz = tmp_path / "rank0.json.gz"
+    gz.write_bytes(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
+    _same(load_file(gz, 1), load_file(gz, 2))
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps({"traceEvents": ev}).encode())
+    _same(load_file(bom, 1), load_file(bom, 2))
+
+
+def test_no_fork_beside_a_non_daemon_thread(tmp_path, split_small, monkeypatch):
+    import threading
+
+    p = _write(tmp_path, {"traceEvents": _events(300)})
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert not split.can_fork()
+        seen = _count_forks(monkeypatch)
+        load_file(p, 2)
+        assert seen == []  # not decoded in pieces at all
+    finally:
+        stop.set()
+        t.join()
+    assert split.can_fork()
