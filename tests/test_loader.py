@@ -75,3 +75,58 @@ def test_same_rank_same_steps_is_an_error(tmp_path):
     shutil.copy(TRACES / "ddp_default" / "rank0.json.gz", tmp_path / "worker0.json.gz")
     run = load_run(tmp_path)
     assert [r.rank for r in run.ranks] == [0] and "read once" in run.quality.notes[0]
+
+
+# -- the tagged-union decode (phases the loader never reads are skipped unread) ----------------------
+
+def _tables(path: Path, monkeypatch, generic: bool):
+    import fsdpdoctor.trace.events as ev
+    from fsdpdoctor.trace.loader import load_file
+
+    if generic:  # what the loader read before the union: every event as the one ``Event`` struct
+        monkeypatch.setattr(ev._doc_decoder, "tagged", ev._generic_doc_decoder)
+        monkeypatch.setattr(ev._events_decoder, "tagged", ev._generic_events_decoder)
+    t = load_file(path)
+    monkeypatch.undo()
+    return t
+
+
+_BUNDLED = sorted(Path(__file__).resolve().parents[1].glob("traces/**/rank*.json.gz"))
+
+
+@pytest.mark.parametrize("path", _BUNDLED[::4], ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_tagged_decode_reads_what_the_generic_decode_reads(path, monkeypatch):
+    a, b = _tables(path, monkeypatch, generic=True), _tables(path, monkeypatch, generic=False)
+    assert a.names == b.names and a.args == b.args and a.memory_events == b.memory_events
+    for col in ("name_id", "cat", "ts", "dur", "track", "corr"):
+        assert np.array_equal(getattr(a, col), getattr(b, col)), col
+    assert [(t.pid, t.tid, t.name) for t in a.tracks] == [(t.pid, t.tid, t.name) for t in b.tracks]
+
+
+def test_tagged_decode_falls_back_on_odd_phases(tmp_path, monkeypatch):
+    import json
+
+    from hypothesis import given, settings, strategies as st
+
+    phases = st.sampled_from(["X", "M", "i", "I", "s", "f", "C", "B", "Q", "x", "", None, 3, ["X"]])
+    event = st.fixed_dictionaries(
+        {"ts": st.one_of(st.floats(0, 1e6), st.just("t")), "dur": st.floats(0, 100), "pid": st.integers(0, 2),
+         "tid": st.integers(0, 2), "name": st.sampled_from(["ProfilerStep#1", "aten::mm", "thread_name", None]),
+         "cat": st.sampled_from(["cpu_op", "user_annotation", "kernel"]), "args": st.just({"name": "t"})},
+        optional={"ph": phases})
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(event, min_size=1, max_size=30))
+    def check(events):
+        p = tmp_path / "rank0.json"
+        p.write_text(json.dumps({"traceEvents": events}))
+        got = []
+        for generic in (True, False):
+            try:
+                t = _tables(p, monkeypatch, generic)
+                got.append((t.names, t.ts.tolist(), t.dur.tolist(), t.track.tolist(), t.quality))
+            except InputError as exc:
+                got.append(str(exc))
+        assert got[0] == got[1]
+
+    check()
