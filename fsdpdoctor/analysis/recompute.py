@@ -97,8 +97,9 @@ def offload(ctx: RankContext, windows: list[StepWindow], manifest: dict | None) 
     cp = np.nonzero(t.cat == MEMCPY)[0]
     if not len(cp) or not windows:
         return None
-    h2d_ids = t.ids_of(lambda n: any(k in n for k in _H2D))
-    d2h_ids = t.ids_of(lambda n: any(k in n for k in _D2H))
+    copy_names = {int(i): t.names[i] for i in np.flatnonzero(np.bincount(t.name_id[cp]))}  # the few memcpy names
+    h2d_ids = [i for i, n in copy_names.items() if any(k in n for k in _H2D)]
+    d2h_ids = [i for i, n in copy_names.items() if any(k in n for k in _D2H)]
     h2d = cp[np.isin(t.name_id[cp], h2d_ids)]
     d2h = cp[np.isin(t.name_id[cp], d2h_ids)]
     if not len(h2d) and not len(d2h):

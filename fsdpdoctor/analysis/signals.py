@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 
 import numpy as np
@@ -162,9 +163,10 @@ def _passes(bwd: np.ndarray, fwd: np.ndarray) -> list[tuple[float, float]]:
         return []
     out = []
     cur = [bwd[0, 0], bwd[0, 1]]
-    fstarts = fwd[:, 0] if len(fwd) else np.empty(0)
-    for s, e in bwd[1:]:
-        if np.any((fstarts > cur[1]) & (fstarts < s)):
+    fstarts = np.sort(fwd[:, 0]).tolist() if len(fwd) else []
+    for s, e in bwd[1:].tolist():
+        k = bisect_right(fstarts, cur[1])  # the first forward starting after the pass so far: before s?
+        if k < len(fstarts) and fstarts[k] < s:
             out.append((cur[0], cur[1]))
             cur = [s, e]
         else:

@@ -81,6 +81,7 @@ class RankTrace:
     quality: "RankDataQuality | None" = None   # what trace/quality.py dropped from this file
     base_time_ns: int | None = None            # baseTimeNanoseconds: ts + base = wall clock (job identity)
     _sorted_names: tuple | None = field(default=None, repr=False, compare=False)  # ids_with_prefix's index
+    _ids_by_cat: dict | None = field(default=None, repr=False, compare=False)      # ids_in_categories' cache
 
     @property
     def end(self) -> np.ndarray:
@@ -122,7 +123,24 @@ class RankTrace:
 
     def rows_named(self, predicate, cat: int | tuple[int, ...] | None = None) -> np.ndarray:
         """Row indices (sorted by start) of events whose name satisfies ``predicate``."""
-        return self._rows_of_ids(self.ids_of(predicate), cat)
+        if cat is None:
+            return self._rows_of_ids(self.ids_of(predicate), cat)
+        # test only the names that occur in those categories (python frames are most names of a
+        # trace with stacks, and most queries ask for operators or annotations)
+        names = self.names
+        ids = np.fromiter((i for i in self.ids_in_categories(cat).tolist() if predicate(names[i])), dtype=np.int32)
+        return self._rows_of_ids(ids, cat)
+
+    def ids_in_categories(self, cat: int | tuple[int, ...]) -> np.ndarray:
+        """Name ids of the events of these categories."""
+        key = cat if isinstance(cat, tuple) else (cat,)
+        if self._ids_by_cat is None:
+            self._ids_by_cat = {}
+        got = self._ids_by_cat.get(key)
+        if got is None:
+            got = self._ids_by_cat[key] = np.flatnonzero(
+                np.bincount(self.name_id[np.isin(self.cat, np.asarray(key, dtype=np.int8))], minlength=len(self.names)))
+        return got
 
     def _rows_of_ids(self, ids: np.ndarray, cat) -> np.ndarray:
         if len(ids) == 0:
