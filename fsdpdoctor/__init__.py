@@ -16,11 +16,14 @@ Importing this package loads nothing heavy; the analysis modules load on the fir
 __version__ = "0.1.0"
 
 
-def analyze(path, *, ranks=None, steps=None, thresholds=None):
-    """Analyse and diagnose a trace file, a run folder or a saved ``--json``: returns an ``Analysis``."""
+def analyze(path, *, ranks=None, steps=None, thresholds=None, dask=None, workers=None, use_summaries=True):
+    """Analyse and diagnose a trace file, a run folder or a saved ``--json``: returns an ``Analysis``.
+
+    ``workers``/``dask``/``use_summaries``: where the per-rank work runs (``fsdpdoctor.api.analyze``)."""
     from fsdpdoctor.api import analyze as _analyze
 
-    return _analyze(path, ranks=ranks, steps=steps, thresholds=thresholds)
+    return _analyze(path, ranks=ranks, steps=steps, thresholds=thresholds, dask=dask, workers=workers,
+                    use_summaries=use_summaries)
 
 
 def __getattr__(name):

@@ -20,9 +20,14 @@ _ANALYSIS_HEAD = re.compile(rb'^\s*\{\s*"(source|job|schema_version)"\s*:')
 
 
 def analyze(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
-            thresholds: dict[str, float] | None = None) -> Analysis:
-    """Load, analyse and diagnose a trace file, a run folder or a saved ``--json``; returns the typed result."""
-    return load_analysis(path, ranks=ranks, steps=steps, thresholds=thresholds)
+            thresholds: dict[str, float] | None = None, dask: str | None = None, workers: int | None = None,
+            use_summaries: bool = True) -> Analysis:
+    """Load, analyse and diagnose a trace file, a run folder or a saved ``--json``; returns the typed result.
+
+    ``workers``: processes on this machine (None: one per core); ``dask``: a scheduler address or
+    "local"; ``use_summaries``: read current per-rank summaries instead of their traces."""
+    return load_analysis(path, ranks=ranks, steps=steps, thresholds=thresholds, dask=dask, workers=workers,
+                         use_summaries=use_summaries)
 
 
 def is_analysis_json(path: str | Path) -> bool:

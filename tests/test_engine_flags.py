@@ -117,3 +117,20 @@ def test_jobs_0_is_one_line_and_exit_2_before_any_work(argv, capsys, engines, mo
     out = capsys.readouterr()
     assert out.err == "fsdpdoctor: error: --jobs expects a positive number, got 0\n" and out.out == ""
     assert engines == [] and started == []                            # no analysis, no screen
+
+
+# ------------------------------------------------------------------ check --baseline, notebook API
+def test_check_baseline_runs_on_the_engine_asked_for(capsys, engines):
+    rc = main(["check", str(NEW), "--baseline", str(BASE), "--jobs", "2", "--no-summaries", "--json"])
+    assert rc in (0, 1), capsys.readouterr().err
+    # the run and its baseline: both mapped in a pool of 2
+    assert engines == [(None, 2, 2, "LocalEngine")] * 2
+
+
+def test_notebook_api_takes_the_engine_options(engines):
+    import fsdpdoctor
+
+    one = fsdpdoctor.analyze(BASE, workers=1, use_summaries=False)
+    two = fsdpdoctor.analyze(BASE, workers=2, use_summaries=False)
+    assert engines == [(None, 1, 2, "SerialEngine"), (None, 2, 2, "LocalEngine")]
+    assert one.to_json() == two.to_json()

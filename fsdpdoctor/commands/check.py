@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from fsdpdoctor.commands.common import add_selection_args, run_analysis
+from fsdpdoctor.commands.common import add_selection_args, engine_kwargs, run_analysis
 from fsdpdoctor.errors import InputError
 
 _ORDER = {"info": 0, "warning": 1, "error": 2}
@@ -64,7 +64,8 @@ def run(args) -> int:
         from fsdpdoctor.diagnose.compare import compare
 
         th = parse_thresholds(args)
-        base = load_analysis(args.baseline, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th)
+        base = load_analysis(args.baseline, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th,
+                             **engine_kwargs(args))
         if not any(r.steps for r in base.ranks):
             raise InputError(args.baseline, "no analysed step in the baseline (check --steps/--rank)")
         comparison = compare(base, a, thresholds=th)
