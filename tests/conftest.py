@@ -26,3 +26,15 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def traces_dir(repo_root) -> Path:
     return repo_root / "traces"
+
+
+@pytest.fixture(scope="module")
+def dask_address():
+    """A real Dask LocalCluster, in this process (threads, no worker processes: cheap to start)."""
+    import distributed
+
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None)
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()

@@ -35,17 +35,6 @@ def engines(monkeypatch) -> list[tuple[str | None, int | None, int, str]]:
     return made
 
 
-@pytest.fixture(scope="module")
-def dask_address():
-    """A real LocalCluster, in this process (as tests/test_scale_out.py starts it: cheap)."""
-    distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None)
-    try:
-        yield cluster.scheduler_address
-    finally:
-        cluster.close()
-
-
 def cli_json(capsys, *argv: str) -> dict:
     rc = main(list(argv))
     out = capsys.readouterr()

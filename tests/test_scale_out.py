@@ -109,16 +109,6 @@ def test_process_pool_equals_serial(run):
     assert doc(TRACES / run, workers=2, use_summaries=False) == doc(TRACES / run, workers=1, use_summaries=False)
 
 
-@pytest.fixture(scope="module")
-def dask_address():
-    distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None)
-    try:
-        yield cluster.scheduler_address
-    finally:
-        cluster.close()
-
-
 @pytest.mark.parametrize("run", RUNS)
 def test_dask_equals_local(run, dask_address):
     assert doc(TRACES / run, dask=dask_address, use_summaries=False) == doc(TRACES / run, workers=2,
