@@ -11,7 +11,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from fsdpdoctor.analysis import intervals as iv
-from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, PYFUNC, RUNTIME, RankTrace
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, PYFUNC, RUNTIME, RankTrace, distinct
 
 STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__")
@@ -131,8 +131,7 @@ class RankContext:
     def compute_tracks(self) -> np.ndarray:
         """Host threads that run model compute: main thread + autograd threads."""
         bwd = self.rows_prefix(BACKWARD_MARKERS[0], CPU_OP)
-        tracks = np.concatenate([[self.main_track], self.t.track[bwd]]).astype(np.int64)
-        return np.flatnonzero(np.bincount(tracks)).astype(np.int32)  # distinct (np.unique imports numpy.ma)
+        return distinct(np.concatenate([[self.main_track], self.t.track[bwd]])).astype(np.int32)
 
     @cached_property
     def _launch_index(self) -> tuple[np.ndarray, np.ndarray]:

@@ -19,7 +19,7 @@ from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.breakdown import StepWindow
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.results import OffloadInfo, RecomputeInfo
-from fsdpdoctor.trace.table import CPU_OP, DEVICE_CATEGORIES, KERNEL, MEMCPY, PYFUNC
+from fsdpdoctor.trace.table import CPU_OP, DEVICE_CATEGORIES, KERNEL, MEMCPY, PYFUNC, distinct
 
 _RECOMPUTE_FRAME = ("torch/utils/checkpoint.py", ": recompute_fn")
 _REENTRANT_OP = "CheckpointFunctionBackward"
@@ -44,7 +44,7 @@ def recompute_regions(ctx: RankContext) -> tuple[np.ndarray, np.ndarray, str]:
 def _region_set_by_track(ctx: RankContext, rows: np.ndarray, nested: np.ndarray) -> dict[int, np.ndarray]:
     t = ctx.t
     out = {}
-    for tr in np.flatnonzero(np.bincount(t.track[rows])):  # distinct tracks (np.unique imports numpy.ma)
+    for tr in distinct(t.track[rows]):
         r = rows[t.track[rows] == tr]
         s = ctx.set_of(r)
         if len(nested):
@@ -97,9 +97,9 @@ def offload(ctx: RankContext, windows: list[StepWindow], manifest: dict | None) 
     cp = np.nonzero(t.cat == MEMCPY)[0]
     if not len(cp) or not windows:
         return None
-    copy_names = {int(i): t.names[i] for i in np.flatnonzero(np.bincount(t.name_id[cp]))}  # the few memcpy names
-    h2d_ids = [i for i, n in copy_names.items() if any(k in n for k in _H2D)]
-    d2h_ids = [i for i, n in copy_names.items() if any(k in n for k in _D2H)]
+    copy_ids = t.ids_in_categories(MEMCPY).tolist()  # the few memcpy names
+    h2d_ids = [i for i in copy_ids if any(k in t.names[i] for k in _H2D)]
+    d2h_ids = [i for i in copy_ids if any(k in t.names[i] for k in _D2H)]
     h2d = cp[np.isin(t.name_id[cp], h2d_ids)]
     d2h = cp[np.isin(t.name_id[cp], d2h_ids)]
     if not len(h2d) and not len(d2h):

@@ -17,23 +17,23 @@ import msgspec
 from fsdpdoctor.errors import InputError
 
 
-class Event(msgspec.Struct, gc=False):
-    ph: Any = None
-    name: Any = ""
-    cat: Any = None
-    ts: Any = None
-    dur: Any = None
-    pid: Any = None
-    tid: Any = None
-    args: msgspec.Raw = msgspec.Raw(b"")
+# the fields of an event the loader reads, with their defaults (``args`` stays raw until read)
+_FIELDS = [("name", Any, ""), ("cat", Any, None), ("ts", Any, None), ("dur", Any, None), ("pid", Any, None),
+           ("tid", Any, None), ("args", msgspec.Raw, msgspec.Raw(b""))]
+
+# every event as one struct, "ph" a field like the others: reads any shape
+Event = msgspec.defstruct("Event", [("ph", Any, None)] + _FIELDS, gc=False, module=__name__)
 
 
-class KinetoDoc(msgspec.Struct, gc=False):
-    traceEvents: list[Event] | None = None
-    distributedInfo: Any = None
-    deviceProperties: Any = None
-    host_name: Any = None
-    baseTimeNanoseconds: Any = None
+def _document(name: str, event: Any) -> type:
+    """The top-level object of a Kineto trace: its events and the fields of the job it names."""
+    return msgspec.defstruct(name, [("traceEvents", list[event] | None, None)]
+                             + [(f, Any, None) for f in ("distributedInfo", "deviceProperties", "host_name",
+                                                         "baseTimeNanoseconds")],
+                             gc=False, module=__name__)
+
+
+KinetoDoc = _document("KinetoDoc", Event)
 
 
 # The same events as a union tagged by "ph": complete, metadata and instant events get every field;
@@ -45,28 +45,18 @@ _SKIPPED_PHASES = ("s", "f", "t", "C", "B", "E", "b", "e", "n", "P", "O", "N", "
 
 
 def _variant(ph: str, fields: bool) -> type:
-    cls = msgspec.defstruct(
-        f"Event_{ph if ph.isupper() else ph + '_'}",
-        [("name", Any, "")] + [(f, Any, None) for f in ("cat", "ts", "dur", "pid", "tid")]
-        + [("args", msgspec.Raw, msgspec.Raw(b""))]
-        if fields else [],
-        namespace={"ph": ph} if fields else {"ph": ph, "name": "", "cat": None, "ts": None, "dur": None, "pid": None,
-                                             "tid": None, "args": msgspec.Raw(b"")},
-        tag_field="ph", tag=ph, gc=False, module=__name__)
-    return cls
+    """The struct of phase ``ph``: with every field, or with none (then the same names are class
+    attributes holding the defaults, so code reading any event reads these too)."""
+    namespace = {"ph": ph} if fields else {"ph": ph, **{f: default for f, _, default in _FIELDS}}
+    return msgspec.defstruct(f"Event_{ph if ph.isupper() else ph + '_'}", _FIELDS if fields else [],
+                             namespace=namespace, tag_field="ph", tag=ph, gc=False, module=__name__)
 
 
 _VARIANTS = tuple(_variant(ph, True) for ph in _READ_PHASES) + tuple(_variant(ph, False) for ph in _SKIPPED_PHASES)
-CompleteEvent = _VARIANTS[0]
 TaggedEvent = Union[_VARIANTS]  # noqa: UP007 - a Union of a tuple of types
 
 
-class TaggedDoc(msgspec.Struct, gc=False):
-    traceEvents: list[TaggedEvent] | None = None
-    distributedInfo: Any = None
-    deviceProperties: Any = None
-    host_name: Any = None
-    baseTimeNanoseconds: Any = None
+TaggedDoc = _document("TaggedDoc", TaggedEvent)
 
 
 class CorrArgs(msgspec.Struct, gc=False):

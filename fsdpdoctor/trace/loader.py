@@ -25,7 +25,7 @@ from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.events import CorrArgs, corr_args, decode_trace, is_blank, raw_args
 from fsdpdoctor.trace.io import missing_reason, read_bytes
 from fsdpdoctor.trace.table import (
-    DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, RankTrace, Track, category_code,
+    DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, RankTrace, Track, category_code, distinct,
 )
 
 # Names whose args we keep: everything communication-related.
@@ -125,8 +125,7 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
         raise InputError(path, "trace holds no complete ('X') events: empty trace")
 
     counts = np.bincount(trk_arr, minlength=len(tracks))
-    # distinct track indexes by bincount: np.unique's first call imports numpy.ma (15-25 ms a process)
-    device_tracks = set(np.flatnonzero(np.bincount(trk_arr[np.isin(cat_arr, DEVICE_CATEGORIES)])).tolist())
+    device_tracks = set(distinct(trk_arr[np.isin(cat_arr, DEVICE_CATEGORIES)]).tolist())
     for i, tr in enumerate(tracks):
         tr.n_events = int(counts[i])
         tr.is_device = i in device_tracks

@@ -96,16 +96,14 @@ def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
     rows = kernels[is_comm | with_meta]
     if len(rows) == 0:
         return []
-    launch_of = dict(zip(rows.tolist(), ctx.launch_rows(rows).tolist()))  # kernel -> launching runtime call
     param_rows = t.rows_named(lambda n: n == "record_param_comms", cat=CPU_OP)
     op_rows = t.rows_named(lambda n: n.startswith(C10D_PREFIXES) and not n.startswith(NOT_COLLECTIVE_OPS), cat=CPU_OP)
     nccl_ann = t.rows_with_prefix("nccl:", cat=(ANNOTATION, CPU_OP))
     out = []
-    for r in rows:
-        r = int(r)
+    for r, launch in zip(rows.tolist(), ctx.launch_rows(rows).tolist()):  # kernel, its launching runtime call
         kname = t.name(r)
         kargs = t.args.get(r, {})
-        launch = launch_of[r] if launch_of[r] >= 0 else None
+        launch = launch if launch >= 0 else None
         issue_t = issue_track = None
         meta = kargs if "Collective name" in kargs else {}
         op_name = None
