@@ -12,9 +12,35 @@ from fsdpdoctor.errors import InputError
 
 try:  # ISA-L inflate is 2-3x zlib's on traces (benchmarks/README.md); optional: `pip install isal`
     from isal.igzip import decompress as _gunzip
+    from isal.isal_zlib import decompressobj as _decompressobj
     from isal.isal_zlib import error as _isal_error
 except ImportError:  # pragma: no cover - depends on the environment
-    _gunzip, _isal_error = gzip.decompress, zlib.error
+    _gunzip, _decompressobj, _isal_error = gzip.decompress, zlib.decompressobj, zlib.error
+
+# a gzip trailer's size field is trusted for the one-member path only up to this compression ratio
+# (JSON traces compress 8-20x): a forged size then cannot make the reader allocate gigabytes
+_MAX_RATIO = 200
+
+
+def gunzip(raw: bytes) -> bytes:
+    """The decompressed bytes of gzip data.
+
+    A file written by one gzip stream (every profiler's) is inflated in one call into a buffer of the
+    size its trailer states: 4-5 ms less than the general reader on a 10 MB trace, whose output grows
+    by copies. Anything else (several members, bytes after the member, a trailer that lies) goes to
+    the general reader, which also raises its errors."""
+    size = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
+    if 0 < size <= _MAX_RATIO * len(raw):
+        try:
+            d = _decompressobj(wbits=31)
+            out = d.decompress(raw, size + 1)
+        except (zlib.error, _isal_error, ValueError, OverflowError):
+            out = None
+        else:
+            if d.eof and not d.unused_data and len(out) == size:
+                return out
+        del out
+    return _gunzip(raw)
 
 
 def read_bytes(path: Path) -> bytes:
@@ -29,7 +55,7 @@ def read_bytes(path: Path) -> bytes:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
     if raw[:2] == b"\x1f\x8b":
         try:
-            return _gunzip(raw)
+            return gunzip(raw)
         except (OSError, EOFError, zlib.error, _isal_error, ValueError) as exc:
             raise InputError(path, f"corrupt or truncated gzip data ({exc})") from None
     return raw

@@ -1,0 +1,101 @@
+"""The local map in forked workers (``engines._forked_map``): the same results as one process and as
+a process pool, errors and dead workers reported for the rank they hit, no worker left behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from fsdpdoctor import engines
+from fsdpdoctor.analysis import rankresult
+from fsdpdoctor.engines import RankUnit, SerialEngine, make_engine
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.trace.split import can_fork
+
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="needs fork and no other non-daemon thread")
+
+
+def _units(*runs: str) -> list[RankUnit]:
+    return [RankUnit((str(f),)) for run in runs for f in sorted((TRACES / run).glob("rank*.json.gz"))]
+
+
+def _by_file(pairs) -> dict[str, list]:
+    """unit -> decoded results (RankResult structs compare by value)."""
+    return {u.files[0]: [rankresult.decode(b) for b in res] for u, res in pairs}
+
+
+def _children() -> set[int]:
+    """Process ids of this process's living children (Linux /proc)."""
+    me = str(os.getpid())
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            out.add(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_forked_map_equals_serial_and_pool(workers):
+    units = _units("straggler", "ddp_default", "fsdp2_default")  # 6 ranks: workers claim several each
+    serial = _by_file(SerialEngine().map(units))
+    forked = list(engines._forked_map(units, workers))
+    assert len(forked) == len(units)  # every rank once
+    assert _by_file(forked) == serial
+    assert _by_file(engines._pool_map(units, workers)) == serial
+
+
+def test_small_runs_use_the_forked_workers_when_forking_is_safe():
+    assert isinstance(make_engine(None, None, 10_000, 2), engines.LocalEngine)
+    assert isinstance(make_engine(None, 1, 10_000, 2), SerialEngine)
+    assert isinstance(make_engine(None, None, 10_000, 1), SerialEngine)
+
+
+def test_an_error_in_a_worker_is_raised_for_its_rank(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(TRACES / "ddp_default", run)
+    (run / "rank1.json.gz").write_bytes(b"\x1f\x8b not gzip at all")
+    units = [RankUnit((str(run / "rank0.json.gz"),)), RankUnit((str(run / "rank1.json.gz"),))]
+    before = _children()
+    with pytest.raises(InputError, match="rank1.json.gz: corrupt or truncated gzip"):
+        list(engines._forked_map(units, 2))
+    assert _children() == before
+
+
+def test_a_worker_that_dies_is_named_and_nothing_hangs(monkeypatch):
+    parent = os.getpid()
+    real = engines.map_unit
+
+    def dies_in_a_worker(unit, pieces=1):
+        if os.getpid() != parent:
+            os._exit(9)  # what the kernel's OOM killer leaves: no reply, no traceback
+        time.sleep(0.3)  # the worker claims a rank meanwhile
+        return real(unit, pieces)
+
+    monkeypatch.setattr(engines, "map_unit", dies_in_a_worker)
+    units = _units("straggler", "ddp_default")
+    before = _children()
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match="a worker process died while analysing this rank"):
+        list(engines._forked_map(units, 2))
+    assert time.monotonic() - t0 < 30
+    assert _children() == before
+
+
+def test_stopping_early_stops_the_workers():
+    units = _units("straggler", "ddp_default", "fsdp2_default")
+    before = _children()
+    it = engines._forked_map(units, 3)
+    first_unit, first = next(it)
+    assert first_unit in units and first
+    it.close()
+    assert _children() == before
