@@ -119,3 +119,27 @@ def test_good_input_is_not_modified(tmp_path):
 def test_malformed_event(tmp_path, event):
     p = write(tmp_path / "trace.json", {"traceEvents": [event]})
     assert_input_error(p)
+
+
+@pytest.mark.parametrize("shape", ["one member", "two members", "bytes after the member", "trailer size too small",
+                                   "trailer size too large", "forged huge trailer size", "empty member"])
+def test_gunzip_reads_every_gzip_shape_as_the_standard_library_does(shape):
+    """The one-call inflate is taken only when its result is certain; any other shape gives what
+    ``gzip.decompress`` gives, or an error where it raises."""
+    from fsdpdoctor.trace.io import gunzip
+
+    body = json.dumps(small_trace(0, 1)).encode()
+    one = gzip.compress(body)
+    data = {"one member": one, "two members": one + gzip.compress(b" "),
+            "bytes after the member": one + b"junk",
+            "trailer size too small": one[:-4] + (len(body) - 1).to_bytes(4, "little"),
+            "trailer size too large": one[:-4] + (len(body) + 1).to_bytes(4, "little"),
+            "forged huge trailer size": one[:-4] + (2**32 - 1).to_bytes(4, "little"),
+            "empty member": gzip.compress(b"")}[shape]
+    try:
+        expected = gzip.decompress(data)
+    except (OSError, EOFError):
+        with pytest.raises(Exception):
+            gunzip(data)
+    else:
+        assert gunzip(data) == expected

@@ -105,7 +105,7 @@ def _cause_sets(ctx: RankContext, dev: np.ndarray) -> dict[str, np.ndarray]:
     # old traces record ProfilerStep#N as an op: it spans the step and says nothing about launching
     ops = ops[~np.isin(ops, ctx.step_rows)] if len(ctx.step_rows) else ops
     op_set = ctx.set_of(ops)
-    comm_ids = t.ids_of(lambda n: n.startswith(_COMM_OPS))
+    comm_ids = t.ids_with_prefix(_COMM_OPS)
     comm = ops[np.isin(t.name_id[ops], comm_ids)]
     collective = iv.union(ctx.set_of(comm) if len(comm) else iv.EMPTY, ctx.wait_set)
     # a sync drains the queue: its cost lasts until the device runs something again

@@ -72,7 +72,22 @@ def subtract(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a minus b."""
     if not len(a) or not len(b):
         return a
+    if len(a) == 1:  # one window minus a set (idle time of a step): the gaps of b inside it
+        return _gaps_within(b, float(a[0, 0]), float(a[0, 1]))
     return _complement_within(b, a)
+
+
+def _gaps_within(b: np.ndarray, start: float, end: float) -> np.ndarray:
+    """[start, end) minus the set b, from the rows of b that reach into it (a few searches, no sweep)."""
+    i = np.searchsorted(b[:, 1], start, side="right")
+    j = np.searchsorted(b[:, 0], end, side="left")
+    if i >= j:
+        return np.array([[start, end]], dtype=np.float64) if end > start else EMPTY
+    inner = b[i:j]
+    s = np.concatenate(([start], inner[:, 1]))
+    e = np.concatenate((inner[:, 0], [end]))
+    keep = e > s
+    return np.stack([s[keep], e[keep]], axis=1) if keep.any() else EMPTY
 
 
 def _complement_within(b: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -87,9 +102,18 @@ def _complement_within(b: np.ndarray, a: np.ndarray) -> np.ndarray:
 
 
 def clip(a: np.ndarray, start: float, end: float) -> np.ndarray:
+    """The part of set a inside [start, end): its rows that reach into the window, ends cut to it."""
     if not len(a) or end <= start:
         return EMPTY
-    return intersect(a, np.array([[start, end]], dtype=np.float64))
+    i = np.searchsorted(a[:, 1], start, side="right")
+    j = np.searchsorted(a[:, 0], end, side="left")
+    if i >= j:
+        return EMPTY
+    out = a[i:j].copy()
+    out[0, 0] = max(out[0, 0], start)
+    out[-1, 1] = min(out[-1, 1], end)
+    keep = out[:, 1] > out[:, 0]
+    return out if keep.all() else out[keep]
 
 
 def overlap_each(starts: np.ndarray, ends: np.ndarray, s: np.ndarray) -> np.ndarray:

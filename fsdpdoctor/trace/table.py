@@ -88,6 +88,7 @@ class RankTrace:
     base_time_ns: int | None = None            # baseTimeNanoseconds: ts + base = wall clock (job identity)
     _sorted_names: tuple | None = field(default=None, repr=False, compare=False)  # ids_with_prefix's index
     _ids_by_cat: dict | None = field(default=None, repr=False, compare=False)      # ids_in_categories' cache
+    _rows_by_id: tuple | None = field(default=None, repr=False, compare=False)     # _rows_of_ids' index
 
     @property
     def end(self) -> np.ndarray:
@@ -148,12 +149,22 @@ class RankTrace:
         return got
 
     def _rows_of_ids(self, ids: np.ndarray, cat) -> np.ndarray:
+        """Rows with these name ids (and categories), sorted by start. The rows of each name come from
+        one index (rows grouped by name id, built on first use): an analysis asks ~35 times per rank,
+        and a test of every row's id cost ~0.1 ms per question on 27 k rows."""
         if len(ids) == 0:
             return np.empty(0, dtype=np.int64)
-        mask = np.isin(self.name_id, ids)
-        if cat is not None:
-            mask &= np.isin(self.cat, np.atleast_1d(np.asarray(cat, dtype=np.int8)))
-        rows = np.nonzero(mask)[0]
+        if self._rows_by_id is None or self._rows_by_id[2] is not self.name_id:
+            order = np.argsort(self.name_id, kind="stable")
+            bounds = np.searchsorted(self.name_id[order], np.arange(len(self.names) + 1))
+            self._rows_by_id = (order, bounds, self.name_id)
+        order, bounds, _ = self._rows_by_id
+        parts = [order[bounds[i]:bounds[i + 1]] for i in sorted(set(np.asarray(ids).tolist()))
+                 if 0 <= i < len(self.names)]
+        rows = np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+        if cat is not None and len(rows):
+            rows = rows[np.isin(self.cat[rows], np.atleast_1d(np.asarray(cat, dtype=np.int8)))]
+        rows = rows.astype(np.int64, copy=False)
         return rows[np.argsort(self.ts[rows], kind="stable")]
 
     def name(self, row: int) -> str:

@@ -67,7 +67,7 @@ class NcclGpu:
         colls = [r.coll for r in records]
         comm = iv.as_set([c.start_us for c in colls], [c.end_us for c in colls])
         k = np.nonzero(t.cat == KERNEL)[0]
-        k = k[~np.isin(t.name_id[k], t.ids_of(is_comm_kernel))]
+        k = k[~np.isin(t.name_id[k], _comm_kernel_ids(t))]
         coll_starts = {c.start_us for c in colls}
         if coll_starts:  # kernels with collective metadata but odd names
             k = k[~member(t.ts[k], np.fromiter(coll_starts, float))]
@@ -86,12 +86,18 @@ class NcclGpu:
 DIALECT = NcclGpu()
 
 
+def _comm_kernel_ids(t) -> np.ndarray:
+    """Name ids of communication kernels (only kernels' names are tested: most names are host ops)."""
+    names = t.names
+    return np.fromiter((i for i in t.ids_in_categories(KERNEL).tolist() if is_comm_kernel(names[i])), dtype=np.int32)
+
+
 def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
     t = ctx.t
     kernels = np.nonzero(t.cat == KERNEL)[0]
     if len(kernels) == 0:
         return []
-    is_comm = np.isin(t.name_id[kernels], t.ids_of(is_comm_kernel))
+    is_comm = np.isin(t.name_id[kernels], _comm_kernel_ids(t))
     with_meta = np.fromiter((r in t.args and "Collective name" in t.args[r] for r in kernels), bool, len(kernels))
     rows = kernels[is_comm | with_meta]
     if len(rows) == 0:
