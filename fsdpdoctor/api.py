@@ -68,15 +68,17 @@ def load_analysis(path: str | Path, *, ranks: list[int] | None = None, steps: se
 
 
 def analyze_with_traces(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
-                        thresholds: dict[str, float] | None = None, progress=None):
-    """(Analysis, per-rank trace tables): a trace is read once for both; a saved JSON has no tables."""
+                        thresholds: dict[str, float] | None = None, progress=None, jobs: int | None = None):
+    """(Analysis, per-rank trace tables): a trace is read once for both; a saved JSON has no tables.
+
+    ``jobs``: processes that parse the files (None: one per core for several large files)."""
     if is_analysis_json(path):
         return load_analysis(path, ranks=ranks, steps=steps), []
     from fsdpdoctor.analysis.engine import analyze_run
     from fsdpdoctor.diagnose import diagnose
     from fsdpdoctor.trace.loader import load_run
 
-    run = load_run(path, ranks=ranks, progress=progress)
+    run = load_run(path, ranks=ranks, progress=progress, jobs=jobs)
     a = analyze_run(run, steps=steps)
     a.findings = diagnose(a, thresholds=thresholds)
     return a, run.ranks

@@ -1,4 +1,4 @@
-"""`diff`, `scaling` and `tui` take the engine options (`--jobs N`, `--dask ADDRESS|local`,
+"""`diff`, `scaling`, `tui` and `export` take the engine options (`--jobs N`, `--dask ADDRESS|local`,
 `--no-summaries`) like `analyze`: the flags reach the engine that runs the per-rank map, and the
 result does not depend on where the map ran (docs/scale-out.md).
 
@@ -123,3 +123,32 @@ def test_notebook_api_takes_the_engine_options(engines):
     two = fsdpdoctor.analyze(BASE, workers=2, use_summaries=False)
     assert engines == [(None, 1, 2, "SerialEngine"), (None, 2, 2, "LocalEngine")]
     assert one.to_json() == two.to_json()
+
+
+# ------------------------------------------------------------------ export
+def _export(tmp_path, name: str, *flags: str) -> dict:
+    out = tmp_path / name
+    assert main(["export", str(BASE), "--perfetto", str(out), "--no-progress", *flags]) == 0
+    doc = json.loads(out.read_text())
+    doc["otherData"].pop("source", None)
+    return doc
+
+
+def test_export_without_events_maps_the_ranks_where_the_options_say(tmp_path, engines, capsys):
+    serial = _export(tmp_path, "a.json", "--no-ops", "--no-summaries", "--jobs", "1")
+    assert engines == [(None, 1, 2, "SerialEngine")]
+    engines.clear()
+    pooled = _export(tmp_path, "b.json", "--no-ops", "--no-summaries", "--jobs", "2")
+    assert engines == [(None, 2, 2, "LocalEngine")]
+    assert pooled == serial and serial["traceEvents"]
+
+
+def test_export_with_events_parses_with_jobs_and_refuses_dask(tmp_path, capsys):
+    one = _export(tmp_path, "a.json", "--jobs", "1")
+    two = _export(tmp_path, "b.json", "--jobs", "2")
+    assert one == two and len(one["traceEvents"]) > len(_export(tmp_path, "c.json", "--no-ops")["traceEvents"])
+    capsys.readouterr()
+    assert main(["export", str(BASE), "--perfetto", str(tmp_path / "d.json"), "--dask", "local"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--no-ops" in err[0]
+    assert not (tmp_path / "d.json").exists()

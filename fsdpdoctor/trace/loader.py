@@ -201,8 +201,6 @@ def _columns_fast(events: list):
                 if e.ph.__class__ is not str:
                     return None  # no phase: the per-event reading counts it
                 _non_complete(e, thread_names, memory_events)
-        if any([e.ts is None for e in xs]):
-            return None  # a complete event without a time: the per-event reading counts it
         n = len(xs)
         ni: dict = {}
         nid = np.fromiter([ni.setdefault(e.name, len(ni)) for e in xs], dtype=np.int32, count=n)
@@ -215,7 +213,7 @@ def _columns_fast(events: list):
         ci: dict = {}
         cat_ix = np.fromiter([ci.setdefault(e.cat, len(ci)) for e in xs], dtype=np.int32, count=n)
         cat_values = list(ci)
-        ts = np.array([e.ts for e in xs], dtype=np.float64)
+        ts = np.array([e.ts for e in xs], dtype=np.float64)  # a missing time reads as NaN: refused below
         dur = np.array([e.dur if e.dur is not None else 0.0 for e in xs], dtype=np.float64)
     except (TypeError, ValueError, OverflowError):
         return None
