@@ -1,5 +1,6 @@
-"""A large trace decoded in forked pieces (trace/split.py) reads exactly as the whole file does,
-and anything the byte search cannot vouch for falls back to the whole-file reading."""
+"""A large trace decoded in pieces (trace/split.py), in this process or in forked workers, reads
+exactly as the whole file does, and anything the byte search cannot vouch for falls back to the
+whole-file reading."""
 
 from __future__ import annotations
 
@@ -37,36 +38,66 @@ def _same(a: RankTrace, b: RankTrace) -> None:
 
 @pytest.fixture
 def split_small(monkeypatch):
-    """Split files of any size (the bundled ones are below the production floor)."""
+    """Split files of any size (the bundled ones are below the production floors)."""
     monkeypatch.setattr(split, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(split, "PIECES_MIN_BYTES", 0)
+
+
+def _whole(path: Path) -> RankTrace:
+    """The reference: the file decoded in one piece, as below ``PIECES_MIN_BYTES``."""
+    floor = split.PIECES_MIN_BYTES
+    split.PIECES_MIN_BYTES = 1 << 62
+    try:
+        return load_file(path, 1)
+    finally:
+        split.PIECES_MIN_BYTES = floor
 
 
 def _count_forks(monkeypatch) -> list:
-    """Pieces decoded in this process, and ``"joined"`` once the pieces' columns were used."""
-    started = []
+    """Shares of the array decoded in this process as ``(begin, end)``, each followed by
+    ``("pieces", n)`` when it was decoded in n small pieces, and ``"joined"`` once the shares'
+    columns (this process's and the workers') were joined."""
+    seen = []
+    in_share = []
     real, real_join = split._piece_columns, split.join_columns
 
-    def spy(data, begin, end, columns):
-        started.append((begin, end))
-        return real(data, begin, end, columns)
+    def share(data, begin, end, columns):
+        seen.append((begin, end))
+        in_share.append(True)
+        try:
+            return real(data, begin, end, columns)
+        finally:
+            in_share.pop()
 
     def join(parts):
-        started.append("joined")
+        seen.append(("pieces", len(parts)) if in_share else "joined")
         return real_join(parts)
 
-    monkeypatch.setattr(split, "_piece_columns", spy)
+    monkeypatch.setattr(split, "_piece_columns", share)
     monkeypatch.setattr(split, "join_columns", join)
-    return started
+    return seen
 
 
 @pytest.mark.parametrize("path", [CUDA_FSDP2, CPU_RANK], ids=["cuda-fsdp2", "gloo-cpu"])
 @pytest.mark.parametrize("pieces", [2, 3])
 def test_pieces_read_exactly_as_the_whole_file(path, pieces, split_small, monkeypatch):
-    whole = load_file(path, 1)
+    whole = _whole(path)
     seen = _count_forks(monkeypatch)
     parts = load_file(path, pieces)
-    assert len(seen) == 2 and seen[1] == "joined"  # one piece here, the others in forked workers
+    shares = [x for x in seen if isinstance(x, tuple) and x[0] != "pieces"]
+    assert len(shares) == 1 and seen[-1] == "joined"  # one share here, the others in forked workers
     _same(whole, parts)
+
+
+@pytest.mark.parametrize("path", [CUDA_FSDP2, CPU_RANK], ids=["cuda-fsdp2", "gloo-cpu"])
+def test_small_pieces_in_this_process_read_exactly_as_the_whole_file(path, monkeypatch):
+    whole = _whole(path)
+    monkeypatch.setattr(split, "PIECE_BYTES", 64 << 10)       # the CPU trace too is cut in several pieces
+    monkeypatch.setattr(split, "PIECES_MIN_BYTES", 128 << 10)
+    seen = _count_forks(monkeypatch)
+    one_process = load_file(path, 1)
+    assert len(seen) == 2 and seen[1][0] == "pieces" and seen[1][1] > 3   # one share, several pieces, no fork
+    _same(whole, one_process)
 
 
 def test_analysis_of_pieces_equals_the_whole(split_small, tmp_path):
@@ -110,7 +141,7 @@ def test_metadata_after_the_events_with_a_bracket_in_a_string(tmp_path, split_sm
     start, end = split.events_span(data)
     assert data[start:start + 1] == b"[" and data[end:end + 1] == b"]"
     assert json.loads(data[start:end + 1]) == doc["traceEvents"]
-    _same(load_file(p, 1), load_file(p, 2))
+    _same(_whole(p), load_file(p, 2))
 
 
 def test_cut_inside_nested_objects_falls_back(tmp_path, split_small, monkeypatch):
@@ -118,7 +149,7 @@ def test_cut_inside_nested_objects_falls_back(tmp_path, split_small, monkeypatch
     # valid JSON on its own, and the file is then read whole with the same result
     doc = {"traceEvents": _events(300, lambda i: {"shapes": [{"a": k} for k in range(20)]})}
     p = _write(tmp_path, doc, text=json.dumps(doc, separators=(",", ":")))
-    whole = load_file(p, 1)
+    whole = _whole(p)
     seen = _count_forks(monkeypatch)
     for pieces in (2, 3, 5):
         _same(whole, load_file(p, pieces))
@@ -130,20 +161,20 @@ def test_unreadable_events_in_a_later_piece_are_counted_as_in_the_whole(tmp_path
     ev[-10]["ts"] = "late"          # a text time: dropped and counted by the tolerant reading
     ev[-20]["dur"] = -5.0
     p = _write(tmp_path, {"traceEvents": ev})
-    whole, parts = load_file(p, 1), load_file(p, 2)
+    whole, parts = _whole(p), load_file(p, 2)
     assert whole.quality is not None and whole.quality.dropped >= 1
     _same(whole, parts)
     # and where every event is readable, the same file is read in pieces
     ev[-10]["ts"], ev[-20]["dur"] = 1.0e6, 5.0
     p = _write(tmp_path, {"traceEvents": ev}, name="clean.json")
     seen = _count_forks(monkeypatch)
-    _same(load_file(p, 1), load_file(p, 2))
+    _same(_whole(p), load_file(p, 2))
     assert "joined" in seen
 
 
 def test_a_worker_that_dies_or_hangs_leaves_the_whole_reading(tmp_path, split_small, monkeypatch):
     p = _write(tmp_path, {"traceEvents": _events(400)})
-    whole = load_file(p, 1)
+    whole = _whole(p)
 
     def die(*a):
         os._exit(3)
@@ -164,13 +195,13 @@ def test_event_list_and_gzip_and_bom_inputs(tmp_path, split_small):
     ev = _events(300)
     lst = _write(tmp_path, ev, name="list.json")                       # a bare event list: read whole
     assert split.events_span(lst.read_bytes()) is None
-    _same(load_file(lst, 1), load_file(lst, 2))
+    _same(_whole(lst), load_file(lst, 2))
     gz = tmp_path / "rank0.json.gz"
     gz.write_bytes(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
-    _same(load_file(gz, 1), load_file(gz, 2))
+    _same(_whole(gz), load_file(gz, 2))
     bom = tmp_path / "bom.json"
     bom.write_bytes(b"\xef\xbb\xbf" + json.dumps({"traceEvents": ev}).encode())
-    _same(load_file(bom, 1), load_file(bom, 2))
+    _same(_whole(bom), load_file(bom, 2))
 
 
 def test_no_fork_beside_a_non_daemon_thread(tmp_path, split_small, monkeypatch):
@@ -180,12 +211,53 @@ def test_no_fork_beside_a_non_daemon_thread(tmp_path, split_small, monkeypatch):
     stop = threading.Event()
     t = threading.Thread(target=stop.wait)
     t.start()
+    monkeypatch.setattr(split, "PIECES_MIN_BYTES", 0)
     try:
         assert not split.can_fork()
         seen = _count_forks(monkeypatch)
-        load_file(p, 2)
-        assert seen == []  # not decoded in pieces at all
+        _same(_whole(p), load_file(p, 2))
+        shares = [x for x in seen if isinstance(x, tuple) and x[0] != "pieces"]
+        assert len(shares) == 1 and "joined" not in seen  # the whole array in this process, no worker
     finally:
         stop.set()
         t.join()
     assert split.can_fork()
+
+
+def test_pieces_read_any_events_as_the_whole_file_does(tmp_path, monkeypatch):
+    """Generated events with odd phases, times, names and args, cut into pieces of a few events:
+    the same tables, data-quality notes and errors as the whole-file reading."""
+    from hypothesis import given, settings, strategies as st
+
+    from fsdpdoctor.errors import InputError
+
+    odd = st.sampled_from([None, 3, "t", [1], {"a": 1}, -1.0, 1e308, True])
+    event = st.fixed_dictionaries(
+        {"ph": st.sampled_from(["X", "X", "X", "M", "i", "s", "f"]),
+         "ts": st.one_of(st.floats(0, 1e6), odd), "dur": st.one_of(st.floats(0, 100), odd),
+         "pid": st.one_of(st.integers(0, 2), odd), "tid": st.integers(0, 2),
+         "name": st.one_of(st.sampled_from(["ProfilerStep#1", "aten::mm", "c10d::allreduce_", "thread_name",
+                                            "cudaLaunchKernel", "ncclKernel_AllReduce"]), odd),
+         "cat": st.one_of(st.sampled_from(["cpu_op", "user_annotation", "kernel", "cuda_runtime"]), odd),
+         "args": st.one_of(st.just({"name": "t", "correlation": 7}), st.just({"Collective name": "allreduce"}),
+                           odd)})
+
+    def tables(p):
+        try:
+            t = load_file(p, 1)
+        except InputError as exc:
+            return str(exc)
+        return (t.names, t.ts.tolist(), t.dur.tolist(), t.track.tolist(), t.corr.tolist(), t.args, t.quality)
+
+    @settings(max_examples=80, deadline=None)
+    @given(st.lists(event, min_size=1, max_size=40))
+    def check(events):
+        p = tmp_path / "rank0.json"
+        p.write_text(json.dumps({"traceEvents": events, "deviceProperties": [{"name": "x"}]}))
+        monkeypatch.setattr(split, "PIECES_MIN_BYTES", 1 << 62)
+        whole = tables(p)
+        monkeypatch.setattr(split, "PIECES_MIN_BYTES", 0)
+        monkeypatch.setattr(split, "PIECE_BYTES", 300)  # a few events a piece
+        assert tables(p) == whole
+
+    check()

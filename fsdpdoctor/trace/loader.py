@@ -327,8 +327,8 @@ def load_file(path: Path, pieces: int = 1) -> RankTrace:
     if is_blank(data):
         raise InputError(path, "empty file")
     reread = lambda: decode_trace(read_bytes(path), path)[1]  # noqa: E731
-    if pieces > 1 and len(data) >= split.SPLIT_MIN_BYTES:
-        got = split.decode_columns(data, path, pieces, _columns_fast)
+    if len(data) >= split.PIECES_MIN_BYTES:
+        got = split.decode_columns(data, path, pieces if len(data) >= split.SPLIT_MIN_BYTES else 1, _columns_fast)
         if got is not None:
             del data
             return build_rank_trace(got[0], [], "kineto", path, reread=reread, columns=got[1])
