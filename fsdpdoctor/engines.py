@@ -165,29 +165,33 @@ def _claim(claimed, lock, n: int) -> int | None:
 
 
 def _replies(units: list[RankUnit], workers: dict, answered: set[int], timeout: float | None):
-    """The (unit, results) that workers have sent (waiting up to ``timeout`` for one)."""
+    """The (unit, results) that workers have sent (waiting up to ``timeout`` for the first message).
+    Every waiting message is read: a worker blocks once its pipe is full."""
     for conn in wait_any(list(workers), timeout):
         entry = workers[conn]
-        try:
-            kind, i, value = conn.recv()
-        except (EOFError, OSError):
-            if entry[1] is None:  # it ended between units, without saying so: nothing is lost
+        while conn in workers:
+            try:
+                if not conn.poll():
+                    break
+                kind, i, value = conn.recv()
+            except (EOFError, OSError):
+                if entry[1] is None:  # it ended between units, without saying so: nothing is lost
+                    del workers[conn]
+                    entry[0].join()
+                    break
+                raise _died(units[entry[1]]) from None
+            if kind == "start":
+                entry[1] = i
+            elif kind == "done":
                 del workers[conn]
+                conn.close()
                 entry[0].join()
-                continue
-            raise _died(units[entry[1]]) from None
-        if kind == "start":
-            entry[1] = i
-        elif kind == "done":
-            del workers[conn]
-            conn.close()
-            entry[0].join()
-        elif kind == "error":
-            raise value
-        else:
-            entry[1] = None
-            answered.add(i)
-            yield units[i], value
+            elif kind == "error":
+                raise value
+            else:
+                entry[1] = None
+                answered.add(i)
+                yield units[i], value
 
 
 def _serve(units: list[RankUnit], claimed, lock, conn) -> None:
