@@ -63,3 +63,53 @@ def test_installed_packages_are_libraries_and_editable_projects_are_not(tmp_path
         assert context.is_user_frame("myproj/model.py(12): forward")
     finally:
         context._installed_libraries.cache_clear()
+
+
+def _enclosing_by_test(ctx, rows, track, t):
+    """The definition: of the rows on ``track`` holding ``t``, the latest-starting, first in ``rows``."""
+    sel = rows[(ctx.t.track[rows] == track) & (ctx.t.ts[rows] <= t) & (ctx.end[rows] >= t)]
+    return int(sel[np.argmax(ctx.t.ts[sel])]) if len(sel) else None
+
+
+def test_enclosing_by_its_index_is_the_definition():
+    """The per-track index of a large row set answers exactly as a test of every row, on a real trace
+    with Python stacks (nested frames, ops on several threads) and at row starts and ends."""
+    from pathlib import Path
+
+    from fsdpdoctor.analysis.context import RankContext
+    from fsdpdoctor.trace.loader import load_file
+    from fsdpdoctor.trace.table import CPU_OP, PYFUNC
+
+    t = load_file(Path(__file__).resolve().parents[1] / "traces" / "straggler" / "rank1.json.gz")
+    ctx = RankContext(t)
+    rng = np.random.default_rng(3)
+    frames = t.rows_named(lambda n: True, cat=PYFUNC)           # sorted by start
+    ops = np.nonzero(np.isin(t.cat, (CPU_OP, PYFUNC)))[0]        # in file order, many equal starts
+    assert len(frames) > 1000 and len(ops) > 1000
+    for rows in (frames, ops, rng.permutation(ops)):
+        times = np.concatenate([t.ts[rows], ctx.end[rows], rng.uniform(t.ts.min(), ctx.end.max(), 300)])
+        for q in rng.choice(len(times), 600):
+            r = int(rows[q % len(rows)])
+            track = int(t.track[r]) if q % 5 else int(rng.integers(0, len(t.tracks) + 1))
+            assert ctx.enclosing(rows, track, float(times[q])) == _enclosing_by_test(ctx, rows, track, float(times[q]))
+
+
+def test_enclosing_by_its_index_breaks_ties_as_the_definition(tmp_path):
+    """Many rows starting at the same instant on the same thread (coarse clocks do that)."""
+    import json
+
+    from fsdpdoctor.analysis.context import RankContext
+    from fsdpdoctor.trace.loader import load_file
+
+    rng = np.random.default_rng(5)
+    ev = [{"ph": "X", "cat": "cpu_op", "name": f"op{i % 9}", "pid": 1, "tid": int(rng.integers(1, 3)),
+           "ts": float(rng.integers(0, 40)), "dur": float(rng.integers(0, 15)), "args": {}} for i in range(600)]
+    p = tmp_path / "rank0.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    t = load_file(p)
+    ctx = RankContext(t)
+    rows = np.arange(len(t.ts))
+    for rows in (rows, rng.permutation(rows)):
+        for track in range(len(t.tracks) + 1):
+            for q in np.arange(-1.0, 56.0, 0.5):
+                assert ctx.enclosing(rows, track, float(q)) == _enclosing_by_test(ctx, rows, track, float(q))

@@ -88,6 +88,7 @@ class RankContext:
     def __init__(self, trace: RankTrace, dialect=None):
         self.t = trace
         self.end = trace.ts + trace.dur
+        self._by_track: dict[int, tuple] = {}  # enclosing(): id(rows) -> (rows, its per-track index)
         if dialect is None:
             from fsdpdoctor.analysis.dialects import detect  # dialects build on this module
 
@@ -212,13 +213,38 @@ class RankContext:
 
     # -- annotations enclosing an event -------------------------------
     def enclosing(self, rows: np.ndarray, track: int, t: float) -> int | None:
-        """Innermost (latest-starting) row among ``rows`` on ``track`` that contains time ``t``."""
+        """Innermost (latest-starting) row among ``rows`` on ``track`` that contains time ``t``; of
+        rows starting at the same time, the first in ``rows``."""
         if len(rows) == 0:
             return None
-        sel = rows[(self.t.track[rows] == track) & (self.t.ts[rows] <= t) & (self.end[rows] >= t)]
-        if len(sel) == 0:
-            return None
-        return int(sel[np.argmax(self.t.ts[sel])])
+        if len(rows) < _INDEX_MIN_ROWS:
+            sel = rows[(self.t.track[rows] == track) & (self.t.ts[rows] <= t) & (self.end[rows] >= t)]
+            if len(sel) == 0:
+                return None
+            return int(sel[np.argmax(self.t.ts[sel])])
+        got = self._by_track.get(id(rows))
+        if got is None or got[0] is not rows:  # rows on one track, by start: built once per rows array
+            tr = self.t.track[rows]
+            order = np.lexsort((self.t.ts[rows], tr))
+            tracks = tr[order]
+            got = self._by_track[id(rows)] = (rows, rows[order], tracks, self.t.ts[rows][order],
+                                              self.end[rows][order])
+        _, srows, tracks, starts, ends = got
+        lo, hi = np.searchsorted(tracks, track, "left"), np.searchsorted(tracks, track, "right")
+        k = lo + int(np.searchsorted(starts[lo:hi], t, "right"))  # rows of the track starting at or before t
+        # the latest of them still running at t: look back in growing chunks (nested frames are near k)
+        stop, width = k, 32
+        while stop > lo:
+            begin = max(lo, stop - width)
+            hit = np.nonzero(ends[begin:stop] >= t)[0]
+            if len(hit):
+                j = begin + int(hit[-1])
+                # rows starting at that same time: the first of them (in rows order) that holds t
+                first = lo + int(np.searchsorted(starts[lo:hi], starts[j], "left"))
+                # (lexsort is stable: rows that start together keep their order in ``rows``)
+                return int(srows[first + int(np.nonzero(ends[first:j + 1] >= t)[0][0])])
+            stop, width = begin, width * 4
+        return None
 
     # -- python stacks -------------------------------------------------
     @cached_property
@@ -258,6 +284,10 @@ class RankContext:
     def sleep_rows(self) -> np.ndarray:
         rows = self.frames_named("<built-in function sleep>")
         return rows[self.t.track[rows] == self.main_track] if len(rows) else rows
+
+
+# below this many rows, one vectorised test of every row is cheaper than building an index
+_INDEX_MIN_ROWS = 256
 
 
 def _inside(s: np.ndarray, t: float) -> bool:
