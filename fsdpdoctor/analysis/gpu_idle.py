@@ -42,6 +42,7 @@ QUEUE_EMPTY_US = 50.0
 # a trivial Python function under torch.profiler (torch 2.13, CPU): 0.10 us/call without, 0.59 with.
 STACK_EVENT_COST_US = 0.5
 _COMM_OPS = ("c10d::", "_c10d_functional::", "c10d_functional::", "record_param_comms")
+_CAUSE_ORDER = ("data_loading", "collective_wait", "host_sync", "other", "launch")  # the first that holds
 _MAX_SOURCE_PIECES = 150  # longest idle pieces per cause looked up for a user frame (each lookup scans the frames)
 
 
@@ -55,13 +56,20 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
     busy = ctx.set_of(dev)
     causes = _cause_sets(ctx, dev)
     stack_starts = np.sort(t.ts[(t.cat == PYFUNC) & np.isin(t.track, ctx.compute_tracks)])
+    # each idle instant of all the steps gets its cause once; each step then takes its part of them
+    in_steps = iv.as_set([w.start for w in windows], [w.end for w in windows])
+    rest = iv.subtract(in_steps, busy)
+    idle_all, cause_sets = rest, {}
+    for cause in _CAUSE_ORDER:
+        part = iv.intersect(rest, causes[cause]) if len(causes[cause]) else iv.EMPTY
+        rest = iv.subtract(rest, part)
+        cause_sets[cause] = part
     steps, pieces_by_cause = [], {c: [] for c in IDLE_CAUSES}
     for w in windows:
-        idle = iv.subtract(np.array([[w.start, w.end]]), busy) if w.end > w.start else iv.EMPTY
-        by_cause, rest = {}, idle
-        for cause in ("data_loading", "collective_wait", "host_sync", "other", "launch"):
-            part = iv.intersect(rest, causes[cause]) if len(causes[cause]) else iv.EMPTY
-            rest = iv.subtract(rest, part)
+        idle = iv.clip(idle_all, w.start, w.end)
+        by_cause = {}
+        for cause in _CAUSE_ORDER:
+            part = iv.clip(cause_sets[cause], w.start, w.end)
             if cause == "launch" and len(part) and len(stack_starts):
                 # the profiler's own share of launch time: a fixed cost per Python frame it recorded
                 n = _starts_inside(stack_starts, part)
@@ -71,8 +79,9 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
             else:
                 by_cause[cause] = iv.total(part)
             pieces_by_cause[cause].append(part)
-        by_cause["other"] = by_cause.get("other", 0.0) + iv.total(rest)
-        pieces_by_cause["other"].append(rest)
+        unexplained = iv.clip(rest, w.start, w.end)
+        by_cause["other"] = by_cause.get("other", 0.0) + iv.total(unexplained)
+        pieces_by_cause["other"].append(unexplained)
         by_cause = {c: float(by_cause.get(c, 0.0)) for c in IDLE_CAUSES}
         dur = w.end - w.start
         idle_us = iv.total(idle)
@@ -84,7 +93,6 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
     out = GpuIdle(rank=t.rank, steps=steps, idle_us=idle_us, idle_frac=idle_us / step_us if step_us else 0.0,
                   by_cause={c: sum(s.by_cause[c] for s in steps) / n for c in IDLE_CAUSES})
     _queue(ctx, dev, windows, out)
-    in_steps = iv.as_set([w.start for w in windows], [w.end for w in windows])
     out.stack_events_per_step = _starts_inside(stack_starts, in_steps) / n
     out.with_stack = bool(options.get("with_stack", t.has_stacks))
     rs = options.get("record_shapes")

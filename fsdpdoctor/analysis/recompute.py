@@ -65,14 +65,17 @@ def recompute(ctx: RankContext, windows: list[StepWindow]) -> RecomputeInfo | No
     regions = _region_set_by_track(ctx, rows, nested)
     dev = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
     if len(dev):
-        picked = []
-        for r, launch in zip(dev.tolist(), ctx.launch_rows(dev).tolist()):
-            if launch < 0:
-                continue
-            s = regions.get(int(t.track[launch]))
-            if s is not None and _inside(s, float(t.ts[launch])):
-                picked.append(int(r))
-        work = ctx.set_of(np.asarray(picked, dtype=np.int64)) if picked else iv.EMPTY
+        # device work launched from inside a region of its launching thread
+        launch = ctx.launch_rows(dev)
+        known = launch >= 0
+        launched, la = dev[known], launch[known]
+        at, on = t.ts[la], t.track[la]
+        picked = np.zeros(len(launched), dtype=bool)
+        for tr, s in regions.items():
+            mine = on == tr
+            if len(s) and mine.any():
+                picked[mine] = _inside_each(s, at[mine])
+        work = ctx.set_of(launched[picked]) if picked.any() else iv.EMPTY
         busy = ctx.set_of(dev[t.cat[dev] == KERNEL])
     else:
         work = iv.union(*regions.values())
@@ -131,9 +134,10 @@ def offload(ctx: RankContext, windows: list[StepWindow], manifest: dict | None) 
                        copies_per_step=float(in_steps.sum()) / n, offload_configured=configured, by_phase=by_phase)
 
 
-def _inside(s: np.ndarray, x: float) -> bool:
+def _inside_each(s: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Whether each time in ``x`` lies in the interval set ``s`` (ends included)."""
     k = np.searchsorted(s[:, 0], x, side="right") - 1
-    return bool(k >= 0 and s[k, 1] >= x)
+    return (k >= 0) & (s[np.maximum(k, 0), 1] >= x)
 
 
 def apply_offload_config(infos: list[OffloadInfo], manifest: dict | None) -> None:
