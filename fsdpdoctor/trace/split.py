@@ -6,8 +6,8 @@ boundaries, each piece is decoded and turned into columns, and the columns are j
 
 In this process the pieces are small (``PIECE_BYTES``) and decoded one after the other: only one
 piece's event objects are alive at a time, they stay in the CPU caches for the column passes, and
-the memory freed by one piece is reused by the next. On a 10 MB trace that took decode + columns
-from 45 to 25 ms and lowers the peak memory. With cores to spare, forked workers each take a share
+the memory freed by one piece is reused by the next. On a 10 MB trace that took the analysis from
+54 to 45 ms, and it lowers the peak memory. With cores to spare, forked workers each take a share
 of the array (in small pieces too) while this process does the first share.
 
 Nothing here is trusted: the cut points are found by a byte search, and the result is used only
@@ -32,12 +32,14 @@ import numpy as np
 from fsdpdoctor.trace.events import _events_decoder, decode_trace
 
 # JSON per piece decoded in this process: small enough that a piece's events stay in cache, large
-# enough that the per-piece costs (a copy, a decode call, a join) stay small; measured on the 10 MB
-# ddp_a100 trace, decode + columns took 45 ms whole, 28 ms in 2.5 MB pieces, 24-25 ms at 0.3-0.6 MB
+# enough that the per-piece costs (a copy, a decode call, a join) stay small; the analysis of the
+# 10 MB ddp_a100 trace took 54 ms with the array decoded whole, 55 / 47 / 45 / 48 / 51 ms in pieces
+# of 4 MB / 1 MB / 512 KB / 256 KB / 128 KB (medians of 7 fresh processes)
 PIECE_BYTES = 512 << 10
 PIECES_MIN_BYTES = 2 * PIECE_BYTES  # below: the whole file is one piece anyway
-# below this much JSON, forking and joining cost more than a second core saves: measured on 2 cores,
-# a 9.8 MB trace took 0.12 s in pieces against 0.085 s whole, 17-33 MB ones 6-15 % less (benchmarks/README.md)
+# below this much JSON, forking and joining cost about what a second core saves: on 2 vCPUs a 9.8 MB
+# trace analysed in two forked shares took 45-61 ms against 49-55 ms in one process (medians of two
+# runs of 9-15); at 17 MB from 25 % less (H100 FSDP2) to 6 % more (MI300), at 33 MB 17 % less
 SPLIT_MIN_BYTES = 16 << 20
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _KEY = b'"traceEvents"'
@@ -168,7 +170,7 @@ def decode_columns(data: bytes, path, workers: int, columns):
         got = _piece_columns(data, start + 1, end, columns)
         return None if got is None else (meta, got)
     ctx = mp.get_context("fork")
-    workers = []
+    procs = []
     t0 = time.monotonic()
     try:
         for begin, stop in ranges[1:]:
@@ -176,14 +178,14 @@ def decode_columns(data: bytes, path, workers: int, columns):
             proc = ctx.Process(target=_worker, args=(data, begin, stop, columns, send), daemon=True)
             proc.start()
             send.close()
-            workers.append((proc, recv))
-        t0 = time.monotonic()  # the wait for the workers is measured by this process's own piece
+            procs.append((proc, recv))
+        t0 = time.monotonic()  # the wait for the workers is measured by this process's own share
         parts = [_piece_columns(data, *ranges[0], columns)]
     finally:
         deadline = time.monotonic() + max(_WORKER_MIN_WAIT_S, _WORKER_GRACE * (time.monotonic() - t0))
-        parts_rest = [_receive(p, c, deadline) for p, c in workers]
+        parts_rest = [_receive(p, c, deadline) for p, c in procs]
     parts += parts_rest
-    if any(p is None or p[-1] for p in parts):  # a failed piece, or one with unreadable events
+    if any(p is None or p[-1] for p in parts):  # a failed share, or one with unreadable events
         return None
     return meta, join_columns(parts)
 
