@@ -113,3 +113,24 @@ def test_enclosing_by_its_index_breaks_ties_as_the_definition(tmp_path):
         for track in range(len(t.tracks) + 1):
             for q in np.arange(-1.0, 56.0, 0.5):
                 assert ctx.enclosing(rows, track, float(q)) == _enclosing_by_test(ctx, rows, track, float(q))
+
+
+def test_rows_of_names_by_index_or_by_test_are_the_definition():
+    """Rows of a few names come from the per-name index, of many names from a test of every row:
+    both are the rows with those names (and categories), sorted by start, ties in file order."""
+    from pathlib import Path
+
+    from fsdpdoctor.trace.loader import load_file
+    from fsdpdoctor.trace.table import CPU_OP, PYFUNC
+
+    t = load_file(Path(__file__).resolve().parents[1] / "traces" / "straggler" / "rank1.json.gz")
+    rng = np.random.default_rng(7)
+    for size in (1, 3, 40, 64, 65, 300):
+        for cat in (None, CPU_OP, (CPU_OP, PYFUNC)):
+            ids = rng.choice(len(t.names), size, replace=False).astype(np.int32)
+            mask = np.isin(t.name_id, ids)
+            if cat is not None:
+                mask &= np.isin(t.cat, np.atleast_1d(np.asarray(cat, dtype=np.int8)))
+            rows = np.nonzero(mask)[0]
+            want = rows[np.argsort(t.ts[rows], kind="stable")]
+            assert np.array_equal(t._rows_of_ids(ids, cat), want), (size, cat)
