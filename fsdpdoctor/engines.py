@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterator, Protocol
 
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.trace.split import can_fork
+from fsdpdoctor.trace.split import can_fork, quiet_child
 
 # below this many bytes on disk, a process pool's start costs more than it saves (forked workers
 # are cheap enough for any size: ``_forked_map``)
@@ -199,6 +199,7 @@ def _serve(units: list[RankUnit], claimed, lock, conn) -> None:
     parent names it if the worker dies); errors travel back as values, as a process pool's do; an
     interrupt (Ctrl-C reaches the whole process group) ends it quietly and the parent reports."""
     try:
+        quiet_child()
         while (i := _claim(claimed, lock, len(units))) is not None:
             conn.send(("start", i, None))
             try:

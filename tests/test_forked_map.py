@@ -99,3 +99,28 @@ def test_stopping_early_stops_the_workers():
     assert first_unit in units and first
     it.close()
     assert _children() == before
+
+
+def test_workers_never_write_to_the_terminal(monkeypatch, capfd):
+    """A worker's stdout and stderr go nowhere (the parent's may be locked by another thread at the
+    fork); what it computes still comes back."""
+    import warnings
+
+    parent = os.getpid()
+    real = engines.map_unit
+
+    def noisy(unit, pieces=1):
+        if os.getpid() != parent:
+            print("worker output")
+            warnings.warn("worker warning")
+            time.sleep(0.2)  # the parent claims one rank, the worker the other
+        else:
+            time.sleep(0.3)
+        return real(unit, pieces)
+
+    monkeypatch.setattr(engines, "map_unit", noisy)
+    units = _units("ddp_default")
+    got = _by_file(engines._forked_map(units, 2))
+    out, err = capfd.readouterr()
+    assert "worker" not in out + err
+    assert got == _by_file(SerialEngine().map(units))

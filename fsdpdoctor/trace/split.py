@@ -21,10 +21,13 @@ reads the file the ordinary way, which also gives the ordinary error messages.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
 import re
+import sys
 import threading
 import time
+import warnings
 
 import msgspec
 import numpy as np
@@ -108,8 +111,17 @@ def _piece_columns(data: bytes, begin: int, end: int, columns):
     return parts[0] if len(parts) == 1 else join_columns(parts)
 
 
+def quiet_child() -> None:
+    """In a forked worker: never write to the parent's terminal. Its own stdout/stderr objects may
+    carry a lock that another thread of the parent held at the fork (a progress bar refreshing), and
+    a worker that wrote a warning through them would wait on it forever: they go to /dev/null."""
+    warnings.simplefilter("ignore")
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the worker
+
+
 def _worker(data: bytes, begin: int, end: int, columns, conn) -> None:
     try:
+        quiet_child()
         out = _piece_columns(data, begin, end, columns)
         conn.send_bytes(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
     except BaseException:  # noqa: BLE001 - the parent falls back; a worker must never print a traceback
