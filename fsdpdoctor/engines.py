@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -125,34 +126,58 @@ def _forked_map(units: list[RankUnit], n: int):
 
     A fork is ~1 ms and the workers inherit the units, so nothing is sent to them. A process pool
     costs ~10 ms more to start and stop, and leaves this process idle: on two small ranks (recsys,
-    0.2 MB) it was no faster than one process, this is 25 % faster (benchmarks/README.md)."""
+    0.2 MB) it was no faster than one process, this is 25 % faster (benchmarks/README.md).
+    A worker still on one rank after ``_stuck_after`` is taken for stuck (a lock some thread held at
+    the fork): it is killed and this process analyses that rank itself."""
     ctx = mp.get_context("fork")
     claimed = ctx.RawValue("q", 0)
     lock = ctx.Lock()
-    workers = {}  # pipe -> [process, index of the unit it is on (None: between units)]
+    workers = {}  # pipe -> [process, index of the unit it is on (None: between units), when it began]
     answered: set[int] = set()
+    slowest = 0.0  # the longest rank this process analysed (s)
     try:
         for _ in range(n - 1):
             here, there = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_serve, args=(units, claimed, lock, there), daemon=True)
             proc.start()
             there.close()
-            workers[here] = [proc, None]
+            workers[here] = [proc, None, 0.0]
         while (i := _claim(claimed, lock, len(units))) is not None:
             answered.add(i)
-            yield units[i], map_unit(units[i])
+            t0 = time.monotonic()
+            res = map_unit(units[i])
+            slowest = max(slowest, time.monotonic() - t0)
+            yield units[i], res
             yield from _replies(units, workers, answered, timeout=0)
         while workers:
-            yield from _replies(units, workers, answered, timeout=None)
+            yield from _replies(units, workers, answered, timeout=1.0)
+            for conn, (proc, i, began) in list(workers.items()):
+                if i is not None and time.monotonic() - began > _stuck_after(slowest):
+                    proc.kill()
+                    proc.join()
+                    conn.close()
+                    del workers[conn]
+                    answered.add(i)
+                    yield units[i], map_unit(units[i])
         lost = [u for i, u in enumerate(units) if i not in answered]
         if lost:  # claimed by a worker that died before it said so
             raise _died(lost[0])
     finally:
-        for proc, _ in workers.values():
+        for proc, *_ in workers.values():
             proc.kill()
-        for conn, (proc, _) in workers.items():
+        for conn, (proc, *_) in workers.items():
             conn.close()
             proc.join()
+
+
+# a worker is stuck when one rank has taken it this long and this many times the slowest rank this
+# process analysed (ranks of one job are alike; a 1 GB trace takes minutes, so the floor is generous)
+_STUCK_MIN_S = 600.0
+_STUCK_FACTOR = 20.0
+
+
+def _stuck_after(slowest: float) -> float:
+    return max(_STUCK_MIN_S, _STUCK_FACTOR * slowest)
 
 
 def _claim(claimed, lock, n: int) -> int | None:
@@ -181,7 +206,7 @@ def _replies(units: list[RankUnit], workers: dict, answered: set[int], timeout: 
                     break
                 raise _died(units[entry[1]]) from None
             if kind == "start":
-                entry[1] = i
+                entry[1], entry[2] = i, time.monotonic()
             elif kind == "done":
                 del workers[conn]
                 conn.close()

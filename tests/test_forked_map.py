@@ -124,3 +124,26 @@ def test_workers_never_write_to_the_terminal(monkeypatch, capfd):
     out, err = capfd.readouterr()
     assert "worker" not in out + err
     assert got == _by_file(SerialEngine().map(units))
+
+
+def test_a_stuck_worker_is_killed_and_its_rank_analysed_here(monkeypatch):
+    parent = os.getpid()
+    real = engines.map_unit
+
+    def stuck_in_a_worker(unit, pieces=1):
+        if os.getpid() != parent:
+            time.sleep(3600)  # as if waiting on a lock another thread held at the fork
+        time.sleep(0.2)       # the worker claims a rank meanwhile
+        return real(unit, pieces)
+
+    monkeypatch.setattr(engines, "map_unit", stuck_in_a_worker)
+    monkeypatch.setattr(engines, "_STUCK_MIN_S", 1.0)
+    monkeypatch.setattr(engines, "_STUCK_FACTOR", 1.0)
+    units = _units("straggler", "ddp_default")
+    before = _children()
+    t0 = time.monotonic()
+    got = list(engines._forked_map(units, 2))
+    assert time.monotonic() - t0 < 20
+    assert sorted(u.files[0] for u, _ in got) == sorted(u.files[0] for u in units)  # every rank once
+    assert _by_file(got) == _by_file(SerialEngine().map(units))
+    assert _children() == before
