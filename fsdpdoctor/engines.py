@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 import time
+from array import array
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -20,6 +22,11 @@ from typing import Iterator, Protocol
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.split import can_fork, quiet_child
+
+try:  # forked workers exist only where fork does (POSIX)
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 
 # below this many bytes on disk, a process pool's start costs more than it saves (forked workers
 # are cheap enough for any size: ``_forked_map``)
@@ -129,20 +136,22 @@ def _forked_map(units: list[RankUnit], n: int):
     0.2 MB) it was no faster than one process, this is 25 % faster (benchmarks/README.md).
     A worker still on one rank after ``_stuck_after`` is taken for stuck (a lock some thread held at
     the fork): it is killed and this process analyses that rank itself."""
+    queue = _RankQueue.of(len(units))
+    if queue is None:  # more ranks than the pipe holds
+        yield from _pool_map(units, n)
+        return
     ctx = mp.get_context("fork")
-    claimed = ctx.RawValue("q", 0)
-    lock = ctx.Lock()
     workers = {}  # pipe -> [process, index of the unit it is on (None: between units), when it began]
     answered: set[int] = set()
     slowest = 0.0  # the longest rank this process analysed (s)
     try:
         for _ in range(n - 1):
             here, there = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_serve, args=(units, claimed, lock, there), daemon=True)
+            proc = ctx.Process(target=_serve, args=(units, queue, there), daemon=True)
             proc.start()
             there.close()
             workers[here] = [proc, None, 0.0]
-        while (i := _claim(claimed, lock, len(units))) is not None:
+        while (i := queue.claim()) is not None:
             answered.add(i)
             t0 = time.monotonic()
             res = map_unit(units[i])
@@ -168,6 +177,7 @@ def _forked_map(units: list[RankUnit], n: int):
         for conn, (proc, *_) in workers.items():
             conn.close()
             proc.join()
+        queue.close()
 
 
 # a worker is stuck when one rank has taken it this long and this many times the slowest rank this
@@ -180,13 +190,39 @@ def _stuck_after(slowest: float) -> float:
     return max(_STUCK_MIN_S, _STUCK_FACTOR * slowest)
 
 
-def _claim(claimed, lock, n: int) -> int | None:
-    with lock:
-        i = claimed.value
-        if i >= n:
+class _RankQueue:
+    """The indexes of the ranks not yet claimed, 4 bytes each in a pipe every process reads: one read
+    of 4 bytes is one claim (the kernel serialises readers), and nothing is held between claims, so a
+    process killed at any moment cannot stop the others (a shared lock could be left taken)."""
+
+    def __init__(self, read_fd: int):
+        self.fd = read_fd
+
+    @classmethod
+    def of(cls, n: int) -> "_RankQueue | None":
+        """All ``n`` indexes written, the writing end closed; None when the pipe cannot hold them."""
+        r, w = os.pipe()
+        data = array("i", range(n)).tobytes()
+        try:
+            if len(data) > 65536 and hasattr(fcntl, "F_SETPIPE_SZ"):  # Linux: a larger pipe
+                fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, len(data))
+            os.set_blocking(w, False)
+            written = os.write(w, data) if data else 0
+        except OSError:
+            written = -1
+        finally:
+            os.close(w)
+        if written != len(data):
+            os.close(r)
             return None
-        claimed.value = i + 1
-    return i
+        return cls(r)
+
+    def claim(self) -> int | None:
+        got = os.read(self.fd, 4)
+        return int.from_bytes(got, sys.byteorder, signed=True) if len(got) == 4 else None
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def _replies(units: list[RankUnit], workers: dict, answered: set[int], timeout: float | None):
@@ -219,13 +255,13 @@ def _replies(units: list[RankUnit], workers: dict, answered: set[int], timeout: 
                 yield units[i], value
 
 
-def _serve(units: list[RankUnit], claimed, lock, conn) -> None:
+def _serve(units: list[RankUnit], queue: _RankQueue, conn) -> None:
     """A forked worker: map the ranks it claims until none is left. It says which one it starts (the
     parent names it if the worker dies); errors travel back as values, as a process pool's do; an
     interrupt (Ctrl-C reaches the whole process group) ends it quietly and the parent reports."""
     try:
         quiet_child()
-        while (i := _claim(claimed, lock, len(units))) is not None:
+        while (i := queue.claim()) is not None:
             conn.send(("start", i, None))
             try:
                 reply = ("result", i, map_unit(units[i]))

@@ -147,3 +147,16 @@ def test_a_stuck_worker_is_killed_and_its_rank_analysed_here(monkeypatch):
     assert sorted(u.files[0] for u, _ in got) == sorted(u.files[0] for u in units)  # every rank once
     assert _by_file(got) == _by_file(SerialEngine().map(units))
     assert _children() == before
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 20_000])
+def test_the_rank_queue_hands_out_every_index_once(n):
+    q = engines._RankQueue.of(n)
+    if q is None:  # more than this system lets a pipe hold: the caller uses a process pool
+        assert n > 16_384
+        return
+    try:
+        assert [q.claim() for _ in range(n)] == list(range(n))
+        assert q.claim() is None and q.claim() is None
+    finally:
+        q.close()
