@@ -4,6 +4,7 @@ whole-file reading."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -44,13 +45,14 @@ def split_small(monkeypatch):
 
 
 def _whole(path: Path) -> RankTrace:
-    """The reference: the file decoded in one piece, as below ``PIECES_MIN_BYTES``."""
-    floor = split.PIECES_MIN_BYTES
-    split.PIECES_MIN_BYTES = 1 << 62
+    """The reference: the file inflated and decoded whole, as below ``PIECES_MIN_BYTES`` and
+    ``STREAM_MIN_BYTES``."""
+    floors = split.PIECES_MIN_BYTES, split.STREAM_MIN_BYTES
+    split.PIECES_MIN_BYTES = split.STREAM_MIN_BYTES = 1 << 62
     try:
         return load_file(path, 1)
     finally:
-        split.PIECES_MIN_BYTES = floor
+        split.PIECES_MIN_BYTES, split.STREAM_MIN_BYTES = floors
 
 
 def _count_forks(monkeypatch) -> list:
@@ -94,6 +96,7 @@ def test_small_pieces_in_this_process_read_exactly_as_the_whole_file(path, monke
     whole = _whole(path)
     monkeypatch.setattr(split, "PIECE_BYTES", 64 << 10)       # the CPU trace too is cut in several pieces
     monkeypatch.setattr(split, "PIECES_MIN_BYTES", 128 << 10)
+    monkeypatch.setattr(split, "STREAM_MIN_BYTES", 1 << 62)   # the JSON in memory (the stream: below)
     seen = _count_forks(monkeypatch)
     one_process = load_file(path, 1)
     assert len(seen) == 2 and seen[1][0] == "pieces" and seen[1][1] > 3   # one share, several pieces, no fork
@@ -225,8 +228,9 @@ def test_no_fork_beside_a_non_daemon_thread(tmp_path, split_small, monkeypatch):
 
 
 def test_pieces_read_any_events_as_the_whole_file_does(tmp_path, monkeypatch):
-    """Generated events with odd phases, times, names and args, cut into pieces of a few events:
-    the same tables, data-quality notes and errors as the whole-file reading."""
+    """Generated events with odd phases, times, names and args, cut into pieces of a few events (of
+    the JSON, and of its gzip copy inflated a piece at a time): the same tables, data-quality notes and
+    errors as the whole-file reading."""
     from hypothesis import given, settings, strategies as st
 
     from fsdpdoctor.errors import InputError
@@ -246,18 +250,75 @@ def test_pieces_read_any_events_as_the_whole_file_does(tmp_path, monkeypatch):
         try:
             t = load_file(p, 1)
         except InputError as exc:
-            return str(exc)
-        return (t.names, t.ts.tolist(), t.dur.tolist(), t.track.tolist(), t.corr.tolist(), t.args, t.quality)
+            return str(exc).replace(str(p), "<file>")
+        quality = dataclasses.replace(t.quality, file="") if t.quality is not None else None
+        return (t.names, t.ts.tolist(), t.dur.tolist(), t.track.tolist(), t.corr.tolist(), t.args, quality)
 
     @settings(max_examples=80, deadline=None)
     @given(st.lists(event, min_size=1, max_size=40))
     def check(events):
+        text = json.dumps({"traceEvents": events, "deviceProperties": [{"name": "x"}]})
         p = tmp_path / "rank0.json"
-        p.write_text(json.dumps({"traceEvents": events, "deviceProperties": [{"name": "x"}]}))
-        monkeypatch.setattr(split, "PIECES_MIN_BYTES", 1 << 62)
+        p.write_text(text)
+        gz = tmp_path / "gz" / "rank0.json.gz"
+        gz.parent.mkdir(exist_ok=True)
+        gz.write_bytes(gzip.compress(text.encode()))
+        for floor in ("PIECES_MIN_BYTES", "STREAM_MIN_BYTES"):
+            monkeypatch.setattr(split, floor, 1 << 62)
         whole = tables(p)
-        monkeypatch.setattr(split, "PIECES_MIN_BYTES", 0)
         monkeypatch.setattr(split, "PIECE_BYTES", 300)  # a few events a piece
+        monkeypatch.setattr(split, "_STREAM_CHUNK", 200)
+        monkeypatch.setattr(split, "PIECES_MIN_BYTES", 0)
         assert tables(p) == whole
+        monkeypatch.setattr(split, "STREAM_MIN_BYTES", 0)  # the gzip copy, inflated a piece at a time
+        assert tables(gz) == whole
 
     check()
+
+
+# ------------------------------------------------------------------ gzip inflated a piece at a time
+@pytest.fixture
+def stream_small(monkeypatch):
+    """Stream files of any size, in pieces of a few events."""
+    monkeypatch.setattr(split, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(split, "PIECE_BYTES", 4 << 10)
+    monkeypatch.setattr(split, "_STREAM_CHUNK", 3 << 10)
+
+
+@pytest.mark.parametrize("path", [CUDA_FSDP2, CPU_RANK], ids=["cuda-fsdp2", "gloo-cpu"])
+def test_streamed_gzip_reads_exactly_as_the_whole_file(path, stream_small, monkeypatch):
+    whole = _whole(path)
+    real, used = split.stream_columns, []
+    monkeypatch.setattr(split, "stream_columns", lambda *a: used.append(real(*a)) or used[-1])
+    _same(whole, load_file(path, 1))
+    assert used and used[0] is not None  # it was read by the stream, not whole
+
+
+@pytest.mark.parametrize("shape", ["two members", "bytes after the member", "truncated", "event list",
+                                   "cuts inside args", "bracket in a string after the events", "no events key"])
+def test_streamed_gzip_of_any_shape_reads_as_the_whole_file(tmp_path, stream_small, monkeypatch, shape):
+    """A shape the stream cannot vouch for is read whole: the same tables, or the same error."""
+    from fsdpdoctor.errors import InputError
+
+    ev = _events(300, (lambda i: {"shapes": [{"a": k} for k in range(5)]}) if shape == "cuts inside args"
+                 else (lambda i: {}))
+    doc = {"traceEvents": ev, "traceName": "a]b}", "baseTimeNanoseconds": 1}
+    body = json.dumps(ev if shape == "event list" else {"events": ev} if shape == "no events key" else doc,
+                      separators=(",", ":") if shape == "cuts inside args" else (", ", ": ")).encode()
+    data = gzip.compress(body)
+    data = {"two members": data + gzip.compress(b" "), "bytes after the member": data + b"junk",
+            "truncated": data[: len(data) // 2]}.get(shape, data)
+    p = tmp_path / "rank0.json.gz"
+    p.write_bytes(data)
+
+    def read(path):
+        try:
+            t = load_file(path, 1)
+        except InputError as exc:
+            return str(exc)
+        return (t.names, t.ts.tolist(), t.dur.tolist(), t.track.tolist(), t.args, t.quality)
+
+    monkeypatch.setattr(split, "STREAM_MIN_BYTES", 1 << 62)
+    whole = read(p)
+    monkeypatch.setattr(split, "STREAM_MIN_BYTES", 0)
+    assert read(p) == whole

@@ -17,6 +17,19 @@ try:  # ISA-L inflate is 2-3x zlib's on traces (benchmarks/README.md); optional:
 except ImportError:  # pragma: no cover - depends on the environment
     _gunzip, _decompressobj, _isal_error = gzip.decompress, zlib.decompressobj, zlib.error
 
+GZIP_ERRORS = (OSError, EOFError, zlib.error, _isal_error, ValueError, OverflowError)
+
+
+def inflater():
+    """A decompressor of one gzip member (``decompress(data, max_length)``, ``eof``, ``unused_data``)."""
+    return _decompressobj(wbits=31)
+
+
+def gzip_size(raw: bytes) -> int:
+    """The uncompressed size a gzip trailer states (modulo 4 GiB; 0 when there is no trailer)."""
+    return int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
+
+
 # a gzip trailer's size field is trusted for the one-member path only up to this compression ratio
 # (JSON traces compress 8-20x): a forged size then cannot make the reader allocate gigabytes
 _MAX_RATIO = 200
@@ -29,7 +42,7 @@ def gunzip(raw: bytes) -> bytes:
     size its trailer states: 4-5 ms less than the general reader on a 10 MB trace, whose output grows
     by copies. Anything else (several members, bytes after the member, a trailer that lies) goes to
     the general reader, which also raises its errors."""
-    size = int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
+    size = gzip_size(raw)
     if 0 < size <= _MAX_RATIO * len(raw):
         try:
             d = _decompressobj(wbits=31)
@@ -45,20 +58,33 @@ def gunzip(raw: bytes) -> bytes:
 
 def read_bytes(path: Path) -> bytes:
     """The decompressed bytes of a ``.json`` or ``.json.gz`` file (read-only)."""
+    return inflate(read_raw(path), path)
+
+
+def is_gzip(raw: bytes) -> bool:
+    return raw[:2] == b"\x1f\x8b"
+
+
+def inflate(raw: bytes, path: Path) -> bytes:
+    """``raw`` itself, or its decompressed bytes when it is gzip data."""
+    if is_gzip(raw):
+        try:
+            return gunzip(raw)
+        except GZIP_ERRORS as exc:
+            raise InputError(path, f"corrupt or truncated gzip data ({exc})") from None
+    return raw
+
+
+def read_raw(path: Path) -> bytes:
+    """The bytes of a file as they are on disk (read-only)."""
     if not path.exists():
         raise InputError(path, missing_reason(path))
     if not path.is_file():
         raise InputError(path, "not a regular file")
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            return gunzip(raw)
-        except (OSError, EOFError, zlib.error, _isal_error, ValueError) as exc:
-            raise InputError(path, f"corrupt or truncated gzip data ({exc})") from None
-    return raw
 
 
 def missing_reason(path: Path) -> str:

@@ -23,7 +23,7 @@ import fsdpdoctor.trace.quality as quality
 import fsdpdoctor.trace.split as split
 from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.events import CorrArgs, corr_args, decode_trace, is_blank, raw_args
-from fsdpdoctor.trace.io import missing_reason, read_bytes
+from fsdpdoctor.trace.io import gzip_size, inflate, is_gzip, missing_reason, read_bytes, read_raw
 from fsdpdoctor.trace.table import (
     DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, RankTrace, Track, category_code, distinct,
 )
@@ -328,11 +328,19 @@ def _columns_per_event(events: list):
 
 
 def load_file(path: Path, pieces: int = 1) -> RankTrace:
-    """One trace file's tables; a large one is decoded in up to ``pieces`` pieces on as many cores."""
-    data = read_bytes(path)
+    """One trace file's tables; a large one is decoded in small pieces, by up to ``pieces`` processes."""
+    raw = read_raw(path)
+    reread = lambda: decode_trace(read_bytes(path), path)[1]  # noqa: E731
+    size = gzip_size(raw) if is_gzip(raw) else 0
+    if size >= split.STREAM_MIN_BYTES and (pieces < 2 or size < split.SPLIT_MIN_BYTES):
+        got = split.stream_columns(raw, path, _columns_fast)  # inflated and decoded a piece at a time
+        if got is not None:
+            del raw
+            return build_rank_trace(got[0], [], "kineto", path, reread=reread, columns=got[1])
+    data = inflate(raw, path)
+    del raw
     if is_blank(data):
         raise InputError(path, "empty file")
-    reread = lambda: decode_trace(read_bytes(path), path)[1]  # noqa: E731
     if len(data) >= split.PIECES_MIN_BYTES:
         got = split.decode_columns(data, path, pieces if len(data) >= split.SPLIT_MIN_BYTES else 1, _columns_fast)
         if got is not None:
