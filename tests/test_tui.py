@@ -521,3 +521,52 @@ def test_snapshot_error(snap_compare):
         await loaded(pilot.app, pilot)
 
     assert snap_compare(FsdpDoctorApp("no/such/trace"), run_before=wait, terminal_size=(80, 24))
+
+
+def _dropped_events_analysis(tmp_path: Path):
+    """traces/straggler with a few of rank 1's operator events made unreadable: the loader drops and
+    counts them, and the analysis says so in its data quality."""
+    import gzip
+    import shutil
+
+    run = tmp_path / "straggler_damaged"
+    shutil.copytree(STRAGGLER, run)
+    doc = json.loads(gzip.decompress((run / "rank1.json.gz").read_bytes()))
+    ops = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    for e in ops[:3]:
+        e["dur"] = -5.0      # a negative duration
+    ops[3]["ts"] = "late"   # a time that is not a number
+    (run / "rank1.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    a = analyze_path(run, use_summaries=False)
+    a.source = "traces/straggler_damaged"
+    return a
+
+
+@needs_straggler
+@timed
+async def test_data_quality_is_on_the_header_and_behind_d(tmp_path):
+    from fsdpdoctor.report.data_quality import lines
+    from fsdpdoctor.tui.screens import NotesScreen
+
+    a = _dropped_events_analysis(tmp_path)
+    quality = lines(a.data_quality)
+    assert quality and "dropped" in quality[0]
+    app = FsdpDoctorApp(analysis=a)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert "data quality: rank 1: dropped" in dump(app)
+        await pilot.press("d")
+        assert isinstance(app.screen, NotesScreen)
+        text = dump(app)
+        assert all(line[:40] in text.replace("\n", " ") or line[:20] in text for line in quality)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, NotesScreen)
+    clean = FsdpDoctorApp(analysis=straggler_analysis())
+    async with clean.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert "data quality" not in dump(clean)
+
+
+@needs_straggler
+def test_snapshot_data_quality(snap_compare, tmp_path):
+    assert snap_compare(FsdpDoctorApp(analysis=_dropped_events_analysis(tmp_path)), terminal_size=(80, 24))

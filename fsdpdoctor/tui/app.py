@@ -20,7 +20,8 @@ from fsdpdoctor.report.console import straggler_rank
 from fsdpdoctor.results import Analysis
 from fsdpdoctor.tui.findings import FindingList, FindingsPane
 from fsdpdoctor.tui.header import JobHeader
-from fsdpdoctor.tui.screens import ALL_RANKS, ErrorScreen, HelpScreen, LoadingScreen, RankPicker
+from fsdpdoctor.report.data_quality import lines as data_quality_lines
+from fsdpdoctor.tui.screens import ALL_RANKS, ErrorScreen, HelpScreen, LoadingScreen, NotesScreen, RankPicker
 from fsdpdoctor.tui.tables import CollectivesView, RanksView
 from fsdpdoctor.tui.timeline import TimelineView
 
@@ -61,6 +62,7 @@ class FsdpDoctorApp(App[int]):
         Binding("3", "pane(2)", show=False),
         Binding("4", "pane(3)", show=False),
         Binding("t", "toggle_theme", "theme", show=False),
+        Binding("d", "data_quality", "data quality", show=False),
     ]
 
     def __init__(self, path: str | Path | None = None, *, analysis: Analysis | None = None,
@@ -181,6 +183,10 @@ class FsdpDoctorApp(App[int]):
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
+
+    def action_data_quality(self) -> None:
+        if self.analysis is not None and not isinstance(self.screen, NotesScreen):
+            self.push_screen(NotesScreen(data_quality_lines(self.analysis.data_quality), list(self.analysis.notes)))
 
     def action_filter(self) -> None:
         if not self._on_main():

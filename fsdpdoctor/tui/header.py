@@ -6,6 +6,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from fsdpdoctor.report.console import straggler_rank
+from fsdpdoctor.report.data_quality import lines as data_quality_lines
 from fsdpdoctor.report.format import categories, ms, wrapping_line
 from fsdpdoctor.results import Analysis
 from fsdpdoctor.tui.palette import SHORT, Palette
@@ -60,6 +61,7 @@ class JobHeader(Widget):
         m = a.mean
         if m is None or not m.duration_us:
             t.append("no complete profiler steps to break down", style=pal.muted)
+            _quality_line(t, a, width, pal)
             return t
         head = f"step {ms(m.duration_us)} "
         t.append(head, style="bold")
@@ -84,4 +86,19 @@ class JobHeader(Widget):
                 line_len += 2
             t.append_text(item)
             line_len += len(item)
+        _quality_line(t, a, width, pal)
         return t
+
+
+def _quality_line(t: Text, a: Analysis, width: int, pal: Palette) -> None:
+    """One line when the figures leave something out (dropped events, ignored manifest fields...):
+    the first note, cut to the width; all of them behind ``d``."""
+    dq = data_quality_lines(a.data_quality)
+    if not dq:
+        return
+    hint = (f" (+{len(dq) - 1} more)" if len(dq) > 1 else "") + "  d: details"
+    first = f"data quality: {dq[0]}"
+    room = max(10, width - len(hint))
+    t.append("\n")
+    t.append(first if len(first) <= room else first[:room - 1] + "…", style=pal.severity("warning"))
+    t.append(hint, style=pal.muted)

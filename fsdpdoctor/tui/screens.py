@@ -1,11 +1,11 @@
-"""Loading, error, help and rank-picker screens."""
+"""Loading, error, help, notes and rank-picker screens."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Center, Vertical
+from textual.containers import Center, Vertical, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Label, OptionList, ProgressBar, Static
 from textual.widgets.option_list import Option
@@ -61,6 +61,7 @@ HELP = """\
   [b]/[/b]              filter findings: words, [i]sev:warning[/i], [i]id:loader[/i]
   [b]c[/b]              copy the selected finding's fix to the clipboard
   [b]r[/b]              show one rank (or all) in the Ranks and Timeline panes
+  [b]d[/b]              data quality: what the loader dropped or ignored, and notes
   [b]t[/b]              light / dark theme    [b]?[/b]  help    [b]q[/b]  quit
 
 [b]Panes[/b]
@@ -80,6 +81,32 @@ class HelpScreen(ModalScreen):
     def compose(self) -> ComposeResult:
         with Vertical(id="help-box"):
             yield Static(HELP, id="help-text")
+
+    def action_dismiss(self) -> None:  # type: ignore[override]
+        self.dismiss(None)
+
+
+class NotesScreen(ModalScreen):
+    """What the figures leave out (data quality) and the analysis' notes, all of them."""
+
+    BINDINGS = [Binding("escape,q,d", "dismiss", "close")]
+
+    def __init__(self, quality: list[str], notes: list[str]) -> None:
+        super().__init__()
+        self.quality, self.notes = quality, notes
+
+    def compose(self) -> ComposeResult:
+        t = Text()
+        t.append("Data quality\n", style="bold")
+        for line in self.quality or ["nothing dropped or ignored"]:
+            t.append(f"  {line}\n")
+        if self.notes:
+            t.append("\nNotes\n", style="bold")
+            for line in self.notes:
+                t.append(f"  {line}\n")
+        t.append("\nesc, d or q closes this.", style="dim")
+        with VerticalScroll(id="notes-box"):
+            yield Static(t, id="notes-text")
 
     def action_dismiss(self) -> None:  # type: ignore[override]
         self.dismiss(None)
