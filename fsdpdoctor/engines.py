@@ -128,8 +128,8 @@ def _died(unit: RankUnit) -> InputError:
 
 
 def _forked_map(units: list[RankUnit], n: int):
-    """This process and ``n - 1`` forked workers take the next rank from a shared counter until
-    none is left; workers send results back over their own pipes.
+    """This process and ``n - 1`` forked workers take the next rank from a ``_RankQueue`` until none
+    is left; workers send results back over their own pipes.
 
     A fork is ~1 ms and the workers inherit the units, so nothing is sent to them. A process pool
     costs ~10 ms more to start and stop, and leaves this process idle: on two small ranks (recsys,

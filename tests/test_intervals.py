@@ -111,6 +111,17 @@ def test_clip(p, lo, hi):
     assert cells_of_set(c) == cells(p) & set(range(lo, hi))
 
 
+@settings(max_examples=200, deadline=None)
+@given(raw, st.lists(st.integers(-1, 2 * GRID + 1).map(lambda v: v / 2), max_size=20))
+def test_contains(p, points):
+    """A point lies in the set when some canonical row holds it, both ends included; a number asks for
+    one answer, an array for one per point."""
+    a = make(p)
+    want = [any(s <= x <= e for s, e in a) for x in points]
+    assert iv.contains(a, np.array(points)).tolist() == want
+    assert [bool(iv.contains(a, x)) for x in points] == want
+
+
 def test_empty_inputs():
     e = iv.EMPTY
     assert iv.total(e) == 0.0

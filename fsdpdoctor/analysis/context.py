@@ -198,9 +198,9 @@ class RankContext:
         return iv.union(*sets)
 
     def phase_at(self, t: float, step_end: float | None = None) -> str:
-        if _inside(self.optimizer_set, t):
+        if iv.contains(self.optimizer_set, t):
             return "optimizer"
-        if _inside(self.backward_set, t):
+        if iv.contains(self.backward_set, t):
             return "backward"
         # forward if a backward follows within this step, else "other"
         b = self.backward_set
@@ -289,9 +289,3 @@ class RankContext:
 # below this many rows, one vectorised test of every row is cheaper than building an index
 _INDEX_MIN_ROWS = 256
 
-
-def _inside(s: np.ndarray, t: float) -> bool:
-    if len(s) == 0:
-        return False
-    k = np.searchsorted(s[:, 0], t, side="right") - 1
-    return bool(k >= 0 and s[k, 1] >= t)

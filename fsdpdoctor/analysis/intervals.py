@@ -116,6 +116,15 @@ def clip(a: np.ndarray, start: float, end: float) -> np.ndarray:
     return out if keep.all() else out[keep]
 
 
+def contains(s: np.ndarray, x):
+    """Whether the point ``x`` (a number, or each of an array) lies in the set ``s``, ends included."""
+    x = np.asarray(x, dtype=np.float64)
+    if not len(s):
+        return np.zeros(x.shape, dtype=bool)
+    k = np.searchsorted(s[:, 0], x, side="right") - 1
+    return (k >= 0) & (s[np.maximum(k, 0), 1] >= x)
+
+
 def overlap_each(starts: np.ndarray, ends: np.ndarray, s: np.ndarray) -> np.ndarray:
     """For each interval [starts[i], ends[i]), the length covered by set ``s``."""
     starts = np.asarray(starts, dtype=np.float64)

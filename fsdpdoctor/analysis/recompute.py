@@ -74,7 +74,7 @@ def recompute(ctx: RankContext, windows: list[StepWindow]) -> RecomputeInfo | No
         for tr, s in regions.items():
             mine = on == tr
             if len(s) and mine.any():
-                picked[mine] = _inside_each(s, at[mine])
+                picked[mine] = iv.contains(s, at[mine])
         work = ctx.set_of(launched[picked]) if picked.any() else iv.EMPTY
         busy = ctx.set_of(dev[t.cat[dev] == KERNEL])
     else:
@@ -132,12 +132,6 @@ def offload(ctx: RankContext, windows: list[StepWindow], manifest: dict | None) 
     configured = any(bool(wrap.get(k)) for k in ("cpu_offload", "offload", "offload_params", "offload_policy"))
     return OffloadInfo(rank=t.rank, h2d_us=tot["h2d"] / n, d2h_us=tot["d2h"] / n, exposed_us=tot["exposed"] / n,
                        copies_per_step=float(in_steps.sum()) / n, offload_configured=configured, by_phase=by_phase)
-
-
-def _inside_each(s: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Whether each time in ``x`` lies in the interval set ``s`` (ends included)."""
-    k = np.searchsorted(s[:, 0], x, side="right") - 1
-    return (k >= 0) & (s[np.maximum(k, 0), 1] >= x)
 
 
 def apply_offload_config(infos: list[OffloadInfo], manifest: dict | None) -> None:

@@ -45,9 +45,9 @@ def gunzip(raw: bytes) -> bytes:
     size = gzip_size(raw)
     if 0 < size <= _MAX_RATIO * len(raw):
         try:
-            d = _decompressobj(wbits=31)
+            d = inflater()
             out = d.decompress(raw, size + 1)
-        except (zlib.error, _isal_error, ValueError, OverflowError):
+        except GZIP_ERRORS:
             out = None
         else:
             if d.eof and not d.unused_data and len(out) == size:

@@ -180,13 +180,20 @@ def stream_columns(raw: bytes, path, columns):
         if part is None:
             return None
         parts.append(part)
-    try:
-        meta, events, fmt = decode_trace(head + bytes(pending[end:]), path)
-    except Exception:  # noqa: BLE001 - whatever is wrong, the ordinary reading reports it
-        return None
-    if fmt != "kineto" or events or not parts:
+    meta = _document_fields(head + bytes(pending[end:]), path)
+    if meta is None or not parts:
         return None
     return meta, parts[0] if len(parts) == 1 else join_columns(parts)
+
+
+def _document_fields(outside: bytes, path) -> dict | None:
+    """The fields of the job from the document without its events (``"traceEvents": []``), or None
+    when that is not a Kineto trace with an empty events array: then the cut was not the array's."""
+    try:
+        meta, events, fmt = decode_trace(outside, path)
+    except Exception:  # noqa: BLE001 - whatever is wrong, the ordinary reading reports it
+        return None
+    return meta if fmt == "kineto" and not events else None
 
 
 def quiet_child() -> None:
@@ -249,11 +256,8 @@ def decode_columns(data: bytes, path, workers: int, columns):
     if span is None:
         return None
     start, end = span
-    try:
-        meta, events, fmt = decode_trace(data[:start + 1] + data[end:], path)
-    except Exception:  # noqa: BLE001 - whatever is wrong, the ordinary reading reports it
-        return None
-    if fmt != "kineto" or events:
+    meta = _document_fields(data[:start + 1] + data[end:], path)
+    if meta is None:
         return None
     ranges = cut_points(data, start, end, workers)
     if len(ranges) < 2:
@@ -275,7 +279,7 @@ def decode_columns(data: bytes, path, workers: int, columns):
         deadline = time.monotonic() + max(_WORKER_MIN_WAIT_S, _WORKER_GRACE * (time.monotonic() - t0))
         parts_rest = [_receive(p, c, deadline) for p, c in procs]
     parts += parts_rest
-    if any(p is None or p[-1] for p in parts):  # a failed share, or one with unreadable events
+    if any(p is None for p in parts):  # a failed share (``_one_piece`` refuses unreadable events too)
         return None
     return meta, join_columns(parts)
 
