@@ -322,3 +322,23 @@ def test_streamed_gzip_of_any_shape_reads_as_the_whole_file(tmp_path, stream_sma
     whole = read(p)
     monkeypatch.setattr(split, "STREAM_MIN_BYTES", 0)
     assert read(p) == whole
+
+
+def test_streamed_gzip_with_a_frame_held_by_another_thread(stream_small, monkeypatch):
+    """A profiler thread (Dask workers run one) may hold a reference to the decoding frame, and so
+    to the view of the piece it decodes, while the stream's buffer is resized: the stream releases
+    its views itself, and reads the file as the whole reading does."""
+    import sys
+
+    from fsdpdoctor.trace.loader import _columns_fast
+
+    held = []
+
+    def columns_while_sampled(events):
+        held.append(sys._getframe(1))  # the frame of the piece's decode, kept alive as a sampler would
+        return _columns_fast(events)
+
+    whole = _whole(CPU_RANK)
+    got = split.stream_columns(CPU_RANK.read_bytes(), CPU_RANK, columns_while_sampled)
+    assert got is not None and len(held) > 3
+    assert got[1][0] == whole.names and np.array_equal(got[1][3], whole.ts)

@@ -158,7 +158,7 @@ def stream_columns(raw: bytes, path, columns):
                 cut = _BOUNDARY.search(pending, pos + PIECE_BYTES)
                 if cut is None:
                     break  # one event longer than a piece: read on
-                part = _one_piece(memoryview(pending)[pos:cut.start() + 1], columns)
+                part = _decode_slice(pending, pos, cut.start() + 1, columns)
                 if part is None:
                     return None
                 parts.append(part)
@@ -176,7 +176,7 @@ def stream_columns(raw: bytes, path, columns):
     if end is None:
         return None
     if pending[:end].strip():
-        part = _one_piece(memoryview(pending)[:end], columns)
+        part = _decode_slice(pending, 0, end, columns)
         if part is None:
             return None
         parts.append(part)
@@ -184,6 +184,14 @@ def stream_columns(raw: bytes, path, columns):
     if meta is None or not parts:
         return None
     return meta, parts[0] if len(parts) == 1 else join_columns(parts)
+
+
+def _decode_slice(buf: bytearray, begin: int, end: int, columns):
+    """``_one_piece`` of ``buf[begin:end]`` without copying it first. The views are released before
+    returning: ``buf`` is resized next, which a view still referenced (a profiler thread sampling
+    this frame, as Dask workers do) would refuse with a BufferError."""
+    with memoryview(buf) as whole, whole[begin:end] as piece:
+        return _one_piece(piece, columns)
 
 
 def _document_fields(outside: bytes, path) -> dict | None:
