@@ -311,3 +311,32 @@ def test_long_runs_report_progress_per_rank(monkeypatch, capsys):
     analyze_path(TRACES / "straggler", workers=1, use_summaries=False, diagnose=False)
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "ranks analysed" in ln]
     assert lines and lines[-1].startswith("fsdpdoctor: 2/2 ranks analysed (rank1.json.gz")
+
+
+def test_the_job_checks_do_not_depend_on_the_order_ranks_finished(tmp_path):
+    """Workers finish in any order: the ranks' results reach the job checks in that order, and the
+    error they raise (the files it names) and the copy of a duplicate they keep must not follow it."""
+    import itertools
+
+    from fsdpdoctor.analysis import rankresult
+    from fsdpdoctor.engines import RankUnit, map_unit
+    from fsdpdoctor.results import DataQuality
+    from fsdpdoctor.session import _check_one_job
+
+    folder = tmp_path / "run"
+    shutil.copytree(TRACES / "straggler", folder)
+    shutil.copy(TRACES / "dataloader_slow" / "rank1.json.gz", folder / "rank1.json.gz")  # another job's
+    shutil.copy(folder / "rank0.json.gz", folder / "copy_rank0.json.gz")  # an identical copy of rank 0
+    results = [rankresult.decode(b) for f in sorted(folder.glob("*.json.gz")) for b in map_unit(RankUnit((str(f),)))]
+    assert sorted(r.rank for r in results) == [0, 0, 1]
+    errors, kept = set(), set()
+    for perm in itertools.permutations(results):
+        with pytest.raises(InputError, match="do not belong together") as exc:
+            _check_one_job(folder, list(perm), None, DataQuality())
+        errors.add(str(exc.value))
+    assert len(errors) == 1
+    for perm in itertools.permutations([r for r in results if r.rank == 0]):  # the duplicate alone
+        dq = DataQuality()
+        got, _ = _check_one_job(folder, list(perm), None, dq)
+        kept.add((tuple(r.summary.file for r in got), tuple(dq.notes)))
+    assert len(kept) == 1

@@ -112,8 +112,12 @@ class Member(msgspec.Struct):
 def check_one_job(source, members: list[Member], manifest: dict | None, dq) -> tuple[list[int], dict | None]:
     """Refuse (InputError) ranks that cannot be one job; exact duplicates are read once, with a note in
     ``dq`` (a ``DataQuality``). Returns (indices of the members to keep, the manifest or None when it
-    is of another job)."""
-    keep = _duplicates(source, members, dq)
+    is of another job).
+
+    Members are checked by rank, then file: which copy of a duplicate is kept and the order of the
+    files an error names do not depend on the order in which workers finished."""
+    order = sorted(range(len(members)), key=lambda i: (members[i].rank, members[i].file))
+    keep = [order[j] for j in _duplicates(source, [members[i] for i in order], dq)]
     ranks = [members[i] for i in keep]
     manifest = _manifest_matches(manifest, ranks, dq)
     if len(ranks) < 2:
