@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import contextmanager
 
@@ -100,13 +101,15 @@ def progress_bar(enabled: bool):
 
 def run_analysis(args):
     from fsdpdoctor.session import analyze_path
-    from fsdpdoctor.trace.hang import hang_note
 
     with progress_bar(not args.no_progress) as cb:
         analysis = analyze_path(args.path, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps),
                                 thresholds=parse_thresholds(args), progress=cb, **engine_kwargs(args))
-    if note := hang_note(args.path):
-        analysis.notes.append(note)
+    if os.path.isdir(os.path.join(args.path, "hang")):  # the dump reader loads only where there may be dumps
+        from fsdpdoctor.trace.hang import hang_note
+
+        if note := hang_note(args.path):
+            analysis.notes.append(note)
     return analysis
 
 

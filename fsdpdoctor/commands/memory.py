@@ -6,9 +6,12 @@ import json
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fsdpdoctor.analysis import memory as mem
 from fsdpdoctor.errors import InputError
+
+if TYPE_CHECKING:
+    from fsdpdoctor.analysis import memory as mem
 
 
 def register(subparsers) -> None:
@@ -50,6 +53,7 @@ def register(subparsers) -> None:
 # ----------------------------------------------------------------- input parsing
 
 def _count(flag: str, value) -> int:
+    from fsdpdoctor.analysis import memory as mem  # loaded by this verb only: every other verb starts without it
     try:
         return mem.parse_param_count(value)
     except ValueError as exc:
@@ -67,6 +71,7 @@ def _posint(flag: str, value) -> int:
 
 
 def _activations(args) -> mem.ActivationSpec | None:
+    from fsdpdoctor.analysis import memory as mem
     shape = {"layers": args.layers, "hidden": args.hidden, "seq": args.seq, "micro_batch": args.micro_batch}
     given = {k: v for k, v in shape.items() if v is not None}
     if not given:
@@ -138,6 +143,7 @@ def _rank_files(folder: Path, manifest: dict) -> dict[int, Path]:
 
 def measured(folder: Path, manifest: dict, devices: dict[str, str]) -> tuple[list[dict], list[str]]:
     """Per-rank measured peaks and notes; empty rows when profile_memory was off."""
+    from fsdpdoctor.analysis import memory as mem
     notes: list[str] = []
     opts = manifest.get("options") or {}
     if not opts.get("profile_memory"):
@@ -167,6 +173,7 @@ def measured(folder: Path, manifest: dict, devices: dict[str, str]) -> tuple[lis
 # ----------------------------------------------------------------- run
 
 def build_config(args) -> tuple[mem.MemoryConfig, list[str], Path | None, dict | None, dict[str, str]]:
+    from fsdpdoctor.analysis import memory as mem
     notes: list[str] = []
     folder = manifest = None
     devices: dict[str, str] = {}
@@ -217,6 +224,7 @@ def build_config(args) -> tuple[mem.MemoryConfig, list[str], Path | None, dict |
 
 
 def run(args) -> int:
+    from fsdpdoctor.analysis import memory as mem
     cfg, notes, folder, manifest, devices = build_config(args)
     try:
         est = mem.estimate(cfg)
@@ -250,6 +258,7 @@ def run(args) -> int:
 
 
 def _print_rich(est: mem.MemoryEstimate, rows, sentences, meas_rows, notes, folder) -> None:
+    from fsdpdoctor.analysis import memory as mem
     from rich.console import Console
     from rich.table import Table
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rich import box
-
 from fsdpdoctor.commands.common import add_engine_args, engine_kwargs, parse_ranks, parse_steps, parse_thresholds
 from fsdpdoctor.errors import InputError
 
@@ -81,6 +79,7 @@ def _bar(points: float, scale: float, width: int = 16) -> str:
 
 
 def render(rep, console=None) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
