@@ -119,9 +119,9 @@ def _read_manifest(folder: Path) -> tuple[dict, list[str]]:
 
 def _read_trace(path: Path) -> dict:
     """The trace's allocator samples, read with the same loader (and errors) as ``analyze``."""
-    from fsdpdoctor.trace.loader import load_file
+    from fsdpdoctor.trace.loader import allocator_samples, load_file
 
-    return {"traceEvents": load_file(path).memory_events}
+    return {"traceEvents": allocator_samples(load_file(path))}
 
 
 def _rank_files(folder: Path, manifest: dict) -> dict[int, Path]:
