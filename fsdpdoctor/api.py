@@ -56,10 +56,20 @@ def load_analysis(path: str | Path, *, ranks: list[int] | None = None, steps: se
         except (ValueError, TypeError) as exc:  # msgspec.ValidationError is a ValueError
             raise InputError(str(path), f"not a readable fsdpdoctor --json document: {exc}") from None
         if ranks is not None:
+            have = [r.rank for r in a.ranks]
             a.ranks = [r for r in a.ranks if r.rank in set(ranks)]
+            if not a.ranks:
+                raise InputError(str(path), f"no rank {', '.join(map(str, ranks))} in this document "
+                                            f"(it has {', '.join(map(str, have)) or 'none'})")
         if steps is not None:
+            from fsdpdoctor.analysis.engine import step_spec
+
+            have = sorted({s.step for r in a.ranks for s in r.steps if s.step is not None})
             for r in a.ranks:
                 r.steps = [s for s in r.steps if s.step in steps]
+            if not any(r.steps for r in a.ranks):
+                raise InputError(str(path), f"--steps {step_spec(sorted(steps))} matches no profiled step"
+                                            + (f" (the document has steps {step_spec(have)})" if have else ""))
         return a
     from fsdpdoctor.session import analyze_path
 
