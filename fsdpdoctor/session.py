@@ -21,6 +21,7 @@ from fsdpdoctor.results import Analysis, DataQuality
 import fsdpdoctor.trace.identity as identity
 from fsdpdoctor.trace.loader import Progress, _trace_files, input_files, rank_from_filename
 from fsdpdoctor.trace.manifest import read_manifest
+from fsdpdoctor.trace.windows import without_partial
 
 
 def analyze_path(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
@@ -85,6 +86,9 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
             manifest, dq.manifest = read_manifest(path)
             return _only_summaries(path, summaries, ranks, manifest, dq)
     manifest, groups = find_inputs(path, ranks, dq)
+    steps, cut_note = without_partial(steps, manifest)
+    if cut_note:
+        dq.notes.append(cut_note)
     if write_summaries:
         _check_writable(groups, summary_dir)
     dtype = param_dtype or model_dtype(manifest)
