@@ -216,12 +216,13 @@ class Capture:
                  scenario: dict | None = None, hang_timeout_s: float | None = None,
                  fixed_window: bool = True, auto: bool = False, window_steps: int = 3,
                  max_windows: int = 5, max_window_bytes: int = MAX_WINDOW_BYTES,
-                 cooldown_steps: int | None = None):
+                 cooldown_steps: int | None = None, min_rise: float = _win.MIN_RISE):
         if min(wait, warmup, skip_first) < 0 or active < 1 or repeat < 0:
             raise ValueError("capture: need wait, warmup, skip_first >= 0, active >= 1, repeat >= 0")
-        if not 1 <= window_steps <= _win.MAX_WINDOW_STEPS or max_windows < 0 or max_window_bytes < 0:
+        if (not 1 <= window_steps <= _win.MAX_WINDOW_STEPS or max_windows < 0 or max_window_bytes < 0
+                or not min_rise >= 0):
             raise ValueError(f"capture: need 1 <= window_steps <= {_win.MAX_WINDOW_STEPS}, max_windows >= 0, "
-                             "max_window_bytes >= 0")
+                             "max_window_bytes >= 0, min_rise >= 0")
         self.fixed_window = bool(fixed_window)
         self.auto = bool(auto)
         self.window_steps = int(window_steps)
@@ -274,7 +275,7 @@ class Capture:
         self._next_poll = 1 << 62    # clock reading of the next poll (never before start())
         self._folder_known = True    # False until a non-coordinator rank learned the folder of this job
         self._board: _win.Board | None = None
-        self._rule = _win.AnomalyRule() if self.auto else None
+        self._rule = _win.AnomalyRule(float(min_rise)) if self.auto else None
         self._seq = 0                # plans seen
         self._plan: _win.Plan | None = None
         self._window_at = -1         # step_num at which the planned window's warm-up step begins
@@ -950,7 +951,8 @@ def capture(out_dir, *, model=None, optimizer=None, wait: int = 1, warmup: int =
             samples_per_step: int | None = None, tokens_per_step: int | None = None,
             scenario: dict | None = None, hang_timeout_s: float | None = None,
             fixed_window: bool = True, auto: bool = False, window_steps: int = 3, max_windows: int = 5,
-            max_window_bytes: int = MAX_WINDOW_BYTES, cooldown_steps: int | None = None) -> Capture:
+            max_window_bytes: int = MAX_WINDOW_BYTES, cooldown_steps: int | None = None,
+            min_rise: float = _win.MIN_RISE) -> Capture:
     """Profile a training loop into ``out_dir`` (one ``rank<N>.json.gz`` per profiled rank
     plus ``manifest.json``), and keep every rank's step series for the whole run.
 
@@ -966,7 +968,8 @@ def capture(out_dir, *, model=None, optimizer=None, wait: int = 1, warmup: int =
     ``fsdpdoctor trigger OUT_DIR --steps N`` profiles the same N steps on every rank into
     ``OUT_DIR/window-<first step>/``; with ``auto=True`` a window of ``window_steps`` steps opens by itself
     when steps get slower than the run's recent behaviour (at most ``max_windows`` windows and
-    ``max_window_bytes`` on disk, none within ``cooldown_steps`` steps after a window).
+    ``max_window_bytes`` on disk, none within ``cooldown_steps`` steps after a window); ``min_rise`` is
+    the least slowdown worth a window (0.1: steps 10 % slower than the recent median).
     """
     return Capture(out_dir, model=model, optimizer=optimizer, wait=wait, warmup=warmup,
                    active=active, repeat=repeat, skip_first=skip_first, ranks=ranks,
@@ -974,4 +977,4 @@ def capture(out_dir, *, model=None, optimizer=None, wait: int = 1, warmup: int =
                    profile_memory=profile_memory, samples_per_step=samples_per_step,
                    tokens_per_step=tokens_per_step, scenario=scenario, hang_timeout_s=hang_timeout_s,
                    fixed_window=fixed_window, auto=auto, window_steps=window_steps, max_windows=max_windows,
-                   max_window_bytes=max_window_bytes, cooldown_steps=cooldown_steps)
+                   max_window_bytes=max_window_bytes, cooldown_steps=cooldown_steps, min_rise=min_rise)

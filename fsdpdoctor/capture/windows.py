@@ -195,10 +195,10 @@ class Reference:
     limit: float
 
 
-def reference_of(durations: list[float]) -> Reference:
+def reference_of(durations: list[float], min_rise: float = MIN_RISE) -> Reference:
     med = _median(durations)
     mad = _median([abs(d - med) for d in durations])
-    return Reference(median=med, limit=med + max(SIGMAS * 1.4826 * mad, MIN_RISE * med))
+    return Reference(median=med, limit=med + max(SIGMAS * 1.4826 * mad, min_rise * med))
 
 
 class AnomalyRule:
@@ -209,7 +209,8 @@ class AnomalyRule:
     that are not slow, so a slowdown is judged against the behaviour before it.
     """
 
-    def __init__(self):
+    def __init__(self, min_rise: float = MIN_RISE):
+        self.min_rise = min_rise
         self.history: list[float] = []     # recent steps that were not slow (bounded)
         self.run: list[tuple[int, float]] = []   # the current run of slow steps (step, duration)
         self.ref: Reference | None = None
@@ -238,9 +239,9 @@ class AnomalyRule:
             if len(self.history) > REFERENCE_STEPS:
                 del self.history[0]
             if self.ref is None and len(self.history) >= REFERENCE_STEPS:
-                self.ref = reference_of(self.history)
+                self.ref = reference_of(self.history, self.min_rise)
         if self.history and len(self.history) >= REFERENCE_STEPS:
-            self.ref = reference_of(self.history)
+            self.ref = reference_of(self.history, self.min_rise)
         if found:
             self.run.clear()
         return found

@@ -88,7 +88,12 @@ def render(series, windows, width: int = 80, height: int = 12) -> list[str]:
         for k, d in zip(s.steps, s.duration_s):
             buckets[(k - lo) // per_col].append(d)
         med[s.rank] = [statistics.median(b) if b else None for b in buckets]
-    top = max((v for m in med.values() for v in m if v is not None), default=0.0) * 1.05 or 1e-3
+    values = sorted(v for m in med.values() for v in m if v is not None)
+    peak = values[-1] if values else 1e-3
+    # one export or checkpoint step far above the rest would flatten the whole run into one row: the scale
+    # stops at 3x the 95th percentile and taller columns end in '^'
+    p95 = values[min(len(values) - 1, int(0.95 * len(values)))] if values else peak
+    top = min(peak, 3 * p95) * 1.05 or 1e-3
     grid = [[" "] * cols for _ in range(height)]
     for rank, m in med.items():
         glyph = str(rank) if rank < 10 else "+"
@@ -96,7 +101,8 @@ def render(series, windows, width: int = 80, height: int = 12) -> list[str]:
             if v is None:
                 continue
             r = height - 1 - min(height - 1, int(v / top * height))
-            grid[r][c] = glyph if grid[r][c] in (" ", glyph) else "*"
+            g = "^" if v > top else glyph
+            grid[r][c] = g if grid[r][c] in (" ", g) else "*"
     lines = [f"step time of {len(series)} rank{'s' if len(series) > 1 else ''} (ms), steps {lo}-{hi}"
              + (f", median of {per_col} steps per column" if per_col > 1 else "")]
     for r, row in enumerate(grid):
@@ -119,7 +125,8 @@ def render(series, windows, width: int = 80, height: int = 12) -> list[str]:
         axis[start:start + len(text)] = list(text)
     lines.append(f"{'step':>{margin - 1}}  " + "".join(axis))
     legend = ", ".join(f"{v} {k if k != 'demand' else 'trigger'}" for k, v in MARKS.items() if k != "unknown")
-    lines.append(f"{'':>{margin - 1}}  ranks by digit, * ranks overlap; windows: {legend}")
+    lines.append(f"{'':>{margin - 1}}  ranks by digit, * overlap, ^ off the scale (max {_fmt_ms(peak)} ms)"[:width])
+    lines.append(f"{'':>{margin - 1}}  windows: {legend}")
     for w in windows:
         lines.append(f"  {MARKS.get(w.trigger, '?')} {w.label()}")
     return [ln[:width] if not ln.startswith("  ") or len(ln) <= width else ln for ln in lines]
