@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 from fsdpdoctor.errors import InputError
 
@@ -100,18 +99,13 @@ def progress_bar(enabled: bool):
 
 
 def run_analysis(args):
-    from fsdpdoctor.session import analyze_path
+    from fsdpdoctor.pipeline import open_analysis
     from fsdpdoctor.trace.hang import hang_note
 
-    from fsdpdoctor.trace.windows import resolve_window
-
-    # a run folder with windows (docs/capture.md): the latest, or the one --window names
-    path, window_note = resolve_window(Path(args.path), getattr(args, "window", None))
     with progress_bar(not args.no_progress) as cb:
-        analysis = analyze_path(path, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps),
+        analysis = open_analysis(args.path, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps),
+                                 window=getattr(args, "window", None),
                                 thresholds=parse_thresholds(args), progress=cb, **engine_kwargs(args))
-    if window_note:
-        analysis.notes.insert(0, window_note)
     if note := hang_note(args.path):
         analysis.notes.append(note)
     return analysis
