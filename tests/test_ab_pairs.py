@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from fsdpdoctor.api import load_analysis
+from fsdpdoctor.pipeline import open_analysis as load_analysis
 from fsdpdoctor.cli import main
 from fsdpdoctor.diagnose.compare import compare
 
