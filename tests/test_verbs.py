@@ -51,6 +51,7 @@ TEXT_VERBS = {
     "hang-dead": ["hang", "traces/hang_dead_rank", "--no-trend"],
     "hang-loader": ["hang", "traces/hang_loader"],
     "hang-raises": ["hang", "traces/hang_rank_raises", "--no-trend"],
+    "hang-killed": ["hang", "traces/hang_killed_rank", "--no-trend"],
 }
 
 

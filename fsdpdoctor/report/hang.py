@@ -16,7 +16,7 @@ CAUSE_TITLE = {
     "aborted": "a rank aborted",
     "skipped-collective": "a rank skipped a collective",
     "collective-order": "collectives issued in different orders",
-    "no-dump": "a rank wrote nothing (dead or hard-stuck)",
+    "no-dump": "a rank vanished: no dump (dead or hard-stuck)",
     "data-loader": "a rank is stuck in its data loader",
     "checkpoint": "a rank is stuck in a checkpoint save/load",
     "busy-loop": "a rank is looping outside the collectives",
@@ -50,7 +50,7 @@ def step_text(s: RankState) -> str:
 
 def rank_doing(s: RankState) -> str:
     if s.dump is None:
-        return "wrote nothing"
+        return s.note or "vanished"
     parts = [s.activity]
     if s.library:
         parts.append(f"in {s.library}")
@@ -71,7 +71,7 @@ def _indented(con: Console, markup: str | Text) -> None:
 def render(rep: HangReport, console: Console | None = None) -> None:
     con = console or Console()
     con.print(f"[bold]Hang forensics[/] {escape(rep.run_dir)}: {len(rep.dumped)} of {rep.world_size} ranks "
-              f"dumped" + (f", silent: {', '.join(map(str, rep.silent))}" if rep.silent else ""))
+              f"dumped" + (f", vanished: {', '.join(map(str, rep.silent))}" if rep.silent else ""))
     if not rep.verdicts:
         con.print("[green]no divergence found[/]: every rank with a dump reached the same collectives "
                   "(a slow step rather than a hang, or the stalled rank wrote no dump)")
