@@ -188,9 +188,11 @@ def test_gloo_on_cuda_is_a_setup_fault(tmp_path):
     a = analyze_path(tmp_path)
     f = finding(a, "cpu-staged-collectives")
     assert f is not None and f.severity in ("warning", "error")
-    effects = {"exposed-comm-high", "low-bus-bandwidth", "fsdp-forward-prefetch-off"}
-    # root cause first: whatever of its effects fired is claimed by it, none stands as a peer
+    effects = {"exposed-comm-high", "low-bus-bandwidth", "latency-bound-collectives", "low-overlap"}
+    # root cause first: whatever of its effects fired is claimed by it, none stands as a peer; a
+    # prefetch setting survives a change of backend and is never claimed
     assert all(g.caused_by == f.id for g in a.findings if g.id in effects)
+    assert all(g.caused_by is None for g in a.findings if g.id.startswith("fsdp"))
     assert set(f.consequences) == {g.id for g in a.findings if g.caused_by == f.id}
     assert "nccl" in f.fix
 

@@ -16,7 +16,8 @@ import pytest
 from conftest import requires_torch
 from fsdpdoctor.analysis import stragglers
 from fsdpdoctor.analysis.context import is_user_frame
-from fsdpdoctor.diagnose.rules import RuleContext, fold_consequences, severity_for, straggler_verdict
+from fsdpdoctor.diagnose.facts import straggler_verdict
+from fsdpdoctor.diagnose.framework import RuleContext, fold_consequences, severity_for
 from fsdpdoctor.diagnose.thresholds import defaults, resolve
 from fsdpdoctor.results import (
     Analysis, Finding, JobInfo, RankSummary, StepBreakdown, StragglerReport,
@@ -123,7 +124,7 @@ def test_verdict_needs_consistency_materiality_and_signal_above_noise():
 
 
 def test_own_extra_work_is_named_and_the_same_work_slower_is_not():
-    from fsdpdoctor.diagnose.rules import straggler
+    from fsdpdoctor.diagnose.host_rules import straggler
 
     own = _report(5, 5, 300.0, 20.0, extra=290.0)
     own.cause, own.cause_source = "compute", "job.py(10): rank_specific_eval"

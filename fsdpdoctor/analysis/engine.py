@@ -35,7 +35,6 @@ from fsdpdoctor.trace.identity import of as identity_of
 from fsdpdoctor.trace.loader import Run
 from fsdpdoctor.trace.table import RankTrace
 
-SMALL_MESSAGE_BYTES = 1 << 20  # below ~1 MiB NCCL collectives are latency-bound (nccl-tests curves)
 
 
 # ----------------------------------------------------------------------------- map
@@ -233,8 +232,8 @@ def collective_stats(colls: list[Collective], n_rank_steps: int) -> list[Collect
             size_bytes=sum(c.size_bytes for c in sized) if sized else None,
             mean_size_bytes=float(np.mean([c.size_bytes for c in sized])) if sized else None,
             # total bytes over total time weights each call by its duration
-            busbw_gbps=(sum(b * d for b, d in bw) / sum(d for _, d in bw)) if bw and sum(d for _, d in bw) else None,
-            small_messages=sum(1 for c in sized if c.size_bytes < SMALL_MESSAGE_BYTES)))
+            busbw_gbps=(sum(b * d for b, d in bw) / sum(d for _, d in bw)) if bw and sum(d for _, d in bw) else None))
+    # small_messages depends on a threshold: the diagnosis fills it from the resolved table
     out.sort(key=lambda s: -s.exposed_us)
     return out
 
