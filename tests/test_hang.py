@@ -104,7 +104,7 @@ def test_killed_rank_is_named_vanished_not_the_survivor(tmp_path, capsys, header
     """SIGKILL of rank 1 (as the OOM killer does): no handler runs, its watchdog file keeps only its
     header; the launcher then sends rank 0 SIGTERM (stacks only, no world size). No manifest:
     the world comes from the files. Before: "1 of 1 ranks dumped" and rank 0 blamed."""
-    from fsdpdoctor.capture.hang_format import FaultHeader
+    from fsdpdoctor.hang_format import FaultHeader
 
     hang = tmp_path / "run" / "hang"
     hang.mkdir(parents=True)
@@ -123,7 +123,7 @@ def test_killed_rank_is_named_vanished_not_the_survivor(tmp_path, capsys, header
 
 def test_vanished_highest_rank_without_a_file_counted_from_the_header(tmp_path):
     """A rank that left not even a file is still in the world when another rank's header says how big it is."""
-    from fsdpdoctor.capture.hang_format import FaultHeader
+    from fsdpdoctor.hang_format import FaultHeader
 
     hang = tmp_path / "hang"
     hang.mkdir()
@@ -134,7 +134,7 @@ def test_vanished_highest_rank_without_a_file_counted_from_the_header(tmp_path):
 
 
 def test_header_written_and_read_by_one_format():
-    from fsdpdoctor.capture.hang_format import FaultHeader, parse_header
+    from fsdpdoctor.hang_format import FaultHeader, parse_header
 
     h = FaultHeader(3, 12, 60.0, 1795577656.093, 8)
     assert parse_header(h.line()) == h

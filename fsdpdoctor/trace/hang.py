@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fsdpdoctor.capture.hang_format import (DUMP_NAME, DUMP_VERSION, FAULTHANDLER_NAME, FOLDER, FaultHeader,
+from fsdpdoctor.hang_format import (DUMP_NAME, DUMP_VERSION, FAULTHANDLER_NAME, FOLDER, FaultHeader,
                                             parse_header)
 from fsdpdoctor.errors import InputError
 
