@@ -32,7 +32,6 @@ from fsdpdoctor.results import (
     Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals,
 )
 from fsdpdoctor.trace.identity import of as identity_of
-from fsdpdoctor.trace.loader import Run
 from fsdpdoctor.trace.table import RankTrace
 
 
@@ -184,14 +183,6 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
                     collectives=collective_stats(all_colls, sum(len(v) for v in steps_by_rank.values())),
                     prefetch=prefetch, straggler=strag, notes=notes, collective_events=all_colls, signals=sig,
                     clock=clock)
-
-
-def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
-    """Map and reduce in this process over an already loaded ``Run``."""
-    results = [analyze_rank(t, steps, param_dtype=param_dtype(run.manifest)) for t in run.ranks]
-    a = reduce(results, source=run.source, manifest=run.manifest, notes=run.notes)
-    a.data_quality = run.quality
-    return a
 
 
 def _world_size(results: list[RankResult], manifest: dict | None) -> int | None:

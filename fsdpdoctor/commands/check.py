@@ -70,11 +70,11 @@ def run(args) -> int:
 
 
 def _baseline(args, a):
-    from fsdpdoctor.api import load_analysis
     from fsdpdoctor.diagnose.compare import compare
+    from fsdpdoctor.pipeline import open_analysis
 
     th = parse_thresholds(args)
-    base = load_analysis(args.baseline, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th,
+    base = open_analysis(args.baseline, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th,
                          **engine_kwargs(args))
     if not any(r.steps for r in base.ranks):
         raise InputError(args.baseline, "no analysed step in the baseline (check --steps/--rank)")
