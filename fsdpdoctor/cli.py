@@ -10,12 +10,14 @@ import os
 import sys
 
 from fsdpdoctor import __version__
-from fsdpdoctor.commands import analyze, check, diff, export, hang, memory, reference, scaling, summarize, tui
+from fsdpdoctor.commands import (analyze, check, diff, export, hang, memory, reference, scaling, steps, summarize,
+                                 trigger, tui)
 from fsdpdoctor.commands.base import Verb
 from fsdpdoctor.errors import InputError
 
 # the verbs, in the order `--help` lists them
-VERBS: tuple[Verb, ...] = (analyze, check, diff, export, tui, scaling, memory, summarize, reference, hang)
+VERBS: tuple[Verb, ...] = (analyze, check, diff, export, tui, scaling, memory, summarize, reference, hang, steps,
+                           trigger)
 
 
 def build_parser() -> argparse.ArgumentParser:

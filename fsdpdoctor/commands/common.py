@@ -91,6 +91,7 @@ def run_analysis(args):
 
     with progress_bar(not args.no_progress) as cb:
         analysis = open_analysis(args.path, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps),
+                                 window=getattr(args, "window", None),
                                 thresholds=parse_thresholds(args), progress=cb, **engine_kwargs(args))
     if note := hang_note(args.path):
         analysis.notes.append(note)
