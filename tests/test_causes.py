@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpdoctor.session import analyze_path
+from fsdpdoctor.pipeline import open_analysis as analyze_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces"
