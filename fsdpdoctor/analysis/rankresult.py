@@ -118,6 +118,7 @@ class RankResult(msgspec.Struct):
     ddp: DdpCounts = msgspec.field(default_factory=DdpCounts)
     param_dtype: str | None = None      # model dtype assumed for collectives recorded without one
     skipped: bool = False               # none of the requested steps is in the trace
+    available_steps: list[int] = msgspec.field(default_factory=list)  # a skipped rank's steps, to say so
     setup: RankSetup | None = None      # backend, process groups, wrapper: what setup faults are judged on
     gpu_idle: GpuIdle | None = None     # device-timeline dialects only
     recompute: RecomputeInfo | None = None
