@@ -355,3 +355,54 @@ def test_trigger_from_another_process_profiles_the_same_steps_on_both_ranks(tmp_
     steps = list(range(first, first + 4))
     assert step_numbers(wins[0] / "rank0.json.gz") == steps == step_numbers(wins[0] / "rank1.json.gz")
     assert json.loads((wins[0] / "manifest.json").read_text())["profiled_steps"] == steps
+
+
+CTRL_C_JOB = """
+import sys, time, torch, torch.distributed as dist
+from fsdpdoctor.capture import capture
+dist.init_process_group("gloo")
+m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+with capture(sys.argv[1], model=m, optimizer=opt, wait=1, warmup=1, active=40) as cap:
+    for i in range(100):
+        m(torch.randn(32, 64)).sum().backward(); opt.step(); opt.zero_grad()
+        time.sleep(0.1)
+        cap.step()
+        if i == 5:
+            print(f"rank {dist.get_rank()} in window", flush=True)
+"""
+
+
+@requires_torch
+@pytest.mark.slow
+def test_ctrl_c_to_torchrun_inside_the_window(tmp_path):
+    """The terminal's Ctrl-C reaches every process; torchrun then sends the ranks a second SIGINT. Both
+    ranks write the steps recorded so far, the cut step is partial, no traceback runs through the capture."""
+    script = tmp_path / "job.py"
+    script.write_text(CTRL_C_JOB)
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(free_port()), str(script), str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env, start_new_session=True)
+    seen = []
+    try:
+        for line in p.stdout:
+            seen.append(line)
+            if "in window" in line:
+                break
+        time.sleep(1.0)
+        os.killpg(p.pid, signal.SIGINT)
+        seen.append(p.communicate(timeout=180)[0])
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    text = "".join(seen)
+    assert "fsdpdoctor/capture" not in text, text[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    (cut,) = manifest["partial_steps"]
+    assert manifest["profiled_steps"] == list(range(2, cut))
+    for r in (0, 1):
+        assert set(manifest["profiled_steps"]) <= set(step_numbers(out / f"rank{r}.json.gz"))
+    doc = json.loads(cli("analyze", out, "--json").stdout)
+    assert doc["job"]["steps"] == manifest["profiled_steps"]
