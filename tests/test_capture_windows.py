@@ -314,12 +314,13 @@ def check_ok(rc: int, stderr: str, stdout: str):
 
 @requires_torch
 @pytest.mark.slow
-def test_lagging_rank_opens_a_window_that_names_it(tmp_path):
+@pytest.mark.parametrize("change,cause", [("lag", ("straggler", [1])), ("loader", ("input-bound", None))])
+def test_change_mid_run_opens_a_window_that_names_it(tmp_path, change, cause):
     out = tmp_path / "run"
-    # a 4x slower step (rank 1 sleeps 3 healthy steps from step 60); min_rise 1.0 so that the load of a
-    # shared test machine (steps 1.5x slower for seconds) does not open a window first
+    # a 4x slower step from step 60 (rank 1 sleeps, or its loader takes, 3 healthy steps); min_rise 1.0 so
+    # that the load of a shared test machine (steps 1.5x slower for seconds) does not open a window first;
     # six profiled steps: enough for the straggler rule to tell a rank that is always last from chance
-    proc = drift(out, "--change", "lag", "--change-at", 60, "--min-rise", 1.0, "--window-steps", 6)
+    proc = drift(out, "--change", change, "--change-at", 60, "--min-rise", 1.0, "--window-steps", 6)
     check_ok(proc.returncode, proc.stderr, proc.stdout)
     wins = list(out.glob("window-*"))
     assert len(wins) == 1, proc.stdout
@@ -327,8 +328,8 @@ def test_lagging_rank_opens_a_window_that_names_it(tmp_path):
     assert manifest["window"]["trigger"] == "anomaly" and manifest["window"]["first_step"] > 60
     assert manifest["window"]["reason"].startswith("steps 6")
     doc = json.loads(cli("analyze", out, "--json").stdout)
-    names = [(f["id"], f.get("ranks")) for f in doc["findings"]]
-    assert ("straggler", [1]) in names, (names, cli("analyze", out).stdout)
+    names = [(f["id"], f.get("ranks") if cause[1] else None) for f in doc["findings"]]
+    assert cause in names, (names, cli("analyze", out).stdout)
 
 
 @requires_torch
