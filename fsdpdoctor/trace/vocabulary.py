@@ -26,17 +26,23 @@ NCCL_ANNOTATION, GLOO_ANNOTATION = "nccl:", "gloo:"
 LIBRARY_ANNOTATIONS = (NCCL_ANNOTATION, GLOO_ANNOTATION)
 # device communication kernels are named after their library (``ncclDevKernel_...``, ``rcclKernel...``)
 KERNEL_LIBRARIES = ("nccl", "rccl")
+# Model-level ops whose recorded input shapes (``Input Dims``, record_shapes=True) measure how much
+# work a step gives a rank: longer sequences, larger images or batches grow their first input.
+SHAPED_OPS = ("aten::linear", "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::embedding", "aten::lstm",
+              "aten::gru", "aten::rnn_tanh", "aten::rnn_relu", "aten::matmul", "aten::bmm",
+              "aten::scaled_dot_product_attention", "aten::layer_norm")
 
 _ALTERNATIVES = "|".join(map(re.escape, COMM_OPS + LIBRARY_ANNOTATIONS))
-# names whose ``args`` the loader keeps (sizes, dtypes, groups, sequence numbers): everything that
-# starts like communication, in any case
-_KEEP_ARGS = re.compile(rf"^({_ALTERNATIVES}|{'|'.join(KERNEL_LIBRARIES)})", re.I)
+# names whose ``args`` the loader keeps, in any case: everything that starts like communication
+# (sizes, dtypes, groups, sequence numbers), and the model-level ops (their input shapes)
+_KEEP_ARGS = re.compile(rf"^({_ALTERNATIVES}|{'|'.join(KERNEL_LIBRARIES)})"
+                        rf"|^(?:{'|'.join(map(re.escape, SHAPED_OPS))})$", re.I)
 # a communication event: starts like a host op or an annotation, or names a library anywhere
 _COMM_NAME = re.compile(rf"^({_ALTERNATIVES})|{'|'.join(KERNEL_LIBRARIES)}", re.I)
 
 
 def keeps_args(name: str) -> bool:
-    """Whether the loader keeps the ``args`` of events of this name (communication metadata)."""
+    """Whether the loader keeps the ``args`` of events of this name (communication metadata, shapes)."""
     return _KEEP_ARGS.match(name) is not None
 
 
