@@ -12,12 +12,10 @@ import pytest
 
 from fsdpdoctor.cli import main
 from fsdpdoctor.pipeline import open_analysis
+from shared_data import PUBLIC, needs_public
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = ROOT / "traces" / "cuda"
-PUBLIC = next((p for p in (Path(__file__).resolve().parents[2] / "shared" / "traces-public",
-                           Path("/work/shared/traces-public")) if p.is_dir()), None)
-needs_public = pytest.mark.skipif(PUBLIC is None, reason="../shared/traces-public is not present")
 MY_RULES = {"gpu-idle", "cpu-staged-collectives", "ranks-never-communicate", "wrapper-world-size-1",
             "mixed-backends", "activation-recompute", "offload-exposed"}
 PREFETCH = {"fsdp-forward-prefetch-off", "fsdp1-backward-post", "fsdp1-no-backward-prefetch",
