@@ -234,85 +234,93 @@ def analyze_hang(dumps: HangDumps, trend: Trend | None = None, thresholds: dict[
     fr_ranks = {r: d for r, d in dumps.dumps.items() if d.kind == "json" and (d.fr_entries or d.fr_status)}
     groups = sorted({e.group for d in fr_ranks.values() for e in d.fr_entries} |
                     {g for d in fr_ranks.values() for g in d.fr_status}, key=lambda g: (len(g), g))
-    notes: list[str] = []
-    for d in dumps.dumps.values():
-        if d.kind == "json" and not d.fr_entries and (d.fr_note or d.fr_error):
-            notes.append(f"rank {d.rank}: no flight-recorder entries ({d.fr_note or d.fr_error})")
-
-    # -- per-rank state
-    states: dict[int, RankState] = {}
-    for r in everyone:
-        d = dumps.dumps.get(r)
-        if d is None:
-            states[r] = RankState(r, None, None, None, "unknown", None, None, note=_vanished_note(dumps, r))
-            continue
-        act, fr, lib = activity(d, busy)
-        cur = None
-        if d.fr_entries:
-            last = d.fr_entries[-1]
-            cur = {"group": last.group, "label": labels.get(last.group, last.group), "seq": last.seq,
-                   "op": last.op, "sizes": last.input_sizes}
-        exc = f"{d.exception['type']}: {d.exception['message'].splitlines()[0] if d.exception['message'] else ''}" \
-            if d.exception else None
-        note = None
-        if d.kind == "faulthandler":
-            note = {"fatal-signal": f"died of a fatal signal ({d.fatal})", "sigterm": "was sent SIGTERM (stacks only)",
-                    "gil-timeout": "its Python watchdog could not run: a thread held the GIL"}.get(d.trigger)
-        states[r] = RankState(r, d.kind, d.trigger, d.last_step, act, fr, lib, cur, exc, note)
-
-    # -- per group: the frontier, who entered, who never did
-    divergences: list[GroupDivergence] = []
-    mismatches: list[Mismatch] = []
-    for g in groups:
-        mem = members.get(g) or everyone
-        enq = {r: _enqueued(d, g) for r, d in fr_ranks.items() if r in mem}
-        enq = {r: s for r, s in enq.items() if s is not None}
-        comp = {r: d.fr_status[g].last_completed for r, d in fr_ranks.items()
-                if g in d.fr_status and d.fr_status[g].last_completed is not None and r in enq}
-        if enq:
-            frontier = max(enq.values())
-            entered = sorted(r for r, s in enq.items() if s >= frontier)
-            never = sorted(r for r, s in enq.items() if s < frontier)
-            unknown = sorted(r for r in mem if r not in enq)
-            # the collective they diverge on: the first one a lagging rank never entered (with NCCL the
-            # others may have enqueued several more before blocking), else the frontier itself
-            first = min(enq[r] for r in never) + 1 if never else frontier
-            entry = next((e for r in entered for e in reversed(fr_ranks[r].fr_entries)
-                          if e.group == g and e.seq == first), None)
-            if never or (unknown and any(states[r].current and states[r].current["group"] == g
-                                         and states[r].current["seq"] == frontier for r in entered)):
-                divergences.append(GroupDivergence(
-                    g, labels.get(g, g), mem, first, entry.op if entry else "?", entry.input_sizes if entry else [],
-                    _issue_site(entry) if entry else None, entered, never, unknown, enq, comp))
-        # same seq, different collective: a desync
-        by_seq: dict[int, dict[int, FrEntry]] = {}
-        for r, d in fr_ranks.items():
-            for e in d.fr_entries:
-                if e.group == g and not e.is_p2p:
-                    by_seq.setdefault(e.seq, {})[r] = e
-        for seq in sorted(by_seq):
-            es = by_seq[seq]
-            if len(es) < 2 or len({e.signature() for e in es.values()}) < 2:
-                continue
-            counts = Counter(e.signature() for e in es.values())
-            top = counts.most_common()
-            odd = sorted(r for r, e in es.items() if top[0][1] == top[-1][1] or e.signature() != top[0][0])
-            if top[0][1] == top[-1][1]:
-                # a tie (e.g. 2 ranks): a rank whose collective comes from a call site it never used
-                # before issued something new (a barrier only it calls, an extra collective)
-                new = [r for r in odd if _new_site(fr_ranks[r], es[r])]
-                if new and len(new) < len(odd):
-                    odd = new
-            sites = {r: (s.where() if (s := _issue_site(e)) else "?") for r, e in es.items()}
-            mismatches.append(Mismatch(g, labels.get(g, g), seq, {r: _sig(e) for r, e in sorted(es.items())}, odd, sites))
-            break
-
+    notes = [f"rank {d.rank}: no flight-recorder entries ({d.fr_note or d.fr_error})" for d in dumps.dumps.values()
+             if d.kind == "json" and not d.fr_entries and (d.fr_note or d.fr_error)]
+    states = {r: _rank_state(dumps, r, labels, busy) for r in everyone}
+    divergences = [d for g in groups if (d := _divergence(g, members.get(g) or everyone, fr_ranks, states, labels))]
+    mismatches = [m for g in groups if (m := _first_mismatch(g, fr_ranks, labels))]
     verdicts = _verdicts(dumps, states, divergences, mismatches, silent)
     if trend is not None and trend.available and verdicts:
         lag = set(verdicts[0].ranks)
         trend.lagging_was_straggler = trend.straggler in lag if trend.straggler is not None else False
     return HangReport(dumps.run_dir, world, sorted(dumps.dumps), silent, [states[r] for r in everyone],
                       divergences, mismatches, verdicts, trend, notes)
+
+
+FAULT_NOTES = {"sigterm": "was sent SIGTERM (stacks only)",
+               "gil-timeout": "its Python watchdog could not run: a thread held the GIL"}
+
+
+def _rank_state(dumps: HangDumps, r: int, labels: dict[str, str], busy: float) -> RankState:
+    d = dumps.dumps.get(r)
+    if d is None:
+        return RankState(r, None, None, None, "unknown", None, None, note=_vanished_note(dumps, r))
+    act, fr, lib = activity(d, busy)
+    cur = None
+    if d.fr_entries:
+        last = d.fr_entries[-1]
+        cur = {"group": last.group, "label": labels.get(last.group, last.group), "seq": last.seq,
+               "op": last.op, "sizes": last.input_sizes}
+    exc = None
+    if d.exception:
+        msg = d.exception["message"]
+        exc = f"{d.exception['type']}: {msg.splitlines()[0] if msg else ''}"
+    note = None
+    if d.kind == "faulthandler":
+        note = f"died of a fatal signal ({d.fatal})" if d.trigger == "fatal-signal" else FAULT_NOTES.get(d.trigger)
+    return RankState(r, d.kind, d.trigger, d.last_step, act, fr, lib, cur, exc, note)
+
+
+def _divergence(g: str, mem: list[int], fr_ranks: dict[int, RankDump], states: dict[int, RankState],
+                labels: dict[str, str]) -> GroupDivergence | None:
+    """The group's frontier, who entered it and who never did; None when they all agree."""
+    enq = {r: _enqueued(d, g) for r, d in fr_ranks.items() if r in mem}
+    enq = {r: s for r, s in enq.items() if s is not None}
+    if not enq:
+        return None
+    comp = {r: d.fr_status[g].last_completed for r, d in fr_ranks.items()
+            if g in d.fr_status and d.fr_status[g].last_completed is not None and r in enq}
+    frontier = max(enq.values())
+    entered = sorted(r for r, s in enq.items() if s >= frontier)
+    never = sorted(r for r, s in enq.items() if s < frontier)
+    unknown = sorted(r for r in mem if r not in enq)
+    waiting = any(states[r].current and states[r].current["group"] == g and states[r].current["seq"] == frontier
+                  for r in entered)
+    if not never and not (unknown and waiting):
+        return None
+    # the collective they diverge on: the first one a lagging rank never entered (with NCCL the
+    # others may have enqueued several more before blocking), else the frontier itself
+    first = min(enq[r] for r in never) + 1 if never else frontier
+    entry = next((e for r in entered for e in reversed(fr_ranks[r].fr_entries) if e.group == g and e.seq == first),
+                 None)
+    return GroupDivergence(g, labels.get(g, g), mem, first, entry.op if entry else "?",
+                           entry.input_sizes if entry else [], _issue_site(entry) if entry else None,
+                           entered, never, unknown, enq, comp)
+
+
+def _first_mismatch(g: str, fr_ranks: dict[int, RankDump], labels: dict[str, str]) -> Mismatch | None:
+    """The first sequence number of the group at which the ranks issued different collectives."""
+    by_seq: dict[int, dict[int, FrEntry]] = {}
+    for r, d in fr_ranks.items():
+        for e in d.fr_entries:
+            if e.group == g and not e.is_p2p:
+                by_seq.setdefault(e.seq, {})[r] = e
+    for seq in sorted(by_seq):
+        es = by_seq[seq]
+        if len(es) < 2 or len({e.signature() for e in es.values()}) < 2:
+            continue
+        top = Counter(e.signature() for e in es.values()).most_common()
+        tie = top[0][1] == top[-1][1]
+        odd = sorted(r for r, e in es.items() if tie or e.signature() != top[0][0])
+        if tie:
+            # a tie (e.g. 2 ranks): a rank whose collective comes from a call site it never used
+            # before issued something new (a barrier only it calls, an extra collective)
+            new = [r for r in odd if _new_site(fr_ranks[r], es[r])]
+            if new and len(new) < len(odd):
+                odd = new
+        sites = {r: (s.where() if (s := _issue_site(e)) else "?") for r, e in es.items()}
+        return Mismatch(g, labels.get(g, g), seq, {r: _sig(e) for r, e in sorted(es.items())}, odd, sites)
+    return None
 
 
 def _vanished_note(dumps: HangDumps, rank: int) -> str:
