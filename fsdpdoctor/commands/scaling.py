@@ -3,10 +3,11 @@ several world sizes, with a waterfall of where the lost efficiency went (docs/sc
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from fsdpdoctor.commands.common import add_engine_args, engine_kwargs, parse_ranks, parse_steps, parse_thresholds
+from fsdpdoctor.commands.base import (add_engine, add_output, add_selection, add_thresholds, print_json,
+                                      require_terminal)
+from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds
 from fsdpdoctor.errors import InputError
 
 
@@ -32,22 +33,17 @@ def register(sub) -> None:
                       help="samples per step PER RANK (multiplied by each run's world size); overrides manifests")
     work.add_argument("--tokens-per-step", metavar="N", type=str,
                       help="tokens per step PER RANK (multiplied by each run's world size); overrides manifests")
-    p.add_argument("--rank", action="append", metavar="R[,R...]", help="analyse only these ranks in every run")
-    p.add_argument("--steps", metavar="SPEC", help="profiler steps to analyse in every run, e.g. 3-5")
-    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a threshold, e.g. scaling_efficiency_low=0.9")
-    p.add_argument("--config", metavar="FILE", help="JSON or TOML file of threshold overrides")
-    add_engine_args(p)
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print the report as JSON")
-    out.add_argument("--tui", action="store_true", help="open the terminal UI on the report (q quits)")
+    add_selection(p, " in every run")
+    add_thresholds(p, "scaling_efficiency_low=0.9")
+    add_engine(p)
+    add_output(p, tui=True)
     p.set_defaults(func=run)
 
 
 def build_report(args):
     """Load the runs and build the ScalingReport; raises InputError on bad input (before any UI)."""
     from fsdpdoctor.diagnose.scaling import scaling_report
-    from fsdpdoctor.session import analyze_path
+    from fsdpdoctor.pipeline import open_analysis
 
     if len(args.runs) < 2:
         raise InputError(None, f"scaling needs at least 2 runs, got {len(args.runs)}")
@@ -56,18 +52,19 @@ def build_report(args):
     th = parse_thresholds(args)
     kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th, diagnose=False,
               **engine_kwargs(args))
-    analyses = [analyze_path(r, **kw) for r in args.runs]
+    analyses = [open_analysis(r, **kw) for r in args.runs]
     return scaling_report(analyses, samples_per_rank=spr, tokens_per_rank=tpr, thresholds=th)
 
 
 def run(args) -> int:
-    rep = build_report(args)
+    rep = build_report(args)  # bad input is named first, as without --tui
     if args.tui:
+        require_terminal()
         from fsdpdoctor.tui.scaling_app import ScalingApp
 
         return int(ScalingApp(rep, thresholds=parse_thresholds(args)).run() or 0)
     if args.json:
-        print(json.dumps(rep.to_dict(), indent=2, default=str))
+        print_json(rep.to_dict())
     else:
         render(rep)
     return 0
