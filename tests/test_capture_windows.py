@@ -407,3 +407,25 @@ def test_ctrl_c_to_torchrun_inside_the_window(tmp_path):
         assert set(manifest["profiled_steps"]) <= set(step_numbers(out / f"rank{r}.json.gz"))
     doc = json.loads(cli("analyze", out, "--json").stdout)
     assert doc["job"]["steps"] == manifest["profiled_steps"]
+
+
+@requires_torch
+def test_full_disk_for_the_step_series_warns_once_and_training_goes_on(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps" / "rank0.steps").symlink_to("/dev/full")  # every write: ENOSPC
+    _, _, train_step = tiny(torch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with capture(tmp_path, fixed_window=False) as cap:
+            for _ in range(120):
+                train_step(0.01)
+                cap.step()
+    assert cap.step_num == 120
+    assert sum("cannot write the step series" in str(w.message) for w in caught) == 1
+    assert not [p for p in tmp_path.rglob(".*") if p.is_file()]
