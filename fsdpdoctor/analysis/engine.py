@@ -126,6 +126,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     res.recompute = recompute_mod.recompute(ctx, windows)
     res.offload = recompute_mod.offload(ctx, windows, None)
     res.user_frames = stragglers.user_frame_times(ctx, windows)
+    res.work = stragglers.step_work(ctx, windows)
     if any(c.seq is not None for c in colls):
         res.traits = dataclasses.replace(res.traits, has_sequence_numbers=True)
     return res
@@ -177,7 +178,7 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     clock = clock_mod.estimate(all_colls, [s.rank for s in summaries])
     strag = stragglers.analyze(all_colls, summaries, same_clock, clock)
     if strag:
-        stragglers.attribute_cause(strag, summaries)
+        stragglers.attribute_cause(strag, summaries, {r.rank: r.work for r in kept if r.work})
         stragglers.culprit_frames(strag, {r.rank: r.user_frames for r in kept})
         for s in summaries:
             s.wait_us = strag.wait_by_rank.get(s.rank, 0.0)

@@ -21,7 +21,7 @@ from fsdpdoctor.results import (
 from fsdpdoctor.trace.identity import RankIdentity
 
 # Bump whenever what analyze_rank computes changes: older summaries are then rebuilt from the traces.
-ANALYSIS_VERSION = "3"
+ANALYSIS_VERSION = "5"
 SUMMARY_SUFFIX = ".summary.msgpack"
 
 
@@ -90,6 +90,16 @@ class DdpCounts(msgspec.Struct):
     allreduce_after_backward_us: float = 0.0
 
 
+class WorkCounts(msgspec.Struct):
+    """How much work one rank's steps hold, per step: what tells a rank given more work (longer
+    sequences, uneven shards) from one doing the same work slower."""
+
+    ops: float = 0.0                    # torch ops on the main thread
+    kernels: float = 0.0                # device kernels started in the step
+    input_elems: float | None = None    # elements of the first input of model-level ops (None: no shapes)
+    shaped_ops: float = 0.0             # model-level ops with recorded shapes
+
+
 class RankResult(msgspec.Struct):
     """One rank, analysed: the unit the map produces and the reduce consumes."""
 
@@ -124,6 +134,7 @@ class RankResult(msgspec.Struct):
     recompute: RecomputeInfo | None = None
     offload: OffloadInfo | None = None
     user_frames: dict[str, float] = msgspec.field(default_factory=dict)  # user frame -> inclusive us per step
+    work: WorkCounts | None = None      # ops, kernels and input sizes per step (stragglers: more work or slower)
     quality: RankDataQuality | None = None   # what the loader dropped from this rank's file(s)
     identity: RankIdentity | None = None     # what the one-job checks compare across ranks
     analysis_version: str = ANALYSIS_VERSION
