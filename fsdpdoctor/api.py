@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import Analysis
+from fsdpdoctor.trace.io import read_raw, write_atomic
 
 # the time components of a step; compute + optimizer + exposed comm + data loading + idle == duration
 COMPONENTS = ("compute_us", "optimizer_us", "exposed_comm_us", "data_loading_us", "idle_us")
@@ -52,7 +53,7 @@ def load_analysis(path: str | Path, *, ranks: list[int] | None = None, steps: se
     """
     if is_analysis_json(path):
         try:
-            a = Analysis.from_json(Path(path).read_bytes())
+            a = Analysis.from_json(read_raw(Path(path)))
         except (ValueError, TypeError) as exc:  # msgspec.ValidationError is a ValueError
             raise InputError(str(path), f"not a readable fsdpdoctor --json document: {exc}") from None
         if ranks is not None:
@@ -159,7 +160,7 @@ def findings_df(a: Analysis):
 
 
 def save_json(a: Analysis, path: str | Path, include_events: bool = False) -> None:
-    Path(path).write_text(a.to_json(include_events=include_events))
+    write_atomic(path, a.to_json(include_events=include_events))
 
 
 __all__ = ["analyze", "load_analysis", "analyze_with_traces", "is_analysis_json", "steps_df", "step_table_df",

@@ -8,6 +8,7 @@ the trace paths readable (shared storage: see docs/scale-out.md).
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import sys
@@ -301,7 +302,10 @@ def _pool_map(units: list[RankUnit], n: int):
 
 class DaskEngine:
     """The map as tasks on a Dask cluster: ``address`` of a running scheduler, or "local"
-    for a LocalCluster on this machine (one single-threaded worker process per core)."""
+    for a LocalCluster on this machine (one single-threaded worker process per core).
+
+    Trust: Dask sends results back with pickle, so a worker of the cluster can run code in this
+    process (docs/trust.md); name only a cluster you would let run code as you."""
 
     def __init__(self, address: str):
         try:
@@ -320,9 +324,12 @@ class DaskEngine:
             raise InputError(None, f"--dask {address}: cannot reach the scheduler ({exc})") from None
 
     def map(self, units):
+        """Paths travel absolute (a worker's working folder is not ours); the units yielded are the
+        ones given. What comes back is only what a worker sent: the caller checks it before use."""
         from distributed import as_completed as dask_completed
 
-        futures = self.client.map(map_unit, units, pure=False)
+        sent = [_absolute(u) for u in units]
+        futures = self.client.map(map_unit, sent, pure=False)
         by_key = dict(zip((f.key for f in futures), units))
         for fut in dask_completed(futures):
             yield by_key[fut.key], fut.result()
@@ -331,6 +338,11 @@ class DaskEngine:
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()
+
+
+def _absolute(u: RankUnit) -> RankUnit:
+    return dataclasses.replace(u, files=tuple(os.path.abspath(f) for f in u.files),
+                               summary_dir=os.path.abspath(u.summary_dir) if u.summary_dir else None)
 
 
 def make_engine(dask: str | None = None, workers: int | None = None, total_bytes: int | None = None,

@@ -7,6 +7,8 @@ only ever holds the ranks' compact results.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ from fsdpdoctor.engines import RankUnit, make_engine
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import Analysis, DataQuality
 import fsdpdoctor.trace.identity as identity
+from fsdpdoctor.trace.io import shown
 from fsdpdoctor.trace.loader import Progress, _trace_files, input_files, rank_from_filename
 from fsdpdoctor.trace.manifest import read_manifest
 
@@ -74,8 +77,32 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
                  quality: DataQuality | None = None) -> tuple[dict | None, list[RankResult]]:
     """Every rank's ``RankResult``: from current summaries where allowed, else from the map.
 
-    What the loader could not trust (manifest, files, dropped events, duplicates) goes into ``quality``."""
+    What the loader could not trust (manifest, files, dropped events, duplicates) goes into ``quality``,
+    and which ranks' figures come from summaries. When the checks across ranks refuse a folder in which
+    some ranks were read from summaries, every rank is read again from its trace: the traces decide."""
     dq = quality if quality is not None else DataQuality()
+    kw = dict(ranks=ranks, steps=steps, progress=progress, dask=dask, workers=workers,
+              write_summaries=write_summaries, summary_dir=summary_dir, param_dtype=param_dtype)
+    used: list[Path] = []
+    try:
+        return _rank_results(path, use_summaries=use_summaries, dq=dq, used=used, **kw)
+    except _SummariesDisagree as exc:
+        refused = str(exc)
+    for f in dataclasses.fields(dq):  # start again: nothing the first reading noted stands
+        setattr(dq, f.name, getattr(DataQuality(), f.name))
+    out = _rank_results(path, use_summaries=False, dq=dq, used=[], **kw)
+    dq.notes.append(f"{_names(used)} disagreed with the other ranks ({refused}): every rank was read again "
+                    "from its trace")
+    return out
+
+
+def _names(files: list[Path], most: int = 3) -> str:
+    shown_ = ", ".join(shown(f.name) for f in files[:most])
+    return shown_ + (f" and {len(files) - most} more" if len(files) > most else "")
+
+
+def _rank_results(path: Path, *, ranks, steps, progress, dask, workers, use_summaries, write_summaries, summary_dir,
+                  param_dtype, dq: DataQuality, used: list[Path]) -> tuple[dict | None, list[RankResult]]:
     if path.is_dir() and not _trace_files(path, []) and not write_summaries:
         summaries = sorted(p for p in path.glob("*" + rankresult.SUMMARY_SUFFIX) if not p.name.startswith("."))
         if summaries:  # summaries copied away from their traces: nothing to check them against
@@ -92,11 +119,15 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
     todo: list[RankUnit] = []
     for files in groups:
         if use_summaries and steps is None and len(files) == 1 and not write_summaries:
-            r = rankresult.read_current(files[0])
+            r, why = rankresult.read_current(files[0])
             if r is not None and r.param_dtype == dtype:
-                r.summary.file = str(files[0])  # the path as given now, as a re-read would report it
+                r.summary.file = shown(files[0])  # the path as given now, as a re-read would report it
                 results.append(r)
+                used.append(rankresult.summary_path(files[0]))
                 continue
+            if why:
+                dq.notes.append(f"{rankresult.summary_path(files[0]).name} not used ({why}): rank figures "
+                                f"re-derived from {shown(files[0].name)}")
         todo.append(RankUnit(files=tuple(str(f) for f in files), steps=tuple(sorted(steps)) if steps else None,
                              param_dtype=dtype, write_summary=write_summaries,
                              summary_dir=str(summary_dir) if summary_dir else None,
@@ -107,18 +138,49 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
         report = _Reporter(progress, len(groups), len(results))
         try:
             for unit, encoded in engine.map(todo):
-                results.extend(rankresult.decode(b) for b in encoded)
+                results.extend(_decoded(unit, encoded))
                 report(Path(unit.files[0]).name)
         finally:
             engine.close()
         report.done()
-    return _one_job(path, results, ranks, manifest, dq, "trace")
+    if not used:
+        return _one_job(path, results, ranks, manifest, dq, "trace")
+    dq.notes.append(f"figures of {len(used)} rank(s) read from {_names(used)}, made from these very traces "
+                    "(--no-summaries re-reads the traces)")
+    try:
+        return _one_job(path, results, ranks, manifest, dq, "trace")
+    except InputError as exc:
+        raise _SummariesDisagree(exc.problem if exc.path == str(path) else str(exc)) from None
+
+
+class _SummariesDisagree(Exception):
+    """The checks across ranks refused a folder in which some ranks were read from summaries."""
+
+
+def _decoded(unit: RankUnit, encoded) -> list[RankResult]:
+    """A worker's answer, checked before use: a list of msgpack-encoded results that decode to the
+    expected type (a Dask worker may be another machine). The files are named as given here, not as
+    the worker was sent them (absolute)."""
+    if not isinstance(encoded, list) or not all(type(b) is bytes for b in encoded):
+        raise InputError(unit.files[0], f"a worker sent back {type(encoded).__name__}, not rank summaries")
+    try:
+        out = [rankresult.decode(b) for b in encoded]
+    except rankresult.BadSummary as exc:
+        raise InputError(unit.files[0], f"a worker sent back {exc}") from None
+    given = {shown(os.path.abspath(f)): shown(f) for f in unit.files}
+    for r in out:
+        r.summary.file = given.get(r.summary.file, r.summary.file)
+        if r.quality is not None:
+            r.quality.file = given.get(r.quality.file, r.quality.file)
+    return out
 
 
 def _one_job(path: Path, results: list[RankResult], ranks: list[int] | None, manifest: dict | None,
-             dq: DataQuality, what: str) -> tuple[dict | None, list[RankResult]]:
-    """The job's ranks (refused if they are not one job's), those asked for, by rank, with their data quality."""
-    results, manifest = _check_one_job(path, results, manifest, dq)
+             dq: DataQuality, what: str, names: list[str] | None = None) -> tuple[dict | None, list[RankResult]]:
+    """The job's ranks (refused if they are not one job's), those asked for, by rank, with their data quality.
+
+    ``names``: the files the checks name for each result (default: its trace)."""
+    results, manifest = _check_one_job(path, results, manifest, dq, names)
     if ranks is not None:
         results = [r for r in results if r.rank in set(ranks)]
         if not results:
@@ -131,17 +193,22 @@ def _one_job(path: Path, results: list[RankResult], ranks: list[int] | None, man
 
 def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None, manifest: dict | None,
                     dq: DataQuality) -> tuple[dict | None, list[RankResult]]:
+    """A folder of summaries alone: nothing to re-derive them from, so one that is not intact is refused."""
     out = []
     for f in files:
         try:
-            r = rankresult.decode(f.read_bytes())
-        except (OSError, ValueError) as exc:
-            raise InputError(f, f"unreadable summary ({str(exc)[:80]})") from None
+            r = rankresult.read_file(f)
+        except (InputError, rankresult.BadSummary) as exc:
+            why = exc.problem if isinstance(exc, InputError) else str(exc)
+            raise InputError(f, f"unusable summary ({why}): rebuild it with `fsdpdoctor summarize` on the "
+                                "traces") from None
         if r.analysis_version != rankresult.ANALYSIS_VERSION:
             raise InputError(f, f"summary of analysis version {r.analysis_version}, this is "
                                 f"{rankresult.ANALYSIS_VERSION}: rebuild it with `fsdpdoctor summarize` on the traces")
         out.append(r)
-    return _one_job(path, out, ranks, manifest, dq, "summary")
+    dq.notes.append(f"figures of every rank read from summaries alone, with no trace to check them against: "
+                    f"{_names(files)}")
+    return _one_job(path, out, ranks, manifest, dq, "summary", names=[shown(f) for f in files])
 
 
 def _check_writable(groups: list[list[Path]], summary_dir: Path | None) -> None:
@@ -185,10 +252,11 @@ class _Reporter:
 
 
 def _check_one_job(source: Path, results: list[RankResult], manifest: dict | None,
-                   dq: DataQuality) -> tuple[list[RankResult], dict | None]:
+                   dq: DataQuality, names: list[str] | None = None) -> tuple[list[RankResult], dict | None]:
     """Ranks in one folder must belong to one job (``trace.identity``); identical copies are read once."""
+    names = names or [r.summary.file for r in results]
     members = [identity.Member(rank=r.rank, rank_source=r.rank_source, world_size=r.world_size, backend=r.backend,
-                               file=r.summary.file, identity=r.identity or identity.RankIdentity(host=r.host))
-               for r in results]
+                               file=name, identity=r.identity or identity.RankIdentity(host=r.host))
+               for r, name in zip(results, names)]
     keep, manifest = identity.check_one_job(source, members, manifest, dq)
     return [results[i] for i in keep], manifest

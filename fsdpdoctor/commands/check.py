@@ -6,6 +6,7 @@ import json
 
 from fsdpdoctor.commands.common import add_selection_args, engine_kwargs, run_analysis
 from fsdpdoctor.errors import InputError
+from fsdpdoctor.trace.io import check_output, write_atomic
 
 _ORDER = {"info": 0, "warning": 1, "error": 2}
 
@@ -43,6 +44,8 @@ def run(args) -> int:
         for t in THRESHOLDS:
             print(f"{t.name:32s} {t.default:<12g} {t.unit:26s} {t.meaning}  [source: {t.source}]")
         return 0
+    if args.junit:
+        check_output(args.junit, [args.path])
     a = run_analysis(args)
     bar = _ORDER[args.fail_on]
     failing = [f for f in a.findings if _ORDER.get(f.severity, 0) >= bar]
@@ -104,8 +107,7 @@ def run(args) -> int:
         from fsdpdoctor.report.junit import to_junit
 
         try:
-            with open(args.junit, "w") as fh:
-                fh.write(to_junit(a, failing, RULE_IDS))
+            write_atomic(args.junit, to_junit(a, failing, RULE_IDS))
         except OSError as exc:
             raise InputError(args.junit, f"cannot write JUnit file: {exc.strerror or exc}") from None
     return 1 if failed else 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsdpdoctor.errors import InputError
+from fsdpdoctor.trace.io import DOCUMENT_MAX, read_raw, read_text
 
 DUMP_NAME = re.compile(r"^rank(\d+)\.json$")
 FH_NAME = re.compile(r"^rank(\d+)\.faulthandler\.txt$")
@@ -158,9 +159,7 @@ def _fr_entry(e, path: Path) -> FrEntry:
 
 def read_json_dump(path: Path) -> RankDump:
     try:
-        doc = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+        doc = json.loads(read_raw(path, DOCUMENT_MAX))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(path, f"not valid JSON ({exc})") from None
     if not isinstance(doc, dict) or "fsdpdoctor_hang" not in doc:
@@ -213,10 +212,7 @@ def read_json_dump(path: Path) -> RankDump:
 
 def read_faulthandler(path: Path) -> RankDump | None:
     """A faulthandler file, or None when it holds only its header (nothing happened)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+    text = read_text(path)
     lines = text.splitlines()
     if not lines or not FH_HEADER.match(lines[0]):
         raise _bad(path, "no fsdpdoctor faulthandler header line")
@@ -285,8 +281,8 @@ def load_hang_dumps(run_dir: str | Path) -> HangDumps:
     manifest = root / "manifest.json"
     if world is None and manifest.is_file():
         try:
-            world = int(json.loads(manifest.read_text()).get("world_size"))
-        except (ValueError, TypeError, AttributeError, OSError):
+            world = int(json.loads(read_raw(manifest, DOCUMENT_MAX)).get("world_size"))
+        except (ValueError, TypeError, AttributeError, OSError, InputError):
             world = None
     return HangDumps(run_dir=str(root), dumps=dumps, world_size=world)
 
