@@ -13,7 +13,7 @@ from fsdpdoctor import __version__
 from fsdpdoctor.errors import InputError
 
 # verb modules, in the order `--help` lists them
-VERBS = ["analyze", "check", "diff", "export", "tui", "scaling", "memory", "summarize", "reference", "hang"]
+VERBS = ["analyze", "check", "diff", "export", "tui", "scaling", "memory", "summarize", "reference", "hang", "steps", "trigger"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from fsdpdoctor.analysis import rankresult
-from fsdpdoctor.engines import map_unit as _real_map_unit
+from fsdpdoctor.pipeline import RankOutput, open_analysis
+from fsdpdoctor.pipeline import rank_step as _real_rank_step
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.report.json_report import to_json
-from fsdpdoctor.session import analyze_path
 from fsdpdoctor.trace.io import read_raw, write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +35,7 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def doc(path, **kw) -> dict:
-    d = json.loads(to_json(analyze_path(path, **kw), include_events=True))
+    d = json.loads(to_json(open_analysis(path, **kw), include_events=True))
     d.pop("source")
     return d
 
@@ -158,7 +158,7 @@ def test_no_bit_flip_of_a_summary_is_believed(run):
         assert r is None and why, "a damaged summary was believed"
         shutil.copy(sp, alone / sp.name)  # a summaries-only folder: nothing to re-derive from, so refused
         with pytest.raises(InputError, match="unusable summary"):
-            analyze_path(alone, diagnose=False)
+            open_analysis(alone, diagnose=False)
     # end to end, one flip: the figures are the traces' and the report says why the summary was not used
     sp.write_bytes(next(_flips(good, 1, seed=7)))
     d = doc(run)
@@ -268,7 +268,7 @@ def test_summarize_on_a_full_disk_leaves_no_temp_file(run, monkeypatch):
 
     monkeypatch.setattr(io.os, "fdopen", fdopen)
     with pytest.raises(OSError):
-        from fsdpdoctor.session import rank_results
+        from fsdpdoctor.pipeline import rank_results
         rank_results(run, write_summaries=True, workers=1)
     monkeypatch.undo()
     assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
@@ -280,14 +280,14 @@ def _not_a_summary(unit, pieces=1):
 
 
 def test_what_a_dask_worker_sends_back_is_checked(run, dask_address, monkeypatch):
-    from fsdpdoctor import engines
+    from fsdpdoctor import pipeline
 
-    monkeypatch.setattr(engines, "map_unit", _not_a_summary)
+    monkeypatch.setattr(pipeline, "rank_step", _not_a_summary)
     with pytest.raises(InputError, match="a worker sent back dict, not rank summaries"):
-        analyze_path(run, dask=dask_address, use_summaries=False)
-    monkeypatch.setattr(engines, "map_unit", lambda unit, pieces=1: [b"\x93not a summary"])
+        open_analysis(run, dask=dask_address, use_summaries=False)
+    monkeypatch.setattr(pipeline, "rank_step", lambda unit, pieces=1: [RankOutput(b"\x93not a summary")])
     with pytest.raises(InputError, match="a worker sent back not a rank summary"):
-        analyze_path(run, dask=dask_address, use_summaries=False)
+        open_analysis(run, dask=dask_address, use_summaries=False)
 
 
 SENT: list = []  # what the stand-in worker below was sent (the in-process cluster runs it in this process)
@@ -295,16 +295,16 @@ SENT: list = []  # what the stand-in worker below was sent (the in-process clust
 
 def _spy(unit, pieces=1):
     SENT.append(unit.files)
-    return _real_map_unit(unit, pieces)
+    return _real_rank_step(unit, pieces)
 
 
 def test_dask_is_sent_absolute_paths(run, dask_address, monkeypatch):
-    from fsdpdoctor import engines
+    from fsdpdoctor import pipeline
 
     SENT.clear()
     monkeypatch.chdir(run.parent)
     expected = figures(Path("run"), workers=1, use_summaries=False)
-    monkeypatch.setattr(engines, "map_unit", _spy)
+    monkeypatch.setattr(pipeline, "rank_step", _spy)
     got = figures(Path("run"), dask=dask_address, use_summaries=False)
     assert sorted(SENT) == [(str(run / "rank0.json.gz"),), (str(run / "rank1.json.gz"),)]
     assert got == expected  # the files named as given here
