@@ -365,6 +365,11 @@ def _check_writable(groups: list[list[Path]], summary_dir: Path | None) -> None:
             raise InputError(d, "folder is read-only: write the summaries elsewhere with --out DIR")
 
 
+def _pace(n: int, seconds: float) -> str:
+    """How fast ranks are analysed, in the unit that reads well: ranks a second, or seconds a rank."""
+    return f"{n / seconds:.1f} ranks/s" if n >= seconds else f"{seconds / n:.1f} s per rank"
+
+
 class _Reporter:
     """Per-rank progress: the caller's callback (a progress bar), else, on long runs, a line on
     stderr every few seconds (silent for runs that finish quickly)."""
@@ -385,8 +390,8 @@ class _Reporter:
         now = time.monotonic()
         if now - self.t0 > self.QUIET_S and now - self.last > self.QUIET_S:
             self.last = now
-            rate = (self.n) / (now - self.t0)
-            print(f"fsdpdoctor: {self.n}/{self.total} ranks analysed ({name}; {rate:.1f} ranks/s)", file=sys.stderr)
+            print(f"fsdpdoctor: {self.n}/{self.total} ranks analysed ({name}; {_pace(self.n, now - self.t0)})",
+                  file=sys.stderr)
 
     def done(self) -> None:
         if self.progress:

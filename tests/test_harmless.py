@@ -308,3 +308,64 @@ def test_dask_is_sent_absolute_paths(run, dask_address, monkeypatch):
     got = figures(Path("run"), dask=dask_address, use_summaries=False)
     assert sorted(SENT) == [(str(run / "rank0.json.gz"),), (str(run / "rank1.json.gz"),)]
     assert got == expected  # the files named as given here
+
+
+# ------------------------------------------------------------------ progress
+def _big_trace(tmp_path: Path, gz: bool) -> Path:
+    """The straggler rank 0 trace, its JSON as it is (~5 MB: read in pieces) or gzip'd."""
+    import gzip
+
+    data = gzip.decompress((TRACES / "straggler" / "rank0.json.gz").read_bytes())
+    p = tmp_path / ("rank0.json.gz" if gz else "rank0.json")
+    p.write_bytes(gzip.compress(data, 1) if gz else data)
+    return p
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_reading_a_large_trace_reports_its_bytes_to_a_terminal_bar(tmp_path, monkeypatch, gz):
+    from fsdpdoctor.trace import io, split
+    from fsdpdoctor.trace.loader import load_file
+
+    monkeypatch.setattr(split, "STREAM_MIN_BYTES", 1 << 20)  # the streamed reading of a gzip trace, at this size
+    path = _big_trace(tmp_path, gz)
+    seen = []
+    with io.showing_bytes(lambda name, done, total: seen.append((name, done, total))):
+        load_file(path)
+    assert len(seen) > 2 and {s[0] for s in seen} == {path.name}
+    done = [s[1] for s in seen]
+    assert done == sorted(done) and done[-1] == seen[-1][2]  # it moves forward, and ends at the end
+    seen.clear()
+    load_file(path)  # nothing asked: nothing reported
+    assert not seen
+
+
+def test_the_bar_asks_for_bytes_only_on_a_terminal(monkeypatch):
+    from fsdpdoctor.commands.common import progress_bar
+    from fsdpdoctor.trace import io
+
+    with progress_bar(True) as cb:  # stderr is a pipe under pytest
+        assert cb is None and io._byte_progress is None
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+        def write(self, s):
+            return len(s)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    with progress_bar(True) as cb:
+        assert cb is not None and io._byte_progress is not None
+    assert io._byte_progress is None
+    with progress_bar(False) as cb:
+        assert cb is None and io._byte_progress is None
+
+
+def test_the_rate_line_of_a_slow_rank_reads_in_seconds_per_rank():
+    from fsdpdoctor.pipeline import _pace
+
+    assert _pace(1, 35.2) == "35.2 s per rank"       # was "0.0 ranks/s"
+    assert _pace(256, 3.1) == "82.6 ranks/s"

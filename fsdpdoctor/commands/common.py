@@ -24,7 +24,8 @@ def add_selection_args(p: argparse.ArgumentParser) -> None:
 def add_engine_args(p: argparse.ArgumentParser, summaries: bool = True) -> None:
     p.add_argument("--dask", metavar="ADDRESS",
                    help="analyse the ranks on a Dask cluster (scheduler address, or 'local' for a LocalCluster); "
-                        "the workers must see the traces at the same path (docs/scale-out.md)")
+                        "the workers must see the traces at the same path (docs/scale-out.md). The cluster is "
+                        "trusted with code execution in this process (docs/trust.md)")
     p.add_argument("--jobs", "-j", type=int, metavar="N",
                    help="worker processes on this machine (default: one per core; 1: in this process)")
     if summaries:
@@ -88,6 +89,8 @@ def progress_bar(enabled: bool):
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from fsdpdoctor.trace.io import showing_bytes
+
     with Progress(TextColumn("loading {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task("traces", total=None)
@@ -95,7 +98,11 @@ def progress_bar(enabled: bool):
         def cb(name: str, done: int, total: int) -> None:
             prog.update(task, description=name or "done", completed=done, total=total)
 
-        yield cb
+        def read(name: str, done: int, total: int) -> None:  # within one large trace: how far it is read
+            prog.update(task, description=f"{name} ({done / 2**20:,.0f} of {total / 2**20:,.0f} MiB read)")
+
+        with showing_bytes(read):
+            yield cb
 
 
 def run_analysis(args):

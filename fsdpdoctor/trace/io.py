@@ -8,6 +8,7 @@ import os
 import secrets
 import stat
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -225,3 +226,28 @@ def check_output(out, inputs) -> None:
                                           "run's: write it outside the run folder")
         except OSError:
             continue
+
+
+# ----------------------------------------------------------------------------- progress
+ByteProgress = Callable[[str, int, int], None]  # (file name, bytes done, bytes in all)
+_byte_progress: tuple[int, ByteProgress] | None = None  # (the pid that set it, the callback)
+
+
+@contextmanager
+def showing_bytes(callback: ByteProgress | None):
+    """While inside, the reading of a large trace in this process reports its bytes to ``callback``
+    (a progress bar on a terminal). Forked workers inherit the setting but never call it: drawing
+    belongs to the process that owns the terminal."""
+    global _byte_progress
+    before, _byte_progress = _byte_progress, (os.getpid(), callback) if callback else None
+    try:
+        yield
+    finally:
+        _byte_progress = before
+
+
+def bytes_read(path, done: int, total: int) -> None:
+    """Report reading progress on ``path`` (a no-op unless ``showing_bytes`` is on in this process)."""
+    hook = _byte_progress
+    if hook is not None and hook[0] == os.getpid():
+        hook[1](shown(Path(path).name), done, total)
