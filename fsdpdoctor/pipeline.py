@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Literal, overload
 
 from fsdpdoctor.analysis import rankresult
-from fsdpdoctor.analysis.engine import analyze_rank, reduce
+from fsdpdoctor.analysis.engine import analyze_rank, reduce, step_spec
 from fsdpdoctor.analysis.engine import param_dtype as model_dtype
 from fsdpdoctor.analysis.rankresult import RankResult
 from fsdpdoctor.diagnose import diagnose as run_rules
@@ -105,10 +105,18 @@ def _read_saved(path: Path, ranks: list[int] | None, steps: set[int] | None) -> 
     except (ValueError, TypeError) as exc:  # msgspec.ValidationError is a ValueError
         raise InputError(str(path), f"not a readable fsdpdoctor --json document: {exc}") from None
     if ranks is not None:
+        have = [r.rank for r in a.ranks]
         a.ranks = [r for r in a.ranks if r.rank in set(ranks)]
+        if not a.ranks:
+            raise InputError(str(path), f"no rank {', '.join(map(str, ranks))} in this document "
+                                        f"(it has {', '.join(map(str, have)) or 'none'})")
     if steps is not None:
+        have_steps = sorted({s.step for r in a.ranks for s in r.steps if s.step is not None})
         for r in a.ranks:
             r.steps = [s for s in r.steps if s.step in steps]
+        if not any(r.steps for r in a.ranks):
+            raise InputError(str(path), f"--steps {step_spec(sorted(steps))} matches no profiled step"
+                                        + (f" (the document has steps {step_spec(have_steps)})" if have_steps else ""))
     return a
 
 

@@ -38,18 +38,30 @@ def encode_header(rank: int, world: int, origin_unix_ns: int, pid: int) -> bytes
     return HEADER.pack(MAGIC, rank, world, origin_unix_ns, pid & U32_MAX)
 
 
+_RECORD_DTYPE = [("step", "<u4"), ("start", "<u8"), ("dur", "<u4"), ("wait", "<u4")]
+
+
 def encode_records(first_step: int, ends_ns: list[int], prev_end_ns: int, origin_ns: int,
                    waits_us: dict[int, int]) -> bytes:
     """Records of steps ``first_step ..``: step k runs from the previous step's end to ``ends_ns[k]``
-    (clock readings in ns, ``origin_ns`` being the series' origin)."""
-    out = bytearray()
-    start = prev_end_ns
-    for i, end in enumerate(ends_ns):
-        step = first_step + i
-        out += RECORD.pack(step & U32_MAX, max(0, start - origin_ns), min(U32_MAX - 1, max(0, end - start) // 1000),
-                           min(U32_MAX - 1, waits_us.get(step, NO_WAIT)) if step in waits_us else NO_WAIT)
-        start = end
-    return bytes(out)
+    (clock readings in ns, ``origin_ns`` being the series' origin). Vectorised: a flush of a thousand
+    fast steps costs microseconds, not a Python loop per step."""
+    import numpy as np
+
+    n = len(ends_ns)
+    ends = np.asarray(ends_ns, dtype=np.int64)
+    starts = np.empty(n, dtype=np.int64)
+    starts[0] = prev_end_ns
+    starts[1:] = ends[:-1]
+    rec = np.empty(n, dtype=_RECORD_DTYPE)
+    rec["step"] = (np.arange(first_step, first_step + n, dtype=np.int64) & U32_MAX).astype(np.uint32)
+    rec["start"] = np.maximum(starts - origin_ns, 0).astype(np.uint64)
+    rec["dur"] = np.minimum(np.maximum(ends - starts, 0) // 1000, U32_MAX - 1).astype(np.uint32)
+    rec["wait"] = NO_WAIT
+    for step, us in waits_us.items():
+        if first_step <= step < first_step + n:
+            rec["wait"][step - first_step] = min(U32_MAX - 1, max(0, us))
+    return rec.tobytes()
 
 
 @dataclass

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
 from pathlib import Path
 
+from fsdpdoctor.commands.base import print_json, say
 from fsdpdoctor.errors import InputError
 
 MARKS = {"schedule": "S", "demand": "T", "anomaly": "A", "unknown": "?"}
@@ -57,13 +56,13 @@ def run(args) -> int:
                "windows": [{"folder": w.folder.name if w.trigger != "schedule" else ".", "first_step": w.first,
                             "last_step": w.last, "trigger": w.trigger, "reason": w.reason,
                             "partial_steps": w.partial} for w in windows]}
-        sys.stdout.write(json.dumps(doc) + "\n")
+        print_json(doc)
         return 0
     if args.width < 40 or args.height < 4:
         raise InputError(None, "--width must be >= 40 and --height >= 4")
     print("\n".join(render(series, windows, args.width, args.height)))
     for n in notes:
-        print(f"note: {n}")
+        say(f"note: {n}")
     return 0
 
 

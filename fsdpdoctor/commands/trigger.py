@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from fsdpdoctor.commands.base import say
 from fsdpdoctor.errors import InputError
 
 # the coordinator writes its step series at every poll (every half second); older than this, no job is writing
@@ -35,16 +36,16 @@ def run(args) -> int:
         path = write_request(run_dir, args.steps)
     except OSError as exc:
         raise InputError(run_dir, f"cannot write the request: {exc.strerror or exc}") from None
-    print(f"requested a window of {args.steps} step{'s' if args.steps > 1 else ''}: {path}"
-          + (" (replacing a request not yet taken)" if replaced else ""))
+    say(f"requested a window of {args.steps} step{'s' if args.steps > 1 else ''}: {path}"
+        + (" (replacing a request not yet taken)" if replaced else ""))
     try:
         age = time.time() - series_path(run_dir, 0).stat().st_mtime
     except OSError:
         age = None
     if age is None or age > ALIVE_S:
         seen = "no step series from rank 0" if age is None else f"rank 0's step series last written {age:.0f} s ago"
-        print(f"note: no running capture seen in this folder ({seen}); the request waits for the next job armed on it")
+        say(f"note: no running capture seen in this folder ({seen}); the request waits for the next job armed on it")
     else:
-        print("the job's rank 0 takes it within a second; the traces land in "
-              f"{run_dir}/window-<first step>/ (`fsdpdoctor steps {run_dir}` shows where)")
+        say("the job's rank 0 takes it within a second; the traces land in "
+            f"{run_dir}/window-<first step>/ (`fsdpdoctor steps {run_dir}` shows where)")
     return 0

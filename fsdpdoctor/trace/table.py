@@ -100,11 +100,6 @@ class RankTrace:
     def n_events(self) -> int:
         return len(self.ts)
 
-    @property
-    def dialect(self) -> str:
-        """"gpu" when the trace holds device kernels, else "cpu"."""
-        return "gpu" if bool(np.any(self.cat == KERNEL)) else "cpu"
-
     def ids_of(self, predicate) -> np.ndarray:
         """Name ids whose string satisfies ``predicate`` (evaluated once per distinct name)."""
         return np.fromiter((i for i, n in enumerate(self.names) if predicate(n)), dtype=np.int32)
