@@ -21,7 +21,7 @@ from fsdpdoctor.analysis.collectives import (
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects.gloo_cpu import extract_spans
 from fsdpdoctor.analysis.dialects.base import (
-    CollectiveRecord, StepWindow, Timelines, comm_by_kind_and_phase, host_step_windows,
+    CollectiveRecord, StepWindow, Timelines, comm_by_kind_and_phase, cycle_index, host_step_windows,
 )
 from fsdpdoctor.analysis.stats import member
 from fsdpdoctor.results import Collective, DialectTraits
@@ -44,17 +44,19 @@ class NcclGpu:
         out = host_step_windows(ctx)
         if out[0].step is None:
             return out
-        # device work of a step runs on after its host window: slice at the next step's start
-        for w, nxt in zip(out, out[1:]):
-            w.end = nxt.start
-        # the last step's device work runs past its host window: extend to it
-        t, last = ctx.t, out[-1]
+        # device work of a step runs on after its host window: slice at the next step's start when
+        # that is the next step of the same recording; a step followed by a gap (the last one, the
+        # last of a profiler cycle, a step number skipped) extends to its own device work only
+        t = ctx.t
         drows = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
-        if len(drows):
-            lt = ctx.launch_times(drows)
-            sel = drows[(lt >= last.start) & (lt <= last.end)]
-            if len(sel):
-                last.end = max(last.end, float((t.ts[sel] + t.dur[sel]).max()))
+        device = (drows, ctx.launch_times(drows))
+        cycle = cycle_index(ctx, [w.start for w in out])
+        for i, (w, nxt) in enumerate(zip(out, out[1:])):
+            if cycle[i] == cycle[i + 1] and nxt.step == w.step + 1:
+                w.end = nxt.start
+            else:
+                _extend_to_device_work(ctx, w, nxt.start, device)
+        _extend_to_device_work(ctx, out[-1], math.inf, device)
         return out
 
     def collectives(self, ctx: RankContext) -> list[CollectiveRecord]:
@@ -84,6 +86,20 @@ class NcclGpu:
 
 
 DIALECT = NcclGpu()
+
+
+def _extend_to_device_work(ctx: RankContext, w: StepWindow, limit: float, device: tuple) -> None:
+    """Extend a step's window to the end of the device work launched inside it (never past ``limit``,
+    the next step's start, nor past its own profiler cycle). ``device``: (device rows, launch times)."""
+    t = ctx.t
+    if t.cycles:
+        limit = min(limit, t.cycles[int(cycle_index(ctx, [w.start])[0])][1])
+    drows, lt = device
+    if not len(drows):
+        return
+    sel = drows[(lt >= w.start) & (lt <= w.end)]
+    if len(sel):
+        w.end = max(w.end, min(float((t.ts[sel] + t.dur[sel]).max()), limit))
 
 
 def _comm_kernel_ids(t) -> np.ndarray:
