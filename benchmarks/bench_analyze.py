@@ -3,7 +3,7 @@
 Each measurement is a fresh child process (so both tools start cold and the
 peak RSS is the child's own, read with ``os.wait4``):
 
-* ours: ``analyze_path(path, diagnose=False)`` (load + map + reduce) + Σoverlapped/Σcomm per rank;
+* ours: ``open_analysis(path, diagnose=False)`` (load + map + reduce) + Σoverlapped/Σcomm per rank;
 * bare: gunzip + ``msgspec.json.decode`` of every rank file (the floor for reading the JSON);
 * HTA:  ``TraceAnalysis(trace_dir=...)`` + ``get_comm_comp_overlap()``, run with
   the Python of a separate virtualenv that has HolisticTraceAnalysis (HTA is not
@@ -39,9 +39,9 @@ GPU_TRACES = ["ddp_a100_rank0", "recsys_2_of_128_ranks", "v100_trace_diff_test",
 
 OURS_CHILD = r"""
 import json, sys, time
-from fsdpdoctor.session import analyze_path
+from fsdpdoctor.pipeline import open_analysis
 t0 = time.perf_counter()
-a = analyze_path(sys.argv[1], diagnose=False, use_summaries=False)
+a = open_analysis(sys.argv[1], diagnose=False, use_summaries=False)
 out = {}
 for r in a.ranks:
     comm = sum(s.comm_us for s in r.steps)

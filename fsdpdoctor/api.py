@@ -7,16 +7,13 @@ result (``fsdpdoctor.results.Analysis``): the same numbers as ``--json``.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from fsdpdoctor.errors import InputError
+from fsdpdoctor.pipeline import open_analysis
 from fsdpdoctor.results import Analysis
 
 # the time components of a step; compute + optimizer + exposed comm + data loading + idle == duration
 COMPONENTS = ("compute_us", "optimizer_us", "exposed_comm_us", "data_loading_us", "idle_us")
-# a saved ``--json`` starts with one of Analysis's keys (a trace starts with traceEvents/schemaVersion/...)
-_ANALYSIS_HEAD = re.compile(rb'^\s*\{\s*"(source|job|schema_version)"\s*:')
 
 
 def analyze(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
@@ -26,62 +23,8 @@ def analyze(path: str | Path, *, ranks: list[int] | None = None, steps: set[int]
 
     ``workers``: processes on this machine (None: one per core); ``dask``: a scheduler address or
     "local"; ``use_summaries``: read current per-rank summaries instead of their traces."""
-    return load_analysis(path, ranks=ranks, steps=steps, thresholds=thresholds, dask=dask, workers=workers,
+    return open_analysis(path, ranks=ranks, steps=steps, thresholds=thresholds, dask=dask, workers=workers,
                          use_summaries=use_summaries)
-
-
-def is_analysis_json(path: str | Path) -> bool:
-    p = Path(path)
-    if not p.is_file() or p.name.endswith(".gz"):
-        return False
-    try:
-        with open(p, "rb") as fh:
-            return _ANALYSIS_HEAD.match(fh.read(4096)) is not None
-    except OSError:
-        return False
-
-
-def load_analysis(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
-                  thresholds: dict[str, float] | None = None, progress=None, dask: str | None = None,
-                  workers: int | None = None, use_summaries: bool = True) -> Analysis:
-    """A trace (file or folder) is analysed; a saved ``--json`` is read back (its findings as saved).
-
-    On a saved JSON, ``ranks``/``steps`` keep only those ranks' and steps' samples; the findings and
-    means stay as they were computed. ``dask``/``workers``/``use_summaries`` say where a trace's
-    per-rank map runs (``session.analyze_path``); a saved JSON needs no engine and ignores them.
-    """
-    if is_analysis_json(path):
-        try:
-            a = Analysis.from_json(Path(path).read_bytes())
-        except (ValueError, TypeError) as exc:  # msgspec.ValidationError is a ValueError
-            raise InputError(str(path), f"not a readable fsdpdoctor --json document: {exc}") from None
-        if ranks is not None:
-            a.ranks = [r for r in a.ranks if r.rank in set(ranks)]
-        if steps is not None:
-            for r in a.ranks:
-                r.steps = [s for s in r.steps if s.step in steps]
-        return a
-    from fsdpdoctor.session import analyze_path
-
-    return analyze_path(path, ranks=ranks, steps=steps, thresholds=thresholds, progress=progress, dask=dask,
-                        workers=workers, use_summaries=use_summaries)
-
-
-def analyze_with_traces(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
-                        thresholds: dict[str, float] | None = None, progress=None, jobs: int | None = None):
-    """(Analysis, per-rank trace tables): a trace is read once for both; a saved JSON has no tables.
-
-    ``jobs``: processes that parse the files (None: one per core for several large files)."""
-    if is_analysis_json(path):
-        return load_analysis(path, ranks=ranks, steps=steps), []
-    from fsdpdoctor.analysis.engine import analyze_run
-    from fsdpdoctor.diagnose import diagnose
-    from fsdpdoctor.trace.loader import load_run
-
-    run = load_run(path, ranks=ranks, progress=progress, jobs=jobs)
-    a = analyze_run(run, steps=steps)
-    a.findings = diagnose(a, thresholds=thresholds)
-    return a, run.ranks
 
 
 def _pandas():
@@ -162,5 +105,5 @@ def save_json(a: Analysis, path: str | Path, include_events: bool = False) -> No
     Path(path).write_text(a.to_json(include_events=include_events))
 
 
-__all__ = ["analyze", "load_analysis", "analyze_with_traces", "is_analysis_json", "steps_df", "step_table_df",
+__all__ = ["analyze", "steps_df", "step_table_df",
            "collectives_df", "ranks_df", "findings_df", "save_json"]

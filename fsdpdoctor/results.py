@@ -229,8 +229,8 @@ class JobInfo:
     devices: list[str] = field(default_factory=list)
     has_stacks: bool = False
     manifest: dict | None = None
-    samples_per_step: float | None = None
-    tokens_per_step: float | None = None
+    samples_per_step: int | float | None = None  # as the manifest gave it (a saved --json re-reads the same)
+    tokens_per_step: int | float | None = None
     traits: DialectTraits = field(default_factory=DialectTraits)
 
 

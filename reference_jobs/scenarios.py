@@ -1,4 +1,4 @@
-"""The reference scenarios, in one table (no torch import: the CLI reads it).
+"""The reference scenarios, in one table (no torch import: the CLI reads it; rule ids from the registry).
 
 Each scenario: ``script`` (the job under reference_jobs/ that runs it),
 ``wrap`` (ddp / fsdp1 / fsdp2 / none: the manifest's wrapping kind), ``injects`` (one line: what is
@@ -10,21 +10,27 @@ problem the scenario does not contain.
 
 from __future__ import annotations
 
-# every rule id the reference scenarios exercise
-RULES = [
-    "fsdp-forward-prefetch-off",
-    "fsdp1-backward-post",
-    "fsdp1-no-backward-prefetch",
-    "fsdp2-backward-prefetch-ineffective",
-    "fsdp2-explicit-prefetch-noop",
-    "ddp-single-bucket",
-    "ddp-tiny-buckets",
-    "ddp-find-unused-unneeded",
-    "input-bound",
-    "straggler",
-    "host-sync",
-    "grad-accum-without-no-sync",
-]
+from fsdpdoctor.diagnose.rules import RULE_IDS
+
+# Rules the CPU/gloo reference jobs cannot judge, with why: every other rule of the registry is judged
+# (must fire where a scenario injects its problem, must not fire elsewhere), so a new rule is judged
+# on every scenario from the day it is added.
+NOT_JUDGED = {
+    "exposed-comm-high": "gloo collectives block the host: healthy runs expose up to half the step (noise study)",
+    "low-overlap": "device timeline only",
+    "latency-bound-collectives": "small models: every healthy job's messages are small",
+    "low-bus-bandwidth": "device timeline only",
+    "cpu-staged-collectives": "needs CUDA tensors",
+    "ranks-never-communicate": "injected by the user-style jobs only",
+    "wrapper-world-size-1": "the scaling runs' 1-process job, not a scenario",
+    "mixed-backends": "every scenario launches one backend",
+    "gpu-idle": "device timeline only",
+    "activation-recompute": "injected by the user-style jobs only",
+    "offload-exposed": "device timeline only",
+}
+assert set(NOT_JUDGED) <= set(RULE_IDS), set(NOT_JUDGED) - set(RULE_IDS)
+# every rule id the train.py scenarios judge, in registry order
+RULES = [r for r in RULE_IDS if r not in NOT_JUDGED]
 
 # Defaults of every parameter train.py understands; a scenario overrides some.
 DEFAULT_PARAMS = {
@@ -99,7 +105,7 @@ SCENARIOS: dict[str, dict] = {
 # Jobs written the way users write them, with other models than train.py: a transformers
 # Qwen2 decoder (hf_decoder.py) and a small ResNet-style CNN (cnn.py). Their rule universe
 # adds the rules of problems only they inject.
-USER_JOB_RULES = RULES + ["ranks-never-communicate", "activation-recompute"]
+USER_JOB_RULES = [r for r in RULE_IDS if r in RULES or r in ("ranks-never-communicate", "activation-recompute")]
 
 USER_JOB_PARAMS = {
     "launch": "torchrun",        # torchrun (init_process_group) / accelerate (cpu=True) /

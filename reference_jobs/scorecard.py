@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from fsdpdoctor.diagnose.rules import RULE_IDS
-from fsdpdoctor.session import analyze_path
+from fsdpdoctor.pipeline import open_analysis
 
 
 def scenario_files(traces: Path) -> list[Path]:
@@ -47,7 +47,7 @@ def scorecard(traces: Path) -> tuple[dict, list[str]]:
     scorecard.gate = []
     for exp_path in scenario_files(traces):
         exp = json.loads(exp_path.read_text())
-        findings = analyze_path(exp_path.parent).findings
+        findings = open_analysis(exp_path.parent).findings
         fired = {f.id for f in findings}
         if not exp_path.parent.name.startswith("hang_"):
             scorecard.gate.append(gate_rows(exp_path, exp, findings))

@@ -125,7 +125,7 @@ def test_missing_pandas_is_a_clear_error(analysis, monkeypatch):
 def test_uncompressed_trace_is_not_taken_for_a_saved_json(traces_dir, tmp_path):
     import gzip
 
-    from fsdpdoctor.api import is_analysis_json
+    from fsdpdoctor.pipeline import is_analysis_json
 
     raw = tmp_path / "rank0.json"
     raw.write_bytes(gzip.open(traces_dir / RUN / "rank0.json.gz").read())

@@ -325,7 +325,7 @@ def test_repeat_keeps_every_cycle_and_analyze_joins_them(tmp_path):
     import torch
 
     from fsdpdoctor.capture import capture
-    from fsdpdoctor.session import analyze_path
+    from fsdpdoctor.pipeline import open_analysis
 
     model, opt, train_step = tiny_training(torch)
     out = tmp_path / "cycles"
@@ -339,7 +339,7 @@ def test_repeat_keeps_every_cycle_and_analyze_joins_them(tmp_path):
     m = json.loads((out / "manifest.json").read_text())
     assert m["profiled_steps"] == [1, 2, 4, 5]
     assert m["cycle_files"] == {"0": ["rank0.json.gz", "rank0.cycle2.json.gz"]}
-    a = analyze_path(out)
+    a = open_analysis(out)
     assert a.job.steps == [1, 2, 4, 5] and [r.rank for r in a.ranks] == [0]
 
 

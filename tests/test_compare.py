@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from fsdpdoctor.api import load_analysis
+from fsdpdoctor.pipeline import open_analysis
 from fsdpdoctor.cli import main
 from fsdpdoctor.diagnose.compare import compare, step_samples
 from fsdpdoctor.diagnose.stats import estimate, t_quantile
@@ -87,7 +87,7 @@ def test_slower_loader_is_a_significant_regression(capsys, traces_dir):
 
 
 def test_straggler_injected_is_a_regression(traces_dir):
-    c = compare(load_analysis(traces_dir / "ddp_default"), load_analysis(traces_dir / "straggler"))
+    c = compare(open_analysis(traces_dir / "ddp_default"), open_analysis(traces_dir / "straggler"))
     assert c.regressed
     assert any(f.id == "straggler" and f.regressed for f in c.findings)
 
@@ -109,12 +109,12 @@ def test_uniformly_slower_machine_is_the_environment(capsys, traces_dir, slow_ma
 
 def test_fault_on_a_slower_machine_is_still_the_job(tmp_path, traces_dir):
     slow_fault = rewrite_times(traces_dir / "dataloader_slow", tmp_path / "dl", scale=1.5)
-    c = compare(load_analysis(traces_dir / "dataloader_fixed"), load_analysis(slow_fault))
+    c = compare(open_analysis(traces_dir / "dataloader_fixed"), open_analysis(slow_fault))
     assert c.verdict == "regression"
 
 
 def test_step_samples_average_ranks_per_step(traces_dir):
-    a = load_analysis(traces_dir / "ddp_default")
+    a = open_analysis(traces_dir / "ddp_default")
     samples = step_samples(a, "step")
     steps = sorted({s.step for r in a.ranks for s in r.steps})
     expected = [np.mean([s.duration_us for r in a.ranks for s in r.steps if s.step == st]) for st in steps]
@@ -176,7 +176,7 @@ def test_real_busy_machine_recording_is_the_environment(capsys, traces_dir, repo
 
 
 def test_job_mismatch_is_noted(traces_dir):
-    c = compare(load_analysis(traces_dir / "ddp_default"), load_analysis(traces_dir / "fsdp2_default"))
+    c = compare(open_analysis(traces_dir / "ddp_default"), open_analysis(traces_dir / "fsdp2_default"))
     assert any("wrapping" in n for n in c.notes)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from intervals_ref import merge
 
-from fsdpdoctor.session import analyze_path
+from fsdpdoctor.pipeline import open_analysis
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 
@@ -53,7 +53,7 @@ def inter(a, b):
 
 @pytest.mark.parametrize("scenario", ["fsdp1_backward_pre", "fsdp2_default", "ddp_default", "ddp_tiny_buckets"])
 def test_collective_kinds_per_step(scenario):
-    a = analyze_path(TRACES / scenario)
+    a = open_analysis(TRACES / scenario)
     for rank in (0, 1):
         evs = events(TRACES / scenario / f"rank{rank}.json.gz")
         want = Counter()
@@ -67,7 +67,7 @@ def test_collective_kinds_per_step(scenario):
 
 def test_gloo_reduce_scatter_is_not_all_reduce():
     """gloo executes reduce-scatter as gloo:all_reduce; the kind must come from the c10d op."""
-    a = analyze_path(TRACES / "fsdp1_backward_pre")
+    a = open_analysis(TRACES / "fsdp1_backward_pre")
     evs = events(TRACES / "fsdp1_backward_pre" / "rank0.json.gz")
     n_rs = sum(1 for e in evs if e.get("name") == "c10d::_reduce_scatter_base_" and e.get("ph") == "X")
     n_gloo_ar = sum(1 for e in evs if e.get("name") == "gloo:all_reduce" and e.get("ph") == "X")
@@ -80,7 +80,7 @@ def test_gloo_reduce_scatter_is_not_all_reduce():
 @pytest.mark.parametrize("scenario", ["ddp_default", "ddp_one_bucket", "fsdp1_no_backward_prefetch", "fsdp2_default"])
 def test_overlap_and_exposed_match_independent_computation(scenario):
     """comm = gloo worker spans; compute = main-thread cpu ops minus c10d ops and DataLoader time."""
-    a = analyze_path(TRACES / scenario)
+    a = open_analysis(TRACES / scenario)
     for rank in (0, 1):
         evs = events(TRACES / scenario / f"rank{rank}.json.gz")
         xs = [e for e in evs if e.get("ph") == "X"]
@@ -136,7 +136,7 @@ def test_prefetch_status_matches_configuration():
                 "fsdp2_empty_prefetch_list": ("pre", "off")}
     for scenario, (bwd, fwd) in expected.items():
         manifest = json.loads((TRACES / scenario / "manifest.json").read_text())
-        p = analyze_path(TRACES / scenario).prefetch
+        p = open_analysis(TRACES / scenario).prefetch
         assert (p.backward_mode, p.forward_mode) == (bwd, fwd), scenario
         if manifest["wrapping"]["kind"] == "fsdp1":
             configured = {"BACKWARD_PRE": "pre", "BACKWARD_POST": "post", None: "none"}
@@ -154,6 +154,6 @@ def test_prefetch_from_python_frames_without_annotations(scenario, tmp_path):
         doc["traceEvents"] = [e for e in doc["traceEvents"]
                               if not str(e.get("name", "")).startswith(("FullyShardedDataParallel.", "FSDP::"))]
         (tmp_path / f"rank{rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
-    frames, labels = analyze_path(tmp_path).prefetch, analyze_path(TRACES / scenario).prefetch
+    frames, labels = open_analysis(tmp_path).prefetch, open_analysis(TRACES / scenario).prefetch
     assert (frames.framework, frames.backward_mode, frames.forward_mode, frames.backward_prefetched) == \
         (labels.framework, labels.backward_mode, labels.forward_mode, labels.backward_prefetched)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fsdpdoctor.diagnose.rules import RULE_IDS
-from fsdpdoctor.session import analyze_path
+from fsdpdoctor.pipeline import open_analysis
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces"
@@ -23,7 +23,7 @@ needs_public = pytest.mark.skipif(PUBLIC is None, reason="../shared/traces-publi
 
 
 def ids(path, **kw) -> set[str]:
-    return {f.id for f in analyze_path(path, **kw).findings}
+    return {f.id for f in open_analysis(path, **kw).findings}
 
 
 def test_bundled_scenarios_exist():
@@ -41,7 +41,7 @@ def test_scenario_expected_findings(scenario):
 
 
 def test_findings_are_complete_objects():
-    a = analyze_path(TRACES / "dataloader_slow")
+    a = open_analysis(TRACES / "dataloader_slow")
     f = next(f for f in a.findings if f.id == "input-bound")
     assert f.severity in ("warning", "error") and 0 < f.confidence <= 1
     assert f.impact_us > 0 and 0 < f.impact_frac < 1
@@ -53,13 +53,13 @@ def test_findings_are_complete_objects():
 
 
 def test_findings_sorted_by_impact():
-    a = analyze_path(TRACES / "straggler")
+    a = open_analysis(TRACES / "straggler")
     impacts = [f.impact_us for f in a.findings]
     assert impacts == sorted(impacts, reverse=True)
 
 
 def test_straggler_names_culprit_and_cause():
-    a = analyze_path(TRACES / "straggler")
+    a = open_analysis(TRACES / "straggler")
     manifest = json.loads((TRACES / "straggler" / "manifest.json").read_text())
     slow = manifest["scenario"]["params"]["slow_rank"]
     f = next(f for f in a.findings if f.id == "straggler")
@@ -72,7 +72,7 @@ def test_straggler_names_culprit_and_cause():
 
 
 def test_host_sync_points_at_user_line():
-    a = analyze_path(TRACES / "host_sync")
+    a = open_analysis(TRACES / "host_sync")
     f = next(f for f in a.findings if f.id == "host-sync")
     # Kineto names a Python frame by the line where the function starts (its first executed line),
     # so the innermost user frame (the generator expression) points at the .item() line or just by it
@@ -83,7 +83,7 @@ def test_host_sync_points_at_user_line():
 
 
 def test_fix_uses_manifest_configuration():
-    a = analyze_path(TRACES / "ddp_one_bucket")
+    a = open_analysis(TRACES / "ddp_one_bucket")
     f = next(f for f in a.findings if f.id == "ddp-single-bucket")
     cap = a.job.wrapping_details["bucket_cap_mb"]
     assert f"now {cap}" in f.fix
@@ -127,7 +127,7 @@ def test_diff_reports_gone_and_new():
 
 @needs_public
 def test_public_resnet_num_workers_0_is_input_bound():
-    a = analyze_path(PUBLIC / "resnet50_loader_num_workers_0")
+    a = open_analysis(PUBLIC / "resnet50_loader_num_workers_0")
     f = next(f for f in a.findings if f.id == "input-bound")
     assert any("DataLoader" in e.text for e in f.evidence)
     assert "input-bound" not in ids(PUBLIC / "resnet50_loader_num_workers_4")
@@ -135,7 +135,7 @@ def test_public_resnet_num_workers_0_is_input_bound():
 
 @needs_public
 def test_public_mi300_exposed_all_reduce():
-    a = analyze_path(PUBLIC / "mi300_rccl_ddp_act_checkpoint")
+    a = open_analysis(PUBLIC / "mi300_rccl_ddp_act_checkpoint")
     f = next(f for f in a.findings if f.id == "exposed-comm-high")
     kinds = sorted(a.mean.comm_by_kind.items(), key=lambda kv: -kv[1].exposed_us)
     assert kinds[0][0] == "all_reduce"
@@ -145,7 +145,7 @@ def test_public_mi300_exposed_all_reduce():
 @needs_public
 @pytest.mark.parametrize("name", ["cpu_gloo_only", "resnet50_loader_num_workers_4", "ddp_a100_rank0"])
 def test_public_no_false_alarms(name):
-    a = analyze_path(PUBLIC / name)
+    a = open_analysis(PUBLIC / name)
     # ddp_a100_rank0's GPU is idle ~76% of every step with ~85% of kernels starting within 50 us of
     # their launch: it is host-bound, and gpu-idle says so (checked from the raw events in
     # test_gpu_rules.test_public_a100_ddp_is_host_bound)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpdoctor import session
+from fsdpdoctor import pipeline
 from fsdpdoctor.cli import main
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
@@ -22,16 +22,16 @@ RUN1, RUN2 = TRACES / "scaling_1proc", TRACES / "scaling_2proc"        # scaling
 
 @pytest.fixture
 def engines(monkeypatch) -> list[tuple[str | None, int | None, int, str]]:
-    """Every engine the session makes: (dask, workers, ranks to map, engine class); the real engine runs."""
+    """Every engine the pipeline makes: (dask, workers, ranks to map, engine class); the real engine runs."""
     made = []
-    real = session.make_engine
+    real = pipeline.make_engine
 
     def spy(dask=None, workers=None, total_bytes=None, n_units=0):
         engine = real(dask, workers, total_bytes, n_units)
         made.append((dask, workers, n_units, type(engine).__name__))
         return engine
 
-    monkeypatch.setattr(session, "make_engine", spy)
+    monkeypatch.setattr(pipeline, "make_engine", spy)
     return made
 
 

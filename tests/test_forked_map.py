@@ -1,4 +1,4 @@
-"""The local map in forked workers (``engines._forked_map``): the same results as one process and as
+"""The local map in forked workers (``engines.local._forked_map``): the same results as one process and as
 a process pool, errors and dead workers reported for the rank they hit, no worker left behind."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from fsdpdoctor import engines
 from fsdpdoctor.analysis import rankresult
-from fsdpdoctor.engines import RankUnit, SerialEngine, make_engine
+from fsdpdoctor.engines import SerialEngine, local, make_engine
+from fsdpdoctor.engines.forking import can_fork
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.trace.split import can_fork
+from fsdpdoctor.pipeline import RankUnit, rank_step
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 
@@ -27,7 +27,7 @@ def _units(*runs: str) -> list[RankUnit]:
 
 def _by_file(pairs) -> dict[str, list]:
     """unit -> decoded results (RankResult structs compare by value)."""
-    return {u.files[0]: [rankresult.decode(b) for b in res] for u, res in pairs}
+    return {u.files[0]: [rankresult.decode(o.result) for o in res] for u, res in pairs}
 
 
 def _children() -> set[int]:
@@ -47,15 +47,15 @@ def _children() -> set[int]:
 @pytest.mark.parametrize("workers", [2, 3])
 def test_forked_map_equals_serial_and_pool(workers):
     units = _units("straggler", "ddp_default", "fsdp2_default")  # 6 ranks: workers claim several each
-    serial = _by_file(SerialEngine().map(units))
-    forked = list(engines._forked_map(units, workers))
+    serial = _by_file(SerialEngine().map(rank_step, units))
+    forked = list(local._forked_map(rank_step, units, workers))
     assert len(forked) == len(units)  # every rank once
     assert _by_file(forked) == serial
-    assert _by_file(engines._pool_map(units, workers)) == serial
+    assert _by_file(local._pool_map(rank_step, units, workers)) == serial
 
 
 def test_small_runs_use_the_forked_workers_when_forking_is_safe():
-    assert isinstance(make_engine(None, None, 10_000, 2), engines.LocalEngine)
+    assert isinstance(make_engine(None, None, 10_000, 2), local.LocalEngine)
     assert isinstance(make_engine(None, 1, 10_000, 2), SerialEngine)
     assert isinstance(make_engine(None, None, 10_000, 1), SerialEngine)
 
@@ -67,13 +67,13 @@ def test_an_error_in_a_worker_is_raised_for_its_rank(tmp_path):
     units = [RankUnit((str(run / "rank0.json.gz"),)), RankUnit((str(run / "rank1.json.gz"),))]
     before = _children()
     with pytest.raises(InputError, match="rank1.json.gz: corrupt or truncated gzip"):
-        list(engines._forked_map(units, 2))
+        list(local._forked_map(rank_step, units, 2))
     assert _children() == before
 
 
 def test_a_worker_that_dies_is_named_and_nothing_hangs(monkeypatch):
     parent = os.getpid()
-    real = engines.map_unit
+    real = rank_step
 
     def dies_in_a_worker(unit, pieces=1):
         if os.getpid() != parent:
@@ -81,12 +81,11 @@ def test_a_worker_that_dies_is_named_and_nothing_hangs(monkeypatch):
         time.sleep(0.3)  # the worker claims a rank meanwhile
         return real(unit, pieces)
 
-    monkeypatch.setattr(engines, "map_unit", dies_in_a_worker)
     units = _units("straggler", "ddp_default")
     before = _children()
     t0 = time.monotonic()
     with pytest.raises(InputError, match="a worker process died while analysing this rank"):
-        list(engines._forked_map(units, 2))
+        list(local._forked_map(dies_in_a_worker, units, 2))
     assert time.monotonic() - t0 < 30
     assert _children() == before
 
@@ -94,7 +93,7 @@ def test_a_worker_that_dies_is_named_and_nothing_hangs(monkeypatch):
 def test_stopping_early_stops_the_workers():
     units = _units("straggler", "ddp_default", "fsdp2_default")
     before = _children()
-    it = engines._forked_map(units, 3)
+    it = local._forked_map(rank_step, units, 3)
     first_unit, first = next(it)
     assert first_unit in units and first
     it.close()
@@ -107,7 +106,7 @@ def test_workers_never_write_to_the_terminal(monkeypatch, capfd):
     import warnings
 
     parent = os.getpid()
-    real = engines.map_unit
+    real = rank_step
 
     def noisy(unit, pieces=1):
         if os.getpid() != parent:
@@ -118,17 +117,16 @@ def test_workers_never_write_to_the_terminal(monkeypatch, capfd):
             time.sleep(0.3)
         return real(unit, pieces)
 
-    monkeypatch.setattr(engines, "map_unit", noisy)
     units = _units("ddp_default")
-    got = _by_file(engines._forked_map(units, 2))
+    got = _by_file(local._forked_map(noisy, units, 2))
     out, err = capfd.readouterr()
     assert "worker" not in out + err
-    assert got == _by_file(SerialEngine().map(units))
+    assert got == _by_file(SerialEngine().map(rank_step, units))
 
 
 def test_a_stuck_worker_is_killed_and_its_rank_analysed_here(monkeypatch):
     parent = os.getpid()
-    real = engines.map_unit
+    real = rank_step
 
     def stuck_in_a_worker(unit, pieces=1):
         if os.getpid() != parent:
@@ -136,22 +134,21 @@ def test_a_stuck_worker_is_killed_and_its_rank_analysed_here(monkeypatch):
         time.sleep(0.2)       # the worker claims a rank meanwhile
         return real(unit, pieces)
 
-    monkeypatch.setattr(engines, "map_unit", stuck_in_a_worker)
-    monkeypatch.setattr(engines, "_STUCK_MIN_S", 1.0)
-    monkeypatch.setattr(engines, "_STUCK_FACTOR", 1.0)
+    monkeypatch.setattr(local, "_STUCK_MIN_S", 1.0)
+    monkeypatch.setattr(local, "_STUCK_FACTOR", 1.0)
     units = _units("straggler", "ddp_default")
     before = _children()
     t0 = time.monotonic()
-    got = list(engines._forked_map(units, 2))
+    got = list(local._forked_map(stuck_in_a_worker, units, 2))
     assert time.monotonic() - t0 < 20
     assert sorted(u.files[0] for u, _ in got) == sorted(u.files[0] for u in units)  # every rank once
-    assert _by_file(got) == _by_file(SerialEngine().map(units))
+    assert _by_file(got) == _by_file(SerialEngine().map(rank_step, units))
     assert _children() == before
 
 
 @pytest.mark.parametrize("n", [0, 1, 5, 20_000])
 def test_the_rank_queue_hands_out_every_index_once(n):
-    q = engines._RankQueue.of(n)
+    q = local._RankQueue.of(n)
     if q is None:  # more than this system lets a pipe hold: the caller uses a process pool
         assert n > 16_384
         return

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fsdpdoctor.cli import main
-from fsdpdoctor.session import analyze_path
+from fsdpdoctor.pipeline import open_analysis
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = ROOT / "traces" / "cuda"
@@ -89,7 +89,7 @@ def finding(a, rule_id):
 
 
 def test_launch_bound_synthetic(tmp_path):
-    a = analyze_path(launch_bound(Trace()).write(tmp_path))
+    a = open_analysis(launch_bound(Trace()).write(tmp_path))
     g = a.signals.gpu_idle[0]
     # first two steps have exact windows [0, 1000) and [1000, 2000): 12 kernels of 10 us each
     for st in g.steps[:2]:
@@ -113,14 +113,14 @@ def test_gpu_busy_queue_is_not_host_bound(tmp_path):
         for k in range(10):
             tr.x("aten::mm", "cpu_op", s + 10 * k, 9)
             tr.launch(s + 10 * k, s + 300 + 60 * k, 30)
-    a = analyze_path(tr.write(tmp_path))
+    a = open_analysis(tr.write(tmp_path))
     g = a.signals.gpu_idle[0]
     assert g.idle_frac > 0.5 and g.queue_empty_frac == 0.0
     assert finding(a, "gpu-idle") is None
 
 
 def test_data_loading_idle_is_a_consequence_of_input_bound(tmp_path):
-    a = analyze_path(launch_bound(Trace(), loader_us=600).write(tmp_path))
+    a = open_analysis(launch_bound(Trace(), loader_us=600).write(tmp_path))
     g = a.signals.gpu_idle[0]
     assert g.steps[0].by_cause["data_loading"] == pytest.approx(600.0)
     inp, idle = finding(a, "input-bound"), finding(a, "gpu-idle")
@@ -138,7 +138,7 @@ def test_host_sync_idle_and_profiler_share(tmp_path):
     for i in range(3):
         for k in range(100):
             tr.x("train.py(10): step", "python_function", i * 1000.0 + 5 * k, 2)
-    a = analyze_path(tr.write(tmp_path))
+    a = open_analysis(tr.write(tmp_path))
     g = a.signals.gpu_idle[0]
     assert g.steps[0].by_cause["host_sync"] > 0
     # the recorded frames that start while no kernel runs cost STACK_EVENT_COST_US each
@@ -154,7 +154,7 @@ def test_cpu_trace_has_no_gpu_idle(tmp_path):
     tr = Trace(backend="gloo", pg=("cpu:gloo",))
     tr.step(1, 0, 1000)
     tr.x("aten::mm", "cpu_op", 10, 500)
-    a = analyze_path(tr.write(tmp_path))
+    a = open_analysis(tr.write(tmp_path))
     assert a.signals.gpu_idle == [] and finding(a, "gpu-idle") is None
 
 
@@ -185,12 +185,14 @@ def test_gloo_on_cuda_is_a_setup_fault(tmp_path):
     for r in (0, 1):
         _training_rank(Trace(rank=r, world_size=2, backend="gloo", pg=("cpu:gloo,cuda:gloo",))).write(
             tmp_path, f"rank{r}.json")
-    a = analyze_path(tmp_path)
+    a = open_analysis(tmp_path)
     f = finding(a, "cpu-staged-collectives")
     assert f is not None and f.severity in ("warning", "error")
-    effects = {"exposed-comm-high", "low-bus-bandwidth", "fsdp-forward-prefetch-off"}
-    # root cause first: whatever of its effects fired is claimed by it, none stands as a peer
+    effects = {"exposed-comm-high", "low-bus-bandwidth", "latency-bound-collectives", "low-overlap"}
+    # root cause first: whatever of its effects fired is claimed by it, none stands as a peer; a
+    # prefetch setting survives a change of backend and is never claimed
     assert all(g.caused_by == f.id for g in a.findings if g.id in effects)
+    assert all(g.caused_by is None for g in a.findings if g.id.startswith("fsdp"))
     assert set(f.consequences) == {g.id for g in a.findings if g.caused_by == f.id}
     assert "nccl" in f.fix
 
@@ -202,7 +204,7 @@ def test_nccl_and_cpu_gloo_are_not_setup_faults(tmp_path):
         _training_rank(Trace(rank=r, world_size=2, backend="gloo", pg=("cpu:gloo,cuda:gloo",)),
                        kernels=False).write(tmp_path / "cpu", f"rank{r}.json")
     for sub in ("nccl", "cpu"):
-        found = {f.id for f in analyze_path(tmp_path / sub).findings}
+        found = {f.id for f in open_analysis(tmp_path / sub).findings}
         assert not found & {"cpu-staged-collectives", "ranks-never-communicate", "mixed-backends"}, (sub, found)
 
 
@@ -211,20 +213,20 @@ def test_ranks_that_never_communicate(tmp_path, kernels):
     for r in (0, 1):
         _training_rank(Trace(rank=r, world_size=2, backend="undefined", pg=()), with_collective=False,
                        kernels=kernels).write(tmp_path, f"rank{r}.json")
-    f = finding(analyze_path(tmp_path), "ranks-never-communicate")
+    f = finding(open_analysis(tmp_path), "ranks-never-communicate")
     assert f is not None and f.severity == "error"
     assert "init_process_group" in f.fix and "accelerate" in f.fix.lower()
 
 
 def test_world_size_one_never_claims_it_never_communicates(tmp_path):
     _training_rank(Trace(world_size=1), with_collective=False).write(tmp_path)
-    assert finding(analyze_path(tmp_path), "ranks-never-communicate") is None
+    assert finding(open_analysis(tmp_path), "ranks-never-communicate") is None
 
 
 def test_mixed_process_group_backends(tmp_path):
     _training_rank(Trace(rank=0, world_size=2, pg=("cuda:nccl",))).write(tmp_path, "rank0.json")
     _training_rank(Trace(rank=1, world_size=2, pg=("cuda:gloo",))).write(tmp_path, "rank1.json")
-    f = finding(analyze_path(tmp_path), "mixed-backends")
+    f = finding(open_analysis(tmp_path), "mixed-backends")
     assert f is not None and f.severity == "error"
     assert any("ranks 0" in e.text for e in f.evidence) and any("ranks 1" in e.text for e in f.evidence)
 
@@ -232,7 +234,7 @@ def test_mixed_process_group_backends(tmp_path):
 def test_wrapper_at_world_size_one_synthetic(tmp_path):
     tr = _training_rank(Trace(world_size=1))
     tr.x("DistributedDataParallel.forward", "user_annotation", 5, 150)
-    a = analyze_path(tr.write(tmp_path / "ws1"))
+    a = open_analysis(tr.write(tmp_path / "ws1"))
     f = finding(a, "wrapper-world-size-1")
     assert f is not None and f.severity == "info"
     # no prefetch verdict at world size 1: neither as a peer nor claimed
@@ -240,7 +242,7 @@ def test_wrapper_at_world_size_one_synthetic(tmp_path):
     assert a.prefetch is None or "world size 1" in a.prefetch.backward_mode
     tr2 = _training_rank(Trace(world_size=2))
     tr2.x("DistributedDataParallel.forward", "user_annotation", 5, 150)
-    assert finding(analyze_path(tr2.write(tmp_path / "ws2")), "wrapper-world-size-1") is None
+    assert finding(open_analysis(tr2.write(tmp_path / "ws2")), "wrapper-world-size-1") is None
 
 
 # ----------------------------------------------------------------- recompute and offload, synthetic
@@ -251,7 +253,7 @@ def test_recompute_non_reentrant_and_reentrant(tmp_path):
         tr.x("torch/utils/checkpoint.py(1500): recompute_fn", "python_function", s + 300, 100, tid=2)
         tr.launch(s + 310, s + 320, 100, tid=2)   # recomputed forward: counts
         tr.launch(s + 500, s + 510, 40, tid=2)    # ordinary backward: does not
-    a = analyze_path(tr.write(tmp_path / "nonreentrant"))
+    a = open_analysis(tr.write(tmp_path / "nonreentrant"))
     r = a.signals.recompute[0]
     assert r.recompute_us == pytest.approx(100.0) and r.regions_per_step == 1
     assert r.recompute_frac == pytest.approx(100.0 / a.mean.duration_us)
@@ -265,7 +267,7 @@ def test_recompute_non_reentrant_and_reentrant(tmp_path):
         tr.launch(s + 310, s + 320, 50, tid=2)    # the recomputed forward
         tr.x("autograd::engine::evaluate_function: MmBackward0", "cpu_op", s + 450, 200, tid=2)
         tr.launch(s + 460, s + 470, 80, tid=2)    # backward of the recomputed graph: not recompute
-    r = analyze_path(tr.write(tmp_path / "reentrant")).signals.recompute[0]
+    r = open_analysis(tr.write(tmp_path / "reentrant")).signals.recompute[0]
     assert r.recompute_us == pytest.approx(50.0)
 
 
@@ -275,7 +277,7 @@ def test_offload_copies_exposed(tmp_path):
         s = i * 1000.0
         tr.launch(s + 100, s + 400, 150, name="Memcpy HtoD (Pinned -> Device)", cat="gpu_memcpy")
         tr.launch(s + 100, s + 600, 50, name="Memcpy DtoH (Device -> Pinned)", cat="gpu_memcpy")
-    a = analyze_path(tr.write(tmp_path))
+    a = open_analysis(tr.write(tmp_path))
     o = a.signals.offload[0]
     assert o.h2d_us == pytest.approx(150.0) and o.d2h_us == pytest.approx(50.0)
     # the launch-bound kernels run 10 us of every 80: brute-force the part of the copies under none
@@ -300,7 +302,7 @@ def test_cuda_set_is_bundled():
 @pytest.mark.parametrize("scenario", CUDA_SCENARIOS)
 def test_cuda_expected_findings(scenario):
     exp = json.loads((CUDA / scenario / "expected.json").read_text())
-    a = analyze_path(CUDA / scenario)
+    a = open_analysis(CUDA / scenario)
     found = {f.id for f in a.findings}
     assert set(exp["must"]) <= found, f"missing {set(exp['must']) - found}"
     assert not set(exp["must_not"]) & found, f"forbidden {set(exp['must_not']) & found}"
@@ -336,7 +338,7 @@ def _brute_idle_per_step(doc: dict) -> list[tuple[float, float, float]]:
 
 @pytest.mark.parametrize("scenario", ["ddp_default", "fsdp2_default", "host_sync", "dataloader_slow"])
 def test_cuda_idle_matches_brute_force(scenario):
-    a = analyze_path(CUDA / scenario)
+    a = open_analysis(CUDA / scenario)
     g = a.signals.gpu_idle[0]
     brute = _brute_idle_per_step(_raw(CUDA / scenario))
     assert len(brute) == len(g.steps) - 1
@@ -347,15 +349,15 @@ def test_cuda_idle_matches_brute_force(scenario):
 
 
 def test_cuda_findings_name_cause_and_user_frames():
-    a = analyze_path(CUDA / "fsdp2_default")
+    a = open_analysis(CUDA / "fsdp2_default")
     f = finding(a, "gpu-idle")
     assert "kernel launch overhead" in f.title and "host-bound" in f.title
     assert f.source and f.source.startswith("train.py(")
-    a = analyze_path(CUDA / "dataloader_slow")
+    a = open_analysis(CUDA / "dataloader_slow")
     idle, inp = finding(a, "gpu-idle"), finding(a, "input-bound")
     assert idle.caused_by == "input-bound" and "gpu-idle" in inp.consequences
     assert "data loading" in idle.title
-    a = analyze_path(CUDA / "host_sync")
+    a = open_analysis(CUDA / "host_sync")
     hs = [f for f in a.findings if f.id == "host-sync"]
     assert any(f.source and f.source.startswith("train.py(") for f in hs)
     wr = finding(a, "wrapper-world-size-1")
@@ -386,7 +388,7 @@ def _public(name):
 @needs_public
 def test_public_idle_matches_brute_force():
     for name in ("ddp_a100_rank0", "resnet50_loader_num_workers_4"):
-        g = analyze_path(_public(name)).signals.gpu_idle[0]
+        g = open_analysis(_public(name)).signals.gpu_idle[0]
         brute = _brute_idle_per_step(_raw(_public(name)))
         assert brute
         for (s, e, idle), st in zip(brute, g.steps):
@@ -403,7 +405,7 @@ def test_public_healthy_traces_raise_nothing_from_these_rules():
     # v100 and mi300: the GPU is idle under 4% of the step; mi300's recompute is ~5% (info).
     for name in ("resnet50_loader_num_workers_4", "recsys_2_of_128_ranks", "cpu_gloo_only",
                  "v100_trace_diff_test", "mi300_rccl_ddp_act_checkpoint"):
-        a = analyze_path(_public(name))
+        a = open_analysis(_public(name))
         bad = [(f.id, f.severity) for f in a.findings if f.id in MY_RULES and f.severity != "info"]
         assert not bad, (name, bad)
 
@@ -426,7 +428,7 @@ def test_public_a100_ddp_is_host_bound():
     brute = _brute_idle_per_step(doc)
     idle_frac = sum(i for _, _, i in brute) / sum(e - s for s, e, _ in brute)
     assert empty > 0.5 and idle_frac > 0.5
-    a = analyze_path(_public("ddp_a100_rank0"))
+    a = open_analysis(_public("ddp_a100_rank0"))
     f = finding(a, "gpu-idle")
     assert f is not None and "host-bound" in f.title
     assert a.signals.gpu_idle[0].queue_empty_frac == pytest.approx(empty, abs=0.02)
@@ -434,7 +436,7 @@ def test_public_a100_ddp_is_host_bound():
 
 @needs_public
 def test_public_loader_bound_idle_is_input_bound():
-    a = analyze_path(_public("resnet50_loader_num_workers_0"))
+    a = open_analysis(_public("resnet50_loader_num_workers_0"))
     idle, inp = finding(a, "gpu-idle"), finding(a, "input-bound")
     assert inp is not None and idle is not None and idle.caused_by == "input-bound"
 
@@ -454,7 +456,7 @@ def test_public_mi300_recompute_share_matches_raw_events():
     dev = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
            and e.get("args", {}).get("correlation") in corrs]
     total = brute_union(dev)
-    a = analyze_path(_public("mi300_rccl_ddp_act_checkpoint"))
+    a = open_analysis(_public("mi300_rccl_ddp_act_checkpoint"))
     r = a.signals.recompute[0]
     n = len(a.job.steps)
     assert r.recompute_us * n == pytest.approx(total, rel=1e-6)
@@ -470,7 +472,7 @@ def test_wrapped_but_silent_ranks_are_a_warning(tmp_path):
         tr = _training_rank(Trace(rank=r, world_size=2), with_collective=False)
         tr.x("DistributedDataParallel.forward", "user_annotation", 5, 150)
         tr.write(tmp_path, f"rank{r}.json")
-    f = finding(analyze_path(tmp_path), "ranks-never-communicate")
+    f = finding(open_analysis(tmp_path), "ranks-never-communicate")
     assert f is not None and f.severity == "warning" and "no_sync" in f.summary
 
 
@@ -486,7 +488,7 @@ def test_gpu_idle_in_gloo_collectives_is_caused_by_the_setup(tmp_path):
             tr.x("c10d::allreduce_", "cpu_op", s + 300, 600)
             tr.x("gloo:all_reduce", "cpu_op", s + 310, 580, tid=3)
         tr.write(tmp_path, f"rank{r}.json")
-    a = analyze_path(tmp_path)
+    a = open_analysis(tmp_path)
     g = a.signals.gpu_idle[0]
     assert max(g.by_cause, key=g.by_cause.get) == "collective_wait"
     setup, idle = finding(a, "cpu-staged-collectives"), finding(a, "gpu-idle")
@@ -518,7 +520,7 @@ def test_public_host_to_device_copies_match_raw_events():
     ev = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     h2d = [(e["ts"], e["ts"] + e["dur"]) for e in ev
            if str(e.get("cat")).lower() in ("gpu_memcpy", "memcpy") and "HtoD" in e["name"]]
-    a = analyze_path(_public("resnet50_loader_num_workers_0"))
+    a = open_analysis(_public("resnet50_loader_num_workers_0"))
     o = a.signals.offload[0]
     # the analysis' step windows; the union inside each is computed here
     windows = [(b.start_us, b.start_us + b.duration_us) for b in a.ranks[0].steps]
@@ -535,7 +537,7 @@ def test_side_gloo_group_and_subgroups_are_not_faults(tmp_path):
     _training_rank(Trace(rank=0, world_size=2, pg=("cuda:nccl", "cpu:gloo,cuda:gloo", "cuda:nccl"))).write(
         tmp_path, "rank0.json")
     _training_rank(Trace(rank=1, world_size=2, pg=("cuda:nccl", "cpu:gloo,cuda:gloo"))).write(tmp_path, "rank1.json")
-    a = analyze_path(tmp_path)
+    a = open_analysis(tmp_path)
     assert a.signals.setup[0].default_pg_backend == "cuda:nccl"
     assert not {f.id for f in a.findings} & {"cpu-staged-collectives", "mixed-backends"}
 
@@ -549,7 +551,7 @@ def test_only_broadcasts_do_not_synchronise_gradients(tmp_path):
         tr.x("ncclDevKernel_Broadcast_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", "kernel", 710, 30,
              tid=8, pid=0, correlation=tr.corr)
         tr.write(tmp_path, f"rank{r}.json")
-    a = analyze_path(tmp_path)
+    a = open_analysis(tmp_path)
     assert sum(s.collectives for s in a.signals.setup) == 2
     f = finding(a, "ranks-never-communicate")
     assert f is not None and f.severity == "error" and "only broadcast" in f.summary
@@ -565,6 +567,6 @@ def test_pipeline_parallel_p2p_is_not_called_silent(tmp_path):
         tr.x("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)", "kernel", 710, 30,
              tid=8, pid=0, correlation=tr.corr)
         tr.write(tmp_path, f"rank{r}.json")
-    a = analyze_path(tmp_path)
+    a = open_analysis(tmp_path)
     assert a.signals.setup[0].collective_kinds == ["p2p"]
     assert finding(a, "ranks-never-communicate") is None

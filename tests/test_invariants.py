@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from fsdpdoctor.analysis import invariants
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import Analysis, Finding
-from fsdpdoctor.session import analyze_path
+from fsdpdoctor.pipeline import open_analysis as analyze_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trace_edit import split_cycles  # noqa: E402

@@ -1,4 +1,5 @@
-"""Loading rank folders: parallel parsing gives the same tables, errors survive worker processes."""
+"""Loading rank folders through the front door with their tables (as `export` does): parallel
+reading gives the same tables, errors survive worker processes."""
 
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ import numpy as np
 import pytest
 
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.trace.loader import load_run
+from fsdpdoctor.pipeline import open_analysis
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 
 
+def _tables_of(path, **kw):
+    return open_analysis(path, tables=True, **kw)[1]
+
+
 def test_parallel_load_matches_serial():
-    a = load_run(TRACES / "fsdp2_default", jobs=1)
-    b = load_run(TRACES / "fsdp2_default", jobs=2)
-    assert [r.rank for r in a.ranks] == [r.rank for r in b.ranks] == [0, 1]
-    for x, y in zip(a.ranks, b.ranks):
+    a = _tables_of(TRACES / "fsdp2_default", workers=1)
+    b = _tables_of(TRACES / "fsdp2_default", workers=2)
+    assert [r.rank for r in a] == [r.rank for r in b] == [0, 1]
+    for x, y in zip(a, b):
         assert x.names == y.names
         for col in ("name_id", "cat", "ts", "dur", "track", "corr"):
             assert np.array_equal(getattr(x, col), getattr(y, col)), col
@@ -29,14 +34,14 @@ def test_error_in_worker_is_an_input_error(tmp_path):
     shutil.copy(TRACES / "ddp_default" / "rank0.json.gz", tmp_path / "rank0.json.gz")
     (tmp_path / "rank1.json.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
     with pytest.raises(InputError, match="rank1.json.gz"):
-        load_run(tmp_path, jobs=2)
+        _tables_of(tmp_path, workers=2)
 
 
 def test_rank_filter_skips_other_files():
-    run = load_run(TRACES / "straggler", ranks=[1])
-    assert [r.rank for r in run.ranks] == [1]
+    a, tables = open_analysis(TRACES / "straggler", ranks=[1], tables=True)
+    assert [r.rank for r in tables] == [r.rank for r in a.ranks] == [1]
     with pytest.raises(InputError, match="no trace for rank"):
-        load_run(TRACES / "straggler", ranks=[5])
+        _tables_of(TRACES / "straggler", ranks=[5])
 
 
 def _split_by_step(src: Path, dst: Path, rank: int) -> None:
@@ -54,12 +59,12 @@ def _split_by_step(src: Path, dst: Path, rank: int) -> None:
 
 
 def test_profiler_cycles_of_one_rank_are_merged(tmp_path):
-    from fsdpdoctor.session import analyze_path
+    from fsdpdoctor.pipeline import open_analysis
 
     for r in (0, 1):
         _split_by_step(TRACES / "straggler" / f"rank{r}.json.gz", tmp_path, r)
-    whole = analyze_path(TRACES / "straggler")
-    split = analyze_path(tmp_path)
+    whole = open_analysis(TRACES / "straggler")
+    split = open_analysis(tmp_path)
     assert split.job.steps == whole.job.steps == [2, 3, 4, 5]
     assert [r.rank for r in split.ranks] == [0, 1]
     assert len(split.collective_events) == len(whole.collective_events)
@@ -71,10 +76,10 @@ def test_same_rank_same_steps_is_an_error(tmp_path):
     shutil.copy(TRACES / "ddp_default" / "rank0.json.gz", tmp_path / "rank0.json.gz")
     shutil.copy(TRACES / "ddp_find_unused" / "rank0.json.gz", tmp_path / "worker0.json.gz")
     with pytest.raises(InputError, match="appears twice"):
-        load_run(tmp_path)
+        _tables_of(tmp_path)
     shutil.copy(TRACES / "ddp_default" / "rank0.json.gz", tmp_path / "worker0.json.gz")
-    run = load_run(tmp_path)
-    assert [r.rank for r in run.ranks] == [0] and "read once" in run.quality.notes[0]
+    a, tables = open_analysis(tmp_path, tables=True)
+    assert [r.rank for r in tables] == [0] and "read once" in a.data_quality.notes[0]
 
 
 # -- the tagged-union decode (phases the loader never reads are skipped unread) ----------------------

@@ -16,12 +16,13 @@ import pytest
 from conftest import requires_torch
 from fsdpdoctor.analysis import stragglers
 from fsdpdoctor.analysis.context import is_user_frame
-from fsdpdoctor.diagnose.rules import RuleContext, fold_consequences, severity_for, straggler_verdict
+from fsdpdoctor.diagnose.facts import straggler_verdict
+from fsdpdoctor.diagnose.framework import RuleContext, fold_consequences, severity_for
 from fsdpdoctor.diagnose.thresholds import defaults, resolve
 from fsdpdoctor.results import (
     Analysis, Finding, JobInfo, RankSummary, StepBreakdown, StragglerReport,
 )
-from fsdpdoctor.session import analyze_path
+from fsdpdoctor.pipeline import open_analysis
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces"
@@ -123,7 +124,7 @@ def test_verdict_needs_consistency_materiality_and_signal_above_noise():
 
 
 def test_own_extra_work_is_named_and_the_same_work_slower_is_not():
-    from fsdpdoctor.diagnose.rules import straggler
+    from fsdpdoctor.diagnose.host_rules import straggler
 
     own = _report(5, 5, 300.0, 20.0, extra=290.0)
     own.cause, own.cause_source = "compute", "job.py(10): rank_specific_eval"
@@ -204,7 +205,7 @@ def test_library_frames_are_not_user_code():
 # ------------------------------------------------------------------ real bundled traces
 @needs_traces
 def test_bundled_straggler_names_rank_frame_and_evidence():
-    a = analyze_path(TRACES / "straggler")
+    a = open_analysis(TRACES / "straggler")
     manifest = json.loads((TRACES / "straggler" / "manifest.json").read_text())
     f = next(f for f in a.findings if f.id == "straggler")
     assert f.ranks == [manifest["scenario"]["params"]["slow_rank"]]
@@ -223,7 +224,7 @@ def test_bundled_straggler_names_rank_frame_and_evidence():
 @needs_traces
 def test_straggler_claims_the_exposed_comm_it_causes():
     # lower the gloo bar so the others' exposed communication is reported: it is waiting, so it folds
-    a = analyze_path(TRACES / "straggler", thresholds={"exposed_comm_frac_sync": 0.1})
+    a = open_analysis(TRACES / "straggler", thresholds={"exposed_comm_frac_sync": 0.1})
     strag = next(f for f in a.findings if f.id == "straggler")
     comm = next(f for f in a.findings if f.id == "exposed-comm-high")
     assert comm.caused_by == "straggler" and "exposed-comm-high" in strag.consequences
@@ -237,7 +238,7 @@ def test_straggler_claims_the_exposed_comm_it_causes():
 
 @needs_traces
 def test_straggler_wait_is_located_and_never_counted_as_prefetch_cost():
-    a = analyze_path(TRACES / "straggler")
+    a = open_analysis(TRACES / "straggler")
     s = a.straggler
     mine = [p for p in s.per_step if p["straggler"] == s.straggler]
     # the wait lands in the DDP all-reduce in backward (the first collective after the delay, no buffers)
@@ -267,14 +268,14 @@ def test_check_passes_healthy_and_fails_faults(folder):
     gating = must - NOT_GATING_ON_CPU
     assert _gate(folder) == (1 if gating else 0)
     if gating:
-        a = analyze_path(folder)
+        a = open_analysis(folder)
         assert any(f.id in gating and f.severity in ("warning", "error") for f in a.findings)
 
 
 @needs_traces
 @pytest.mark.parametrize("folder", ALL, ids=lambda p: p.name)
 def test_texts_fit_the_job(folder):
-    a = analyze_path(folder, thresholds={"exposed_comm_frac_sync": 0.05})
+    a = open_analysis(folder, thresholds={"exposed_comm_frac_sync": 0.05})
     wrap = a.job.wrapping_details
     for f in a.findings:
         assert "the GPU" not in f.summary + f.fix or a.job.traits.device_timeline, (f.id, f.summary, f.fix)
@@ -289,7 +290,7 @@ def test_texts_fit_the_job(folder):
 
 @needs_traces
 def test_backward_post_fix_says_what_to_change_from_what():
-    a = analyze_path(TRACES / "fsdp1_backward_post")
+    a = open_analysis(TRACES / "fsdp1_backward_post")
     f = next(f for f in a.findings if f.id == "fsdp1-backward-post")
     assert "BACKWARD_PRE" in f.fix and "now BACKWARD_POST" in f.fix
     assert f.severity == "warning"  # away from the default, cost on CPU not measurable: not an error
@@ -337,7 +338,7 @@ def test_moderate_straggler_is_found_with_its_frame(tmp_path, kind):
         script.write_text(COMPUTE_STRAGGLER.format(ref=str(ROOT / "reference_jobs"), root=str(ROOT)))
     out = tmp_path / "run"
     _torchrun(script, out, 100.0 if kind == "sleep" else 120.0)
-    a = analyze_path(out)
+    a = open_analysis(out)
     f = next((f for f in a.findings if f.id == "straggler"), None)
     assert f is not None, (a.straggler, [x.id for x in a.findings])
     assert f.ranks == [1] and kind in f.title
@@ -359,14 +360,14 @@ def _console_text(a) -> str:
 
 @needs_traces
 def test_console_header_and_findings_agree_with_the_straggler_finding():
-    a = analyze_path(TRACES / "straggler", thresholds={"exposed_comm_frac_sync": 0.1})
+    a = open_analysis(TRACES / "straggler", thresholds={"exposed_comm_frac_sync": 0.1})
     f = next(f for f in a.findings if f.id == "straggler")
     text = _console_text(a)
     assert f"straggler: rank {f.ranks[0]} (last in" in text
     assert "caused by the above" in text and "explains: exposed-comm-high" in text
     # the effect is printed after its cause
     assert text.index("[straggler]") < text.index("[exposed-comm-high]")
-    healthy = _console_text(analyze_path(TRACES / "ddp_default"))
+    healthy = _console_text(open_analysis(TRACES / "ddp_default"))
     assert "no straggler: rank" in healthy and "slowest rank" not in healthy
 
 
@@ -380,7 +381,7 @@ def test_tui_lists_effects_under_their_cause_and_marks_the_slow_rank():
     from fsdpdoctor.tui.app import FsdpDoctorApp
     from fsdpdoctor.tui.findings import FindingsPane
 
-    a = analyze_path(TRACES / "straggler", thresholds={"exposed_comm_frac_sync": 0.1})
+    a = open_analysis(TRACES / "straggler", thresholds={"exposed_comm_frac_sync": 0.1})
 
     async def run():
         app = FsdpDoctorApp(analysis=a)
@@ -404,7 +405,7 @@ def test_tui_lists_effects_under_their_cause_and_marks_the_slow_rank():
 def test_single_bucket_only_where_splitting_helps(folder):
     """One DDP bucket is a fault only when the cap was raised, or gradients are large enough that
     splitting them overlaps backward; a fix never asks for the value already set."""
-    a = analyze_path(folder)
+    a = open_analysis(folder)
     cap = a.job.wrapping_details.get("bucket_cap_mb")
     for f in a.findings:
         if f.id != "ddp-single-bucket":

@@ -20,7 +20,7 @@ from fsdpdoctor.analysis.dialects.base import Timelines, comm_by_kind_and_phase
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.report.json_report import to_json
 from fsdpdoctor.results import DialectTraits
-from fsdpdoctor.session import analyze_path
+from fsdpdoctor.pipeline import open_analysis
 
 from conftest import requires_torch
 
@@ -32,7 +32,7 @@ PUBLIC = next((p for p in CANDIDATES if p.is_dir()), None)
 
 
 def doc(path, **kw) -> dict:
-    a = analyze_path(path, **kw)
+    a = open_analysis(path, **kw)
     d = json.loads(to_json(a, include_events=True))
     d.pop("source")
     return d
@@ -76,7 +76,7 @@ class CommIsComputeDialect(GlooCpu):
 def test_a_registered_dialect_drives_analyze_end_to_end(monkeypatch):
     fake = CommIsComputeDialect()
     monkeypatch.setattr(dialects, "DIALECTS", [fake, *dialects.DIALECTS])  # the "one line" of a new dialect
-    a = analyze_path(TRACES / "straggler", workers=1, use_summaries=False)
+    a = open_analysis(TRACES / "straggler", workers=1, use_summaries=False)
     assert fake.calls["matches"] == 2 and fake.calls["timelines"] == 2     # once per rank
     assert a.job.traits.name == "test-double" and a.job.dialect == "cpu"
     assert "test double in use" in a.notes
@@ -86,7 +86,7 @@ def test_a_registered_dialect_drives_analyze_end_to_end(monkeypatch):
             assert s.compute_us == 0 and s.optimizer_us == 0 and s.overlapped_comm_us == 0
             assert s.exposed_comm_us == pytest.approx(s.comm_us)
     monkeypatch.undo()
-    real = analyze_path(TRACES / "straggler", workers=1, use_summaries=False)
+    real = open_analysis(TRACES / "straggler", workers=1, use_summaries=False)
     assert real.job.traits.name == "gloo-cpu"
     assert any(s.compute_us > 0 for r in real.ranks for s in r.steps)
     # the collectives themselves come from the same reading: same kinds in the same order
@@ -305,10 +305,10 @@ def test_an_unreadable_event_is_skipped_and_counted(tmp_path):
 
 
 def test_long_runs_report_progress_per_rank(monkeypatch, capsys):
-    from fsdpdoctor import session
+    from fsdpdoctor import pipeline
 
-    monkeypatch.setattr(session._Reporter, "QUIET_S", -1.0)   # report from the first rank on
-    analyze_path(TRACES / "straggler", workers=1, use_summaries=False, diagnose=False)
+    monkeypatch.setattr(pipeline._Reporter, "QUIET_S", -1.0)   # report from the first rank on
+    open_analysis(TRACES / "straggler", workers=1, use_summaries=False, diagnose=False)
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "ranks analysed" in ln]
     assert lines and lines[-1].startswith("fsdpdoctor: 2/2 ranks analysed (rank1.json.gz")
 
@@ -319,15 +319,16 @@ def test_the_job_checks_do_not_depend_on_the_order_ranks_finished(tmp_path):
     import itertools
 
     from fsdpdoctor.analysis import rankresult
-    from fsdpdoctor.engines import RankUnit, map_unit
+    from fsdpdoctor.pipeline import RankUnit, rank_step
     from fsdpdoctor.results import DataQuality
-    from fsdpdoctor.session import _check_one_job
+    from fsdpdoctor.pipeline import _check_one_job
 
     folder = tmp_path / "run"
     shutil.copytree(TRACES / "straggler", folder)
     shutil.copy(TRACES / "dataloader_slow" / "rank1.json.gz", folder / "rank1.json.gz")  # another job's
     shutil.copy(folder / "rank0.json.gz", folder / "copy_rank0.json.gz")  # an identical copy of rank 0
-    results = [rankresult.decode(b) for f in sorted(folder.glob("*.json.gz")) for b in map_unit(RankUnit((str(f),)))]
+    results = [rankresult.decode(o.result)
+               for f in sorted(folder.glob("*.json.gz")) for o in rank_step(RankUnit((str(f),)))]
     assert sorted(r.rank for r in results) == [0, 0, 1]
     errors, kept = set(), set()
     for perm in itertools.permutations(results):

@@ -16,7 +16,7 @@ from fsdpdoctor.analysis.scaling import RESIDUAL
 from fsdpdoctor.diagnose.scaling import FINDING_ID, scaling_report
 from fsdpdoctor.cli import main
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.session import analyze_path
+from fsdpdoctor.pipeline import open_analysis
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 RUN1, RUN2 = TRACES / "scaling_1proc", TRACES / "scaling_2proc"
@@ -47,12 +47,12 @@ def manifest(run: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def a1():
-    return analyze_path(RUN1, diagnose=False)
+    return open_analysis(RUN1, diagnose=False)
 
 
 @pytest.fixture(scope="module")
 def a2():
-    return analyze_path(RUN2, diagnose=False)
+    return open_analysis(RUN2, diagnose=False)
 
 
 @pytest.fixture(scope="module")

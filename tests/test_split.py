@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import fsdpdoctor.engines.forking as forking
 import fsdpdoctor.trace.split as split
 from fsdpdoctor.engines import SerialEngine, make_engine
-from fsdpdoctor.session import analyze_path
+from fsdpdoctor.pipeline import open_analysis
 from fsdpdoctor.trace.loader import load_file
 from fsdpdoctor.trace.table import RankTrace
 
@@ -107,8 +108,8 @@ def test_analysis_of_pieces_equals_the_whole(split_small, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "rank0.json.gz").write_bytes(CUDA_FSDP2.read_bytes())
-    a = analyze_path(run, use_summaries=False, workers=1)          # one core: whole file
-    b = analyze_path(run, use_summaries=False, workers=2)          # one rank, two cores: pieces
+    a = open_analysis(run, use_summaries=False, workers=1)          # one core: whole file
+    b = open_analysis(run, use_summaries=False, workers=2)          # one rank, two cores: pieces
     assert a.to_json() == b.to_json()
 
 
@@ -182,15 +183,15 @@ def test_a_worker_that_dies_or_hangs_leaves_the_whole_reading(tmp_path, split_sm
     def die(*a):
         os._exit(3)
 
-    monkeypatch.setattr(split, "_worker", die)
+    monkeypatch.setattr(forking, "_share", die)
     _same(whole, load_file(p, 2))
 
     def hang(*a):
         import time
         time.sleep(60)
 
-    monkeypatch.setattr(split, "_worker", hang)
-    monkeypatch.setattr(split, "_WORKER_MIN_WAIT_S", 0.5)
+    monkeypatch.setattr(forking, "_share", hang)
+    monkeypatch.setattr(forking, "_WORKER_MIN_WAIT_S", 0.5)
     _same(whole, load_file(p, 2))
 
 
@@ -216,7 +217,7 @@ def test_no_fork_beside_a_non_daemon_thread(tmp_path, split_small, monkeypatch):
     t.start()
     monkeypatch.setattr(split, "PIECES_MIN_BYTES", 0)
     try:
-        assert not split.can_fork()
+        assert not forking.can_fork()
         seen = _count_forks(monkeypatch)
         _same(_whole(p), load_file(p, 2))
         shares = [x for x in seen if isinstance(x, tuple) and x[0] != "pieces"]
@@ -224,7 +225,7 @@ def test_no_fork_beside_a_non_daemon_thread(tmp_path, split_small, monkeypatch):
     finally:
         stop.set()
         t.join()
-    assert split.can_fork()
+    assert forking.can_fork()
 
 
 def test_pieces_read_any_events_as_the_whole_file_does(tmp_path, monkeypatch):

@@ -35,9 +35,9 @@ def test_member_is_isin(values, test):
 
 def test_the_analysis_never_imports_numpy_ma():
     # np.median / np.unique / float np.isin import numpy.ma on first use: 15-25 ms of every process
-    code = ("import sys; from fsdpdoctor.session import analyze_path; "
-            "analyze_path('traces/cuda/fsdp2_default', use_summaries=False); "
-            "analyze_path('traces/straggler', use_summaries=False); print('numpy.ma' in sys.modules)")
+    code = ("import sys; from fsdpdoctor.pipeline import open_analysis; "
+            "open_analysis('traces/cuda/fsdp2_default', use_summaries=False); "
+            "open_analysis('traces/straggler', use_summaries=False); print('numpy.ma' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=context.__file__.rsplit("/fsdpdoctor/", 1)[0])
     assert out.stdout.strip() == "False"

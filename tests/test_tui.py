@@ -21,7 +21,7 @@ pytest.importorskip("textual")
 from fsdpdoctor.cli import main  # noqa: E402
 from pilot import check_help_theme_quit, dump, timed  # noqa: E402
 from fsdpdoctor.results import Evidence, Finding  # noqa: E402
-from fsdpdoctor.session import analyze_path  # noqa: E402
+from fsdpdoctor.pipeline import open_analysis  # noqa: E402
 from fsdpdoctor.tui.app import FsdpDoctorApp, display_name  # noqa: E402
 from fsdpdoctor.tui.findings import FindingList, FindingsPane, FixText, matches  # noqa: E402
 from fsdpdoctor.tui.screens import ErrorScreen, HelpScreen, LoadingScreen, RankPicker  # noqa: E402
@@ -44,7 +44,7 @@ needs_fsdp1 = pytest.mark.skipif(not (FSDP1 / "rank0.json.gz").exists(), reason=
 
 @lru_cache(maxsize=None)
 def _analysis(folder: Path, diagnose: bool):
-    return analyze_path(folder, diagnose=diagnose)
+    return open_analysis(folder, diagnose=diagnose)
 
 
 def real(folder: Path, diagnose: bool = True):
@@ -303,23 +303,23 @@ def test_open_tui_passes_engine_args(monkeypatch):
     assert main(["tui", str(ROOT)]) == 0
     assert seen == [{"dask": "tcp://sched:8786", "workers": 3, "use_summaries": False},
                     {"dask": None, "workers": 2, "use_summaries": True},
-                    {"dask": None, "workers": None, "use_summaries": True}]   # analyze_path's defaults
+                    {"dask": None, "workers": None, "use_summaries": True}]   # open_analysis's defaults
 
 
 @needs_straggler
 @timed
 async def test_app_runs_its_analysis_on_the_engine_asked_for(monkeypatch):
-    import fsdpdoctor.session as session
+    import fsdpdoctor.pipeline as pipeline
 
     made = []
-    real = session.make_engine
+    real = pipeline.make_engine
 
     def spy(dask=None, workers=None, total_bytes=None, n_units=0):
         engine = real(dask, workers, total_bytes, n_units)
         made.append((dask, workers, type(engine).__name__))
         return engine
 
-    monkeypatch.setattr(session, "make_engine", spy)
+    monkeypatch.setattr(pipeline, "make_engine", spy)
     app = FsdpDoctorApp(STRAGGLER, engine={"workers": 2, "use_summaries": False})
     async with app.run_test(size=(80, 24)) as pilot:
         await loaded(app, pilot)
@@ -330,7 +330,7 @@ async def test_app_runs_its_analysis_on_the_engine_asked_for(monkeypatch):
     # the same result as in this process, one rank at a time
     from fsdpdoctor.report.json_report import to_json
 
-    serial = analyze_path(STRAGGLER, workers=1, use_summaries=False)
+    serial = open_analysis(STRAGGLER, workers=1, use_summaries=False)
     assert to_json(app.analysis, include_events=True) == to_json(serial, include_events=True)
 
 
@@ -457,7 +457,7 @@ REAL = sorted(p for p in TRACES.glob("*") if (p / "expected.json").exists() and 
 @timed
 async def test_real_findings(folder):
     """Once the rules land: the expected findings are listed and their fix is shown."""
-    a = analyze_path(folder)
+    a = open_analysis(folder)
     if not a.findings:
         pytest.skip("diagnosis rules produce no findings yet")
     app = FsdpDoctorApp(analysis=a)
@@ -537,7 +537,7 @@ def _dropped_events_analysis(tmp_path: Path):
         e["dur"] = -5.0      # a negative duration
     ops[3]["ts"] = "late"   # a time that is not a number
     (run / "rank1.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
-    a = analyze_path(run, use_summaries=False)
+    a = open_analysis(run, use_summaries=False)
     a.source = "traces/straggler_damaged"
     return a
 

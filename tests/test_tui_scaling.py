@@ -22,7 +22,7 @@ pytest.importorskip("textual")
 from fsdpdoctor.diagnose.scaling import FINDING_ID, scaling_report  # noqa: E402
 from fsdpdoctor.cli import main  # noqa: E402
 from pilot import check_help_theme_quit, dump, timed  # noqa: E402
-from fsdpdoctor.session import analyze_path  # noqa: E402
+from fsdpdoctor.pipeline import open_analysis  # noqa: E402
 from fsdpdoctor.tui.palette import Palette  # noqa: E402
 from fsdpdoctor.tui.scaling_app import (NEG_GLYPH, POS_GLYPH, RunsTable, ScalingApp,  # noqa: E402
                                         ScalingHelpScreen, WaterfallView)
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(not (RUN1.is_dir() and RUN2.is_dir()),
 
 @lru_cache(maxsize=None)
 def _analysis(folder: Path):
-    return analyze_path(folder, diagnose=False)
+    return open_analysis(folder, diagnose=False)
 
 
 def real(folder: Path, source: str | None = None):

@@ -32,10 +32,8 @@ from fsdpdoctor.results import (
     Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals,
 )
 from fsdpdoctor.trace.identity import of as identity_of
-from fsdpdoctor.trace.loader import Run
 from fsdpdoctor.trace.table import RankTrace
 
-SMALL_MESSAGE_BYTES = 1 << 20  # below ~1 MiB NCCL collectives are latency-bound (nccl-tests curves)
 
 
 # ----------------------------------------------------------------------------- map
@@ -196,14 +194,6 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
                     clock=clock)
 
 
-def analyze_run(run: Run, steps: set[int] | None = None) -> Analysis:
-    """Map and reduce in this process over an already loaded ``Run``."""
-    results = [analyze_rank(t, steps, param_dtype=param_dtype(run.manifest)) for t in run.ranks]
-    a = reduce(results, source=run.source, manifest=run.manifest, notes=run.notes)
-    a.data_quality = run.quality
-    return a
-
-
 def _world_size(results: list[RankResult], manifest: dict | None) -> int | None:
     if manifest and manifest.get("world_size"):
         return int(manifest["world_size"])
@@ -246,8 +236,8 @@ def collective_stats(colls: list[Collective], n_rank_steps: int) -> list[Collect
             size_bytes=sum(c.size_bytes for c in sized) if sized else None,
             mean_size_bytes=float(np.mean([c.size_bytes for c in sized])) if sized else None,
             # total bytes over total time weights each call by its duration
-            busbw_gbps=(sum(b * d for b, d in bw) / sum(d for _, d in bw)) if bw and sum(d for _, d in bw) else None,
-            small_messages=sum(1 for c in sized if c.size_bytes < SMALL_MESSAGE_BYTES)))
+            busbw_gbps=(sum(b * d for b, d in bw) / sum(d for _, d in bw)) if bw and sum(d for _, d in bw) else None))
+    # small_messages depends on a threshold: the diagnosis fills it from the resolved table
     out.sort(key=lambda s: -s.exposed_us)
     return out
 

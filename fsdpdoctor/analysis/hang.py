@@ -521,7 +521,7 @@ FIXES: dict[str, str] = {
 def trend_from_analysis(analysis) -> Trend:
     """Was a rank already late in the profiled steps? ``analyze``'s straggler verdict counts only
     when its rule fired (the thresholds of diagnose/thresholds.py: a consistent, large wait), so
-    the run must be diagnosed (``analyze_path(..., diagnose=True)``)."""
+    the run must be diagnosed (``open_analysis(..., diagnose=True)``)."""
     s = getattr(analysis, "straggler", None)
     if s is None:
         return Trend(False, summary="the profiled steps name no straggler (fewer than 2 ranks or no collectives)")

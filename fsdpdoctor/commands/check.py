@@ -59,12 +59,12 @@ def run(args) -> int:
             budgets.append(f"{label} {100 * share:.1f}% of step > {100 * _percent(limit):.1f}%")
     comparison = None
     if args.baseline:
-        from fsdpdoctor.api import load_analysis
+        from fsdpdoctor.pipeline import open_analysis
         from fsdpdoctor.commands.common import parse_ranks, parse_steps, parse_thresholds
         from fsdpdoctor.diagnose.compare import compare
 
         th = parse_thresholds(args)
-        base = load_analysis(args.baseline, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th,
+        base = open_analysis(args.baseline, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th,
                              **engine_kwargs(args))
         if not any(r.steps for r in base.ranks):
             raise InputError(args.baseline, "no analysed step in the baseline (check --steps/--rank)")

@@ -99,11 +99,11 @@ def progress_bar(enabled: bool):
 
 
 def run_analysis(args):
-    from fsdpdoctor.session import analyze_path
+    from fsdpdoctor.pipeline import open_analysis
     from fsdpdoctor.trace.hang import hang_note
 
     with progress_bar(not args.no_progress) as cb:
-        analysis = analyze_path(args.path, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps),
+        analysis = open_analysis(args.path, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps),
                                 thresholds=parse_thresholds(args), progress=cb, **engine_kwargs(args))
     if note := hang_note(args.path):
         analysis.notes.append(note)

@@ -27,13 +27,13 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from fsdpdoctor.api import load_analysis
+    from fsdpdoctor.pipeline import open_analysis
     from fsdpdoctor.diagnose.compare import compare
 
     th = parse_thresholds(args)
     # the engine options apply to a side that is a trace; a saved --json is read back without one
     kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th, **engine_kwargs(args))
-    sides = [load_analysis(p, **kw) for p in (args.base, args.new)]
+    sides = [open_analysis(p, **kw) for p in (args.base, args.new)]
     for path, a in zip((args.base, args.new), sides):
         if not any(r.steps for r in a.ranks):
             raise InputError(path, "no analysed step to compare (check --steps/--rank)")

@@ -21,19 +21,19 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from fsdpdoctor.api import analyze_with_traces, load_analysis
+    from fsdpdoctor.pipeline import open_analysis
     from fsdpdoctor.report.perfetto import write
 
     engine = engine_kwargs(args)
     selection = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=parse_thresholds(args))
     with progress_bar(not args.no_progress) as cb:
         if args.no_ops:  # steps, collectives and findings: the analysis alone, mapped where the options say
-            a, traces = load_analysis(args.path, **selection, progress=cb, **engine), None
+            a, traces = open_analysis(args.path, **selection, progress=cb, **engine), None
         elif engine["dask"]:
             raise InputError(None, "--dask: export copies every rank's events into one file from this process; "
                                    "use --no-ops to analyse on the cluster and export steps, collectives and findings")
-        else:  # the events themselves: every rank's tables are read here (--jobs processes parse them)
-            a, traces = analyze_with_traces(args.path, **selection, progress=cb, jobs=engine["workers"])
+        else:  # the events themselves: every rank's tables come back here (--jobs processes read them)
+            a, traces = open_analysis(args.path, **selection, progress=cb, **engine, tables=True)
     try:
         n = write(a, args.perfetto, traces)
     except OSError as exc:

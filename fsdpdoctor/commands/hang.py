@@ -34,10 +34,10 @@ def build_report(path: str, trend: bool = True, thresholds: dict[str, float] | N
     tr = None
     root = Path(dumps.run_dir)
     if trend and any(root.glob("rank*.json*")):
-        from fsdpdoctor.session import analyze_path
+        from fsdpdoctor.pipeline import open_analysis
 
         try:
-            tr = trend_from_analysis(analyze_path(root, thresholds=thresholds))
+            tr = trend_from_analysis(open_analysis(root, thresholds=thresholds))
         except InputError as exc:
             from fsdpdoctor.analysis.hang import Trend
 

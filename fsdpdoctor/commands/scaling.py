@@ -49,7 +49,7 @@ def register(sub) -> None:
 def build_report(args):
     """Load the runs and build the ScalingReport; raises InputError on bad input (before any UI)."""
     from fsdpdoctor.diagnose.scaling import scaling_report
-    from fsdpdoctor.session import analyze_path
+    from fsdpdoctor.pipeline import open_analysis
 
     if len(args.runs) < 2:
         raise InputError(None, f"scaling needs at least 2 runs, got {len(args.runs)}")
@@ -58,7 +58,7 @@ def build_report(args):
     th = parse_thresholds(args)
     kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th, diagnose=False,
               **engine_kwargs(args))
-    analyses = [analyze_path(r, **kw) for r in args.runs]
+    analyses = [open_analysis(r, **kw) for r in args.runs]
     return scaling_report(analyses, samples_per_rank=spr, tokens_per_rank=tpr, thresholds=th)
 
 

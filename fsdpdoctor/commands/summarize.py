@@ -26,7 +26,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from fsdpdoctor.session import rank_results
+    from fsdpdoctor.pipeline import rank_results
 
     out = Path(args.out) if args.out else None
     if out is not None:
@@ -38,7 +38,7 @@ def run(args) -> int:
     kw.pop("use_summaries")
     try:
         with progress_bar(not args.no_progress and not args.quiet) as cb:
-            _, results = rank_results(Path(args.path), progress=cb, write_summaries=True, summary_dir=out,
+            _, results, _ = rank_results(Path(args.path), progress=cb, write_summaries=True, summary_dir=out,
                                       param_dtype=args.param_dtype, **kw)
     except PermissionError as exc:
         raise InputError(exc.filename, "cannot write the summary here (read-only?): use --out DIR") from None

@@ -1,13 +1,15 @@
 """Rules on the device timeline: the GPU waiting for the host, recompute and copy costs.
 
-Registered with ``@rule`` on import (``diagnose/rules.py`` imports this module).
+What idles the GPU is a shared fact (``facts.idle_verdict``): input-bound and cpu-staged-collectives
+claim the gpu-idle finding when their mechanism is what the GPU waits for.
 """
 
 from __future__ import annotations
 
 from fsdpdoctor.analysis.gpu_idle import QUEUE_EMPTY_US
-from fsdpdoctor.diagnose.rules import RuleContext, rule
-from fsdpdoctor.results import Evidence, Finding, GpuIdle
+from fsdpdoctor.diagnose.facts import FIXABLE_IDLE as FIXABLE, cuda_over_gloo, idle_verdict
+from fsdpdoctor.diagnose.framework import RuleContext, rule
+from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct
 
 CAUSE_LABEL = {
@@ -32,51 +34,13 @@ CAUSE_FIX = {
                 "to every Python call and inflate host time",
     "other": "Look at what the host does between steps at the source lines shown (logging, checkpoint I/O, sleeps)",
 }
-# idle the host side can give back: everything but "other", whose cause is not known
 SHORT = {"launch": "kernel launch overhead", "host_sync": "host syncs", "data_loading": "data loading",
          "collective_wait": "collective waits", "profiler": "profiler overhead", "other": "other host work"}
-FIXABLE = ("launch", "host_sync", "collective_wait", "profiler", "data_loading")
 
 
-def _mean_idle(idles: list[GpuIdle]) -> dict[str, float]:
-    n = len(idles)
-    out = {c: sum(g.by_cause.get(c, 0.0) for g in idles) / n for c in idles[0].by_cause}
-    out["_idle"] = sum(g.idle_us for g in idles) / n
-    return out
-
-
-def host_bound(ctx: RuleContext, idles: list[GpuIdle]) -> bool:
-    """Most kernels started right after their launch: the queue was empty, the host is the bottleneck."""
-    fr = [g.queue_empty_frac for g in idles if g.queue_empty_frac is not None]
-    return bool(fr) and sum(fr) / len(fr) >= ctx.th["launch_queue_empty_frac"]
-
-
-def _verdict(ctx: RuleContext) -> tuple[dict[str, float], bool, str] | None:
-    """(mean idle by cause, host-bound?, dominant fixable cause) when a gpu-idle finding applies."""
-    idles = ctx.a.signals.gpu_idle if ctx.a.signals else []
-    if not ctx.traits.device_timeline or not idles or not ctx.step_us:
-        return None
-    m = _mean_idle(idles)
-    bound = host_bound(ctx, idles)
-    fixable = sum(m[c] for c in FIXABLE)
-    cause = max(FIXABLE, key=lambda c: m[c])
-    # Idle with a full queue (kernels waiting long after launch) is the GPU waiting on itself (stream
-    # dependencies, events missing from a filtered trace), not the host: no host-side fix applies.
-    # Loading stalls the GPU whatever the queue looked like the rest of the step.
-    if ctx.frac(fixable) < ctx.th["gpu_idle_frac"] or not (bound or cause == "data_loading"):
-        return None
-    return m, bound, cause
-
-
-def dominant_idle_cause(ctx: RuleContext) -> str | None:
-    """The cause of most GPU idle time when a gpu-idle finding applies (input-bound lists it as consequence)."""
-    v = _verdict(ctx)
-    return v[2] if v else None
-
-
-@rule("gpu-idle")
+@rule(ids=("gpu-idle",), thresholds=("gpu_idle_frac", "input_bound_frac"))
 def gpu_idle(ctx: RuleContext) -> list[Finding]:
-    v = _verdict(ctx)
+    v = idle_verdict(ctx)
     if v is None:
         return []
     m, bound, cause = v
@@ -126,13 +90,12 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
     if input_bound:
         f.caused_by = "input-bound"
     elif cause == "collective_wait":
-        from fsdpdoctor.diagnose.setup_rules import cuda_over_gloo
         if cuda_over_gloo(ctx):
             f.caused_by = "cpu-staged-collectives"  # the host blocks in gloo collectives of CUDA tensors
     return [f]
 
 
-@rule("activation-recompute")
+@rule(ids=("activation-recompute",), thresholds=("recompute_frac", "recompute_warn_frac"))
 def activation_recompute(ctx: RuleContext) -> list[Finding]:
     rs = ctx.a.signals.recompute if ctx.a.signals else []
     if not rs or not ctx.step_us:
@@ -158,7 +121,7 @@ def activation_recompute(ctx: RuleContext) -> list[Finding]:
         severity="warning" if ctx.frac(us) >= ctx.th["recompute_warn_frac"] else "info")]
 
 
-@rule("offload-exposed")
+@rule(ids=("offload-exposed",), thresholds=("offload_exposed_frac",))
 def offload_exposed(ctx: RuleContext) -> list[Finding]:
     infos = ctx.a.signals.offload if ctx.a.signals else []
     if not infos or not ctx.traits.device_timeline or not ctx.step_us:

@@ -1,27 +1,31 @@
 """Setup faults: how the job was launched and wired, diagnosed before anything they cause.
 
 A setup fault lists in ``consequences`` the ids of the findings it explains (the diagnosis shows
-those under it, not as peers). Registered with ``@rule`` on import (``diagnose/rules.py`` imports
-this module).
+those under it, not as peers): only findings whose time the fault's mechanism accounts for, that
+would go away with the fix.
 """
 
 from __future__ import annotations
 
-from fsdpdoctor.diagnose.rules import RuleContext, rule
-from fsdpdoctor.results import Evidence, Finding, RankSetup
+from fsdpdoctor.diagnose.facts import NO_BACKEND as _NO_BACKEND, cuda_gloo as _cuda_gloo, cuda_over_gloo, dominant_idle_cause
+from fsdpdoctor.diagnose.facts import setups as _setups, straggler_in_own_frames, straggler_wait_us
+from fsdpdoctor.diagnose.framework import RuleContext, rule
+from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct
 
-# what a collective backend that cannot overlap or a missing peer makes the other rules report
-COMM_CONSEQUENCES = ["exposed-comm-high", "low-overlap", "low-bus-bandwidth", "latency-bound-collectives",
-                     "fsdp-forward-prefetch-off", "fsdp1-no-backward-prefetch", "fsdp1-backward-post",
-                     "fsdp2-backward-prefetch-ineffective", "straggler"]
+# what a collective backend that cannot overlap makes the communication rules report: the same
+# exposed time, gone with the backend's fix. Prefetch and bucket settings are not among them (they
+# survive a change of backend and stay roots of their own), nor a straggler whose lateness lies in
+# its own frames (see comm_consequences).
+COMM_CONSEQUENCES = ["exposed-comm-high", "low-overlap", "low-bus-bandwidth", "latency-bound-collectives"]
 PREFETCH_IDS = ["fsdp-forward-prefetch-off", "fsdp1-no-backward-prefetch", "fsdp1-backward-post",
                 "fsdp2-backward-prefetch-ineffective"]
-_NO_BACKEND = (None, "", "undefined", "none")
 
 
-def _setups(ctx: RuleContext) -> list[RankSetup]:
-    return ctx.a.signals.setup if ctx.a.signals else []
+def comm_consequences(ctx: RuleContext) -> list[str]:
+    """What a backend fault explains: the communication findings, and a straggler only when its lateness
+    is not in frames of its own (a sleep, compute, I/O or logging only it runs survive any backend)."""
+    return COMM_CONSEQUENCES + ([] if straggler_in_own_frames(ctx) else ["straggler"])
 
 
 def _finding(ctx: RuleContext, *args, consequences: list[str] | None = None, **kw) -> Finding:
@@ -30,25 +34,7 @@ def _finding(ctx: RuleContext, *args, consequences: list[str] | None = None, **k
     return f
 
 
-def cuda_over_gloo(ctx: RuleContext) -> bool:
-    """The setup fault cpu-staged-collectives applies (gpu-idle names it as the cause of collective waits)."""
-    return any(_cuda_gloo(s) for s in _setups(ctx)) or (
-        str(ctx.a.job.backend or "").lower() == "gloo" and ctx.traits.device_timeline)
-
-
-def _cuda_gloo(s: RankSetup) -> bool:
-    """CUDA tensors go through gloo: on a GPU job the default process group is gloo (or maps cuda to
-    gloo), or collectives run as gloo worker spans and no process group uses NCCL. A side group on gloo
-    beside an NCCL default group (for CPU objects, a common pattern) is not a fault."""
-    if not s.device_kernels:
-        return False
-    backend = (s.backend or "").lower()
-    return (backend == "gloo" or "cuda:gloo" in (s.default_pg_backend or "")
-            or (s.gloo_spans > 0 and not any("nccl" in b or "rccl" in b for b in s.pg_backends)
-                and backend not in ("nccl", "rccl")))
-
-
-@rule("cpu-staged-collectives")
+@rule(ids=("cpu-staged-collectives",))
 def cpu_staged_collectives(ctx: RuleContext) -> list[Finding]:
     setups = [s for s in _setups(ctx) if _cuda_gloo(s)]
     if not cuda_over_gloo(ctx):
@@ -59,8 +45,10 @@ def cpu_staged_collectives(ctx: RuleContext) -> list[Finding]:
     # GPU idle while the host blocks in them (gloo spans are host time), is the most it could give back
     idles = ctx.a.signals.gpu_idle if ctx.a.signals else []
     blocked = sum(g.by_cause.get("collective_wait", 0.0) for g in idles) / len(idles) if idles else 0.0
-    impact = max(m.exposed_comm_us if m else 0.0, blocked)
-    from fsdpdoctor.diagnose.gpu_rules import dominant_idle_cause
+    # the other ranks' wait for a straggler late in its own frames shows as exposed communication (and as
+    # the host blocked in a collective) whatever the backend: a backend fix gives none of it back
+    waiting = straggler_wait_us(ctx) if straggler_in_own_frames(ctx) else 0.0
+    impact = max(max(m.exposed_comm_us if m else 0.0, blocked) - waiting, 0.0)
     extra = ["gpu-idle"] if dominant_idle_cause(ctx) == "collective_wait" else []
     ev = [Evidence(f"rank {s.rank}: backend {s.backend or '?'}"
                    + (f", process groups {', '.join(s.pg_backends)}" if s.pg_backends else "")
@@ -68,21 +56,25 @@ def cpu_staged_collectives(ctx: RuleContext) -> list[Finding]:
           for s in setups[:8]]
     if manifest_gloo and not setups:
         ev.append(Evidence(f"manifest/trace backend: {ctx.a.job.backend}; the trace has device kernels"))
+    if waiting:
+        ev.append(Evidence(f"{ms(waiting)} per step of the exposed communication is waiting for the straggler "
+                           "(late in its own frames): left out, a backend change does not remove it",
+                           time_us=waiting))
     return [_finding(
         ctx, "cpu-staged-collectives", "Collectives on GPU tensors run over gloo (staged through host memory)",
         impact,
         "The job computes on the GPU but its process group uses gloo for CUDA tensors: every collective copies "
         "the tensor to host memory, reduces it on the CPU and copies it back, blocking the launching thread. "
-        "Nothing overlaps and the bandwidth is the host's; the communication and prefetch findings below "
-        "follow from this.",
+        "Nothing overlaps and the bandwidth is the host's; the communication findings below follow from "
+        "this (prefetch settings and a rank late in its own work do not, and stay findings of their own).",
         "dist.init_process_group(backend=\"nccl\")  (or \"cpu:gloo,cuda:nccl\" to keep gloo for CPU tensors); "
         "one GPU per rank: torch.cuda.set_device(local_rank). NCCL refuses two ranks on one GPU: give each rank "
         "its own device",
         confidence=0.9, evidence=ev, severity=ctx.severity(impact, floor="warning"),
-        ranks=[s.rank for s in setups] or None, consequences=COMM_CONSEQUENCES + extra)]
+        ranks=[s.rank for s in setups] or None, consequences=comm_consequences(ctx) + extra)]
 
 
-@rule("ranks-never-communicate")
+@rule(ids=("ranks-never-communicate",))
 def ranks_never_communicate(ctx: RuleContext) -> list[Finding]:
     setups = _setups(ctx)
     ws = ctx.a.job.world_size
@@ -126,7 +118,7 @@ def ranks_never_communicate(ctx: RuleContext) -> list[Finding]:
         consequences=[])]
 
 
-@rule("wrapper-world-size-1")
+@rule(ids=("wrapper-world-size-1",))
 def wrapper_world_size_1(ctx: RuleContext) -> list[Finding]:
     job = ctx.a.job
     if job.world_size != 1 or job.wrapping not in ("ddp", "fsdp1", "fsdp2"):
@@ -150,7 +142,7 @@ def wrapper_world_size_1(ctx: RuleContext) -> list[Finding]:
         consequences=PREFETCH_IDS + ["exposed-comm-high", "low-overlap", "low-bus-bandwidth"])]
 
 
-@rule("mixed-backends")
+@rule(ids=("mixed-backends",))
 def mixed_backends(ctx: RuleContext) -> list[Finding]:
     setups = _setups(ctx)
     backends = {s.rank: (s.backend or "").lower() for s in setups if s.backend not in _NO_BACKEND}
@@ -173,4 +165,4 @@ def mixed_backends(ctx: RuleContext) -> list[Finding]:
         "(set it explicitly instead of relying on defaults or environment variables)",
         confidence=0.8, severity="error",
         evidence=[Evidence(f"{b}: ranks {', '.join(map(str, rs))}") for b, rs in groups.items()],
-        consequences=COMM_CONSEQUENCES)]
+        consequences=comm_consequences(ctx))]

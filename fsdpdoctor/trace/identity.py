@@ -142,14 +142,6 @@ def check_one_job(source, members: list[Member], manifest: dict | None, dq) -> t
     return keep, manifest
 
 
-def check_run(run) -> None:
-    """``check_one_job`` on a loaded ``Run`` (its traces in memory)."""
-    members = [Member(rank=t.rank, rank_source=t.rank_source, world_size=t.world_size, backend=t.backend,
-                      file=str(t.path), identity=of(t)) for t in run.ranks]
-    keep, run.manifest = check_one_job(run.source, members, run.manifest, run.quality)
-    run.ranks = [run.ranks[i] for i in keep]
-
-
 def _duplicates(source, members: list[Member], dq) -> list[int]:
     seen: dict[int, Member] = {}
     keep = []

@@ -1,15 +1,12 @@
-"""Files and folders -> ``Run`` (per-rank ``RankTrace`` tables + optional manifest)."""
+"""Trace files -> per-rank ``RankTrace`` tables; run folders -> their manifest and trace files."""
 
 from __future__ import annotations
 
 import errno
-import multiprocessing as mp
 import os
 import re
 import stat
 from array import array
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -33,24 +30,6 @@ _KEEP_ARGS = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_p
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)
 
 Progress = Callable[[str, int, int], None]  # (file name, files done, files total)
-
-
-@dataclass
-class Run:
-    """What one ``analyze`` call looks at: one or more ranks of one job."""
-
-    source: Path
-    ranks: list[RankTrace]
-    manifest: dict | None = None
-    notes: list[str] = field(default_factory=list)
-    quality: DataQuality = field(default_factory=DataQuality)
-
-    @property
-    def world_size(self) -> int | None:
-        if self.manifest and self.manifest.get("world_size"):
-            return int(self.manifest["world_size"])
-        sizes = [r.world_size for r in self.ranks if r.world_size]
-        return sizes[0] if sizes else None
 
 
 def rank_from_filename(path: Path) -> int | None:
@@ -386,42 +365,6 @@ def _not_a_file(p: Path) -> str | None:
     return None
 
 
-# below this many bytes on disk, starting worker processes costs more than it saves
-PARALLEL_MIN_BYTES = 8 << 20
-
-
-def _workers(files: list[Path], jobs: int | None) -> int:
-    if jobs is not None:
-        return max(1, min(jobs, len(files)))
-    if len(files) < 2 or sum(f.stat().st_size for f in files) < PARALLEL_MIN_BYTES:
-        return 1
-    return max(1, min(len(files), os.cpu_count() or 1))
-
-
-def _load_files(files: list[Path], progress: Progress | None, jobs: int | None) -> list[RankTrace]:
-    """Parse rank files, in worker processes when there are several large ones (parsing is CPU-bound)."""
-    n = _workers(files, jobs)
-    if progress and files:
-        progress(files[0].name, 0, len(files))
-    if n == 1 or "fork" not in mp.get_all_start_methods():
-        traces = []
-        for i, f in enumerate(files):
-            if progress and i:
-                progress(f.name, i, len(files))
-            traces.append(load_file(f))
-    else:
-        traces = []
-        with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context("fork")) as pool:
-            futures = {pool.submit(load_file, f): f for f in files}
-            for done, fut in enumerate(as_completed(futures), 1):
-                traces.append(fut.result())  # an InputError raised in a worker re-raises here
-                if progress:
-                    progress(futures[fut].name, done, len(files))
-    if progress:
-        progress("", len(files), len(files))
-    return traces
-
-
 def input_files(path: Path, dq: DataQuality) -> tuple[dict | None, list[Path]]:
     """(manifest, trace files) of a file or a run folder; what cannot be trusted or read is noted in ``dq``."""
     if not path.exists():
@@ -434,33 +377,6 @@ def input_files(path: Path, dq: DataQuality) -> tuple[dict | None, list[Path]]:
         extra = f" ({'; '.join(dq.notes)})" if dq.notes else ""
         raise InputError(path, f"folder holds no .json or .json.gz trace files{extra}")
     return manifest, files
-
-
-def load_run(path: str | Path, ranks: list[int] | None = None, progress: Progress | None = None,
-             jobs: int | None = None) -> Run:
-    """Load a trace file or a folder of per-rank traces (plus ``manifest.json`` if present).
-
-    ``jobs``: worker processes for parsing (default: one per core for several large files)."""
-    path = Path(path)
-    dq = DataQuality()
-    manifest, files = input_files(path, dq)
-    if ranks is not None and len(files) > 1:
-        # skip parsing files whose name says they are another rank
-        wanted = set(ranks)
-        named = {f: rank_from_filename(f) for f in files}
-        if all(r is not None for r in named.values()):
-            files = [f for f in files if named[f] in wanted]
-    traces = _load_files(files, progress, jobs)
-    run = Run(source=path, ranks=_merge_cycles(traces, manifest), manifest=manifest, quality=dq)
-    identity.check_run(run)
-    if ranks is not None:
-        run.ranks = [r for r in run.ranks if r.rank in set(ranks)]
-        if not run.ranks:
-            raise InputError(path, f"no trace for rank(s) {', '.join(map(str, ranks))}")
-    run.ranks.sort(key=lambda r: r.rank)
-    dq.ranks = [r.quality for r in run.ranks if r.quality and (r.quality.dropped or r.quality.notes)]
-    dq.dropped_events = sum(q.dropped for q in dq.ranks)
-    return run
 
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")

@@ -20,18 +20,12 @@ reads the file the ordinary way, which also gives the ordinary error messages.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import pickle
 import re
-import sys
-import threading
-import time
-import warnings
 
 import msgspec
 import numpy as np
 
+from fsdpdoctor.engines.forking import can_fork, forked_shares
 from fsdpdoctor.trace.events import _events_decoder, decode_trace
 from fsdpdoctor.trace.io import GZIP_ERRORS, inflater
 
@@ -55,10 +49,6 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _KEY = b'"traceEvents"'
 _OPEN = re.compile(rb"\s*:\s*\[")
 _TAIL_TRIES = 16          # "]" found after the array's own, inside the keys that follow it
-# a worker does as much as this process did for its own piece; one still silent after several
-# times that (stuck in a lock a thread held at the fork) is killed and the file is read whole
-_WORKER_GRACE = 5.0
-_WORKER_MIN_WAIT_S = 10.0
 
 
 def events_span(data: bytes) -> tuple[int, int] | None:
@@ -204,53 +194,6 @@ def _document_fields(outside: bytes, path) -> dict | None:
     return meta if fmt == "kineto" and not events else None
 
 
-def quiet_child() -> None:
-    """In a forked worker: never write to the parent's terminal. Its own stdout/stderr objects may
-    carry a lock that another thread of the parent held at the fork (a progress bar refreshing), and
-    a worker that wrote a warning through them would wait on it forever: they go to /dev/null."""
-    warnings.simplefilter("ignore")
-    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the worker
-
-
-def _worker(data: bytes, begin: int, end: int, columns, conn) -> None:
-    try:
-        quiet_child()
-        out = _piece_columns(data, begin, end, columns)
-        conn.send_bytes(pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
-    except BaseException:  # noqa: BLE001 - the parent falls back; a worker must never print a traceback
-        try:
-            conn.send_bytes(pickle.dumps(None))
-        except BaseException:  # noqa: BLE001
-            pass
-    finally:
-        conn.close()
-
-
-def _receive(proc, conn, deadline: float):
-    """A worker's pickled answer, or None when it died or is still silent at ``deadline``."""
-    try:
-        while not conn.poll(0.05):
-            if not proc.is_alive() or time.monotonic() > deadline:
-                return None
-        return pickle.loads(conn.recv_bytes())
-    except (EOFError, OSError, pickle.UnpicklingError):
-        return None
-    finally:
-        conn.close()
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
-
-
-def can_fork() -> bool:
-    """Whether forking is safe here: no other thread but daemons (a progress bar's refresher), which
-    hold no lock the workers need; the TUI and Dask run the analysis in threads, and get no pieces."""
-    if "fork" not in mp.get_all_start_methods():
-        return False
-    main = threading.main_thread()
-    return threading.current_thread() is main and all(t is main or t.daemon for t in threading.enumerate())
-
-
 def decode_columns(data: bytes, path, workers: int, columns):
     """(document fields, columns) of a Kineto trace decoded in pieces by ``workers`` processes
     (1: this one only), or None.
@@ -271,22 +214,7 @@ def decode_columns(data: bytes, path, workers: int, columns):
     if len(ranges) < 2:
         got = _piece_columns(data, start + 1, end, columns)
         return None if got is None else (meta, got)
-    ctx = mp.get_context("fork")
-    procs = []
-    t0 = time.monotonic()
-    try:
-        for begin, stop in ranges[1:]:
-            recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker, args=(data, begin, stop, columns, send), daemon=True)
-            proc.start()
-            send.close()
-            procs.append((proc, recv))
-        t0 = time.monotonic()  # the wait for the workers is measured by this process's own share
-        parts = [_piece_columns(data, *ranges[0], columns)]
-    finally:
-        deadline = time.monotonic() + max(_WORKER_MIN_WAIT_S, _WORKER_GRACE * (time.monotonic() - t0))
-        parts_rest = [_receive(p, c, deadline) for p, c in procs]
-    parts += parts_rest
+    parts = forked_shares([lambda b=b, e=e: _piece_columns(data, b, e, columns) for b, e in ranges])
     if any(p is None for p in parts):  # a failed share (``_one_piece`` refuses unreadable events too)
         return None
     return meta, join_columns(parts)

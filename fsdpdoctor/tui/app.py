@@ -1,7 +1,7 @@
 """The fsdpdoctor terminal UI: the same ``Analysis`` the console report prints, browsable.
 
 ``FsdpDoctorApp(path=...)`` loads and analyses in a worker thread (with a progress
-bar; ``engine=`` takes ``analyze_path``'s ``dask``/``workers``/``use_summaries``);
+bar; ``engine=`` takes ``open_analysis``'s ``dask``/``workers``/``use_summaries``);
 ``FsdpDoctorApp(analysis=...)`` shows a ready result (tests, embedding).
 """
 
@@ -75,7 +75,7 @@ class FsdpDoctorApp(App[int]):
         self.path = path
         self.analysis: Analysis | None = analysis
         self.ranks, self.steps, self.thresholds = ranks, steps, thresholds
-        # where the per-rank map runs: analyze_path's dask/workers/use_summaries (None: its defaults)
+        # where the per-rank map runs: open_analysis's dask/workers/use_summaries (None: its defaults)
         self.engine: dict = dict(engine or {})
         self.label = label or display_name(path if path is not None else analysis.source)
         self.rank: int | None = None
@@ -110,7 +110,7 @@ class FsdpDoctorApp(App[int]):
     # -- loading ----------------------------------------------------------
     @work(thread=True, exclusive=True, group="load")
     def _load(self) -> None:
-        from fsdpdoctor.session import analyze_path
+        from fsdpdoctor.pipeline import open_analysis
 
         worker = get_current_worker()
 
@@ -120,7 +120,7 @@ class FsdpDoctorApp(App[int]):
             self.call_from_thread(self._progress, name, done, total)
 
         try:
-            analysis = analyze_path(self.path, ranks=self.ranks, steps=self.steps, thresholds=self.thresholds,
+            analysis = open_analysis(self.path, ranks=self.ranks, steps=self.steps, thresholds=self.thresholds,
                                     progress=progress, **self.engine)
             outcome, arg = self._loaded, analysis
         except _Cancelled:

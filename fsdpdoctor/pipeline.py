@@ -1,47 +1,166 @@
-"""One call from a path to a diagnosed ``Analysis``: find ranks -> map (per rank, anywhere) -> reduce -> diagnose.
+"""The one front door: any input -> ``Analysis`` (and, on request, the ranks' trace tables).
 
-Each rank is analysed by a worker (``fsdpdoctor.engines``), or read from its summary
-(``rank<N>.summary.msgpack`` beside the trace) when that is current; the main process
-only ever holds the ranks' compact results.
+``open_analysis`` opens a trace file, a run folder, a folder of per-rank summaries or a saved
+``--json``. A trace goes through one pipeline: find the ranks' files -> the per-rank step on each
+rank (``rank_step``, mapped by an engine: this process, forked workers, a pool or Dask; or a current
+summary read instead) -> the reduce (``analysis.engine.reduce``) -> the post-reduce checks -> diagnose.
+The main process only ever holds the ranks' compact results (unless the tables are asked for).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Literal, overload
 
 from fsdpdoctor.analysis import invariants, rankresult
+from fsdpdoctor.analysis.engine import analyze_rank, reduce
 from fsdpdoctor.analysis.engine import param_dtype as model_dtype
-from fsdpdoctor.analysis.engine import reduce
 from fsdpdoctor.analysis.rankresult import RankResult
-from fsdpdoctor.engines import RankUnit, make_engine
+from fsdpdoctor.diagnose import diagnose as run_rules
+from fsdpdoctor.engines import make_engine
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import Analysis, DataQuality
 import fsdpdoctor.trace.identity as identity
-from fsdpdoctor.trace.loader import Progress, _trace_files, input_files, rank_from_filename
+from fsdpdoctor.trace.loader import Progress, _merge_cycles, _trace_files, input_files, load_file, rank_from_filename
 from fsdpdoctor.trace.manifest import read_manifest
+from fsdpdoctor.trace.table import RankTrace
+
+# Checks on the reduced job, before the rules see it: each may add notes or data-quality entries
+# (or refuse the input with an InputError). A saved --json was checked when it was made.
+POST_REDUCE_CHECKS: list[Callable[[Analysis], None]] = []
+
+# a saved ``--json`` starts with one of Analysis's keys (a trace starts with traceEvents/schemaVersion/...)
+_ANALYSIS_HEAD = re.compile(rb'^\s*\{\s*"(source|job|schema_version)"\s*:')
 
 
-def analyze_path(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
-                 thresholds: dict[str, float] | None = None, progress: Progress | None = None,
-                 diagnose: bool = True, dask: str | None = None, workers: int | None = None,
-                 use_summaries: bool = True) -> Analysis:
-    path = Path(path)
+@overload
+def open_analysis(source: str | Path, *, ranks: list[int] | None = ..., steps: set[int] | None = ...,
+                  thresholds: dict[str, float] | None = ..., dask: str | None = ..., workers: int | None = ...,
+                  use_summaries: bool = ..., diagnose: bool = ..., tables: Literal[False] = ...,
+                  progress: Progress | None = ...) -> Analysis: ...
+
+
+@overload
+def open_analysis(source: str | Path, *, ranks: list[int] | None = ..., steps: set[int] | None = ...,
+                  thresholds: dict[str, float] | None = ..., dask: str | None = ..., workers: int | None = ...,
+                  use_summaries: bool = ..., diagnose: bool = ..., tables: Literal[True],
+                  progress: Progress | None = ...) -> tuple[Analysis, list[RankTrace]]: ...
+
+
+def open_analysis(source, *, ranks=None, steps=None, thresholds=None, dask=None, workers=None,
+                  use_summaries=True, diagnose=True, tables=False, progress=None):
+    """The ``Analysis`` of a trace file, a run folder, per-rank summaries or a saved ``--json``.
+
+    ``ranks``/``steps``: only those (on a saved JSON: only those ranks' and steps' samples are kept;
+    its findings and means stay as they were computed). ``thresholds``: overrides for the rules.
+    ``dask`` (a scheduler address or "local"), ``workers`` (processes here; None: one per core) and
+    ``use_summaries`` (read a rank's current summary instead of its trace) say where the per-rank
+    step runs; a saved JSON needs none. ``tables=True`` returns ``(Analysis, per-rank tables)``,
+    every trace read (no summaries; a saved JSON has no tables). ``progress(name, done, total)``."""
+    path = Path(source)
+    if is_analysis_json(path):
+        a = _read_saved(path, ranks, steps)
+        return (a, []) if tables else a
     quality = DataQuality()
-    manifest, results = rank_results(path, ranks=ranks, steps=steps, progress=progress, dask=dask, workers=workers,
-                                     use_summaries=use_summaries, quality=quality)
+    manifest, results, traces = rank_results(path, ranks=ranks, steps=steps, progress=progress, dask=dask,
+                                             workers=workers, use_summaries=use_summaries and not tables,
+                                             quality=quality, keep_tables=tables)
     analysis = reduce(results, source=path, manifest=manifest)
     analysis.data_quality = quality
+    for check in POST_REDUCE_CHECKS:
+        check(analysis)
     if diagnose:
-        from fsdpdoctor.diagnose import diagnose as run_rules
-
         analysis.findings = run_rules(analysis, thresholds=thresholds)
-    invariants.enforce(analysis)
-    return analysis
+    invariants.enforce(analysis)  # nothing is rendered that breaks them (analysis/invariants.py)
+    return (analysis, traces) if tables else analysis
 
 
+def is_analysis_json(path: str | Path) -> bool:
+    """Whether ``path`` is a saved ``analyze --json`` document (read by its first bytes)."""
+    p = Path(path)
+    if not p.is_file() or p.name.endswith(".gz"):
+        return False
+    try:
+        with open(p, "rb") as fh:
+            return _ANALYSIS_HEAD.match(fh.read(4096)) is not None
+    except OSError:
+        return False
+
+
+def _read_saved(path: Path, ranks: list[int] | None, steps: set[int] | None) -> Analysis:
+    try:
+        a = Analysis.from_json(path.read_bytes())
+    except (ValueError, TypeError) as exc:  # msgspec.ValidationError is a ValueError
+        raise InputError(str(path), f"not a readable fsdpdoctor --json document: {exc}") from None
+    if ranks is not None:
+        a.ranks = [r for r in a.ranks if r.rank in set(ranks)]
+    if steps is not None:
+        for r in a.ranks:
+            r.steps = [s for s in r.steps if s.step in steps]
+    return a
+
+
+# ------------------------------------------------------------------------------ the per-rank step
+@dataclass(frozen=True)
+class RankUnit:
+    """The files of one rank (several when the profiler ran several cycles), and how to analyse them."""
+
+    files: tuple[str, ...]
+    steps: tuple[int, ...] | None = None
+    param_dtype: str | None = None
+    write_summary: bool = False          # `summarize`: write ``<trace>.summary.msgpack`` beside the trace
+    summary_dir: str | None = None       # ... or into this folder
+    cycle_files: tuple[str, ...] | None = None  # the manifest's profiler-cycle files of this rank (None: not listed)
+    keep_tables: bool = False            # send the rank's tables back too (export)
+
+    @property
+    def label(self) -> str:
+        """What an error about this unit names."""
+        return self.files[0]
+
+
+@dataclass
+class RankOutput:
+    """One rank found in a unit's files: its ``RankResult`` msgpack-encoded (small, so cheap to send
+    back from a worker), and its tables when the unit asked for them."""
+
+    result: bytes
+    tables: RankTrace | None = None
+
+
+def rank_step(unit: RankUnit, pieces: int = 1) -> list[RankOutput]:
+    """Load, analyse and summarise one rank (what an engine maps). One output per rank found.
+
+    ``pieces``: cores this rank may use to decode a large trace (``trace.split``)."""
+    paths = [Path(f) for f in unit.files]
+    traces = [load_file(p, pieces) for p in paths]
+    # the manifest's word on which files are cycles of one process, for this rank only
+    manifest = None if unit.cycle_files is None else {"cycle_files": {str(t.rank): list(unit.cycle_files)
+                                                                      for t in traces}}
+    traces = _merge_cycles(traces, manifest)
+    steps = set(unit.steps) if unit.steps is not None else None
+    out = []
+    for t in traces:
+        files = paths if len(traces) == 1 else [t.path]
+        res = analyze_rank(t, steps, files=files, param_dtype=unit.param_dtype)
+        if unit.write_summary:
+            for p in files:  # one summary per trace file (a cycled rank gets the merged result once per file)
+                dest = rankresult.summary_path(p)
+                if unit.summary_dir:
+                    dest = Path(unit.summary_dir) / dest.name
+                rankresult.write(res, dest)
+        out.append(RankOutput(rankresult.encode(res), t if unit.keep_tables else None))
+        del t
+    return out
+
+
+# ------------------------------------------------------------------------------ inputs and the map
 def find_inputs(path: Path, ranks: list[int] | None = None,
                 quality: DataQuality | None = None) -> tuple[dict | None, list[list[Path]]]:
     """(manifest, trace files grouped by rank where file names tell the rank, else one file a group).
@@ -86,9 +205,10 @@ def _cycle_files(manifest: dict | None, files: list[Path]) -> tuple[str, ...] | 
 def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
                  progress: Progress | None = None, dask: str | None = None, workers: int | None = None,
                  use_summaries: bool = True, write_summaries: bool = False, summary_dir: Path | None = None,
-                 param_dtype: str | None = None,
-                 quality: DataQuality | None = None) -> tuple[dict | None, list[RankResult]]:
-    """Every rank's ``RankResult``: from current summaries where allowed, else from the map.
+                 param_dtype: str | None = None, quality: DataQuality | None = None,
+                 keep_tables: bool = False) -> tuple[dict | None, list[RankResult], list[RankTrace]]:
+    """(manifest, every rank's ``RankResult``, the ranks' tables if ``keep_tables``): from current
+    summaries where allowed, else from the per-rank step mapped by an engine.
 
     What the loader could not trust (manifest, files, dropped events, duplicates) goes into ``quality``."""
     dq = quality if quality is not None else DataQuality()
@@ -98,8 +218,10 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
             if steps is not None:
                 raise InputError(path, "--steps needs the traces: this folder holds only per-rank summaries "
                                        "(made for all steps)")
+            if keep_tables:
+                raise InputError(path, "this folder holds only per-rank summaries: the trace events are not in it")
             manifest, dq.manifest = read_manifest(path)
-            return _only_summaries(path, summaries, ranks, manifest, dq)
+            return (*_only_summaries(path, summaries, ranks, manifest, dq), [])
     manifest, groups = find_inputs(path, ranks, dq)
     if write_summaries:
         _check_writable(groups, summary_dir)
@@ -116,19 +238,25 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
         todo.append(RankUnit(files=tuple(str(f) for f in files), steps=tuple(sorted(steps)) if steps else None,
                              param_dtype=dtype, write_summary=write_summaries,
                              summary_dir=str(summary_dir) if summary_dir else None,
-                             cycle_files=_cycle_files(manifest, files) if len(files) > 1 else None))
+                             cycle_files=_cycle_files(manifest, files) if len(files) > 1 else None,
+                             keep_tables=keep_tables))
+    tables: dict[int, RankTrace] = {}  # id(result) -> its tables
     if todo:
         total = sum(Path(f).stat().st_size for u in todo for f in u.files)
         engine = make_engine(dask, workers, total, len(todo))
         report = _Reporter(progress, len(groups), len(results))
         try:
-            for unit, encoded in engine.map(todo):
-                results.extend(rankresult.decode(b) for b in encoded)
+            for unit, outputs in engine.map(rank_step, todo):
+                for out in outputs:
+                    results.append(rankresult.decode(out.result))
+                    if out.tables is not None:
+                        tables[id(results[-1])] = out.tables
                 report(Path(unit.files[0]).name)
         finally:
             engine.close()
         report.done()
-    return _one_job(path, results, ranks, manifest, dq, "trace")
+    manifest, results = _one_job(path, results, ranks, manifest, dq, "trace")
+    return manifest, results, [tables[id(r)] for r in results if id(r) in tables]
 
 
 def _one_job(path: Path, results: list[RankResult], ranks: list[int] | None, manifest: dict | None,
@@ -162,9 +290,6 @@ def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None, mani
 
 def _check_writable(groups: list[list[Path]], summary_dir: Path | None) -> None:
     """Never write into a folder marked read-only (even as root, who could)."""
-    import os
-    import stat
-
     folders = {summary_dir} if summary_dir else {f.parent for g in groups for f in g}
     for d in folders:
         mode = stat.S_IMODE(os.stat(d).st_mode)

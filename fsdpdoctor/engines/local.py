@@ -1,9 +1,8 @@
-"""Where the per-rank map runs: this process, a local process pool, or a Dask cluster.
+"""The map on this machine: in this process, in forked workers, or in a process pool.
 
-A work unit is the trace file(s) of one rank; its result is the msgpack-encoded
-``RankResult`` (small, so only summaries travel back). The map function is a plain
-module-level function, so Dask workers need nothing but ``fsdpdoctor`` installed and
-the trace paths readable (shared storage: see docs/scale-out.md).
+A map calls ``fn(unit)`` for every unit (``fn(unit, pieces)`` in this process: the cores a pool would
+have used for other units) and yields (unit, answer) as units complete. ``fn`` is a plain
+module-level function (a pool pickles it by name); answers travel back pickled.
 """
 
 from __future__ import annotations
@@ -15,71 +14,18 @@ import time
 from array import array
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_any
-from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Any, Callable, Iterator
 
+from fsdpdoctor.engines.forking import can_fork, quiet_child
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.trace.split import can_fork, quiet_child
 
 try:  # forked workers exist only where fork does (POSIX)
     import fcntl
 except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
-# below this many bytes on disk, a process pool's start costs more than it saves (forked workers
-# are cheap enough for any size: ``_forked_map``)
-PARALLEL_MIN_BYTES = 8 << 20
-
-
-@dataclass(frozen=True)
-class RankUnit:
-    """The files of one rank (several when the profiler ran several cycles), and how to analyse them."""
-
-    files: tuple[str, ...]
-    steps: tuple[int, ...] | None = None
-    param_dtype: str | None = None
-    write_summary: bool = False          # `summarize`: write ``<trace>.summary.msgpack`` beside the trace
-    summary_dir: str | None = None       # ... or into this folder
-    cycle_files: tuple[str, ...] | None = None  # the manifest's profiler-cycle files of this rank (None: not listed)
-
-
-def map_unit(unit: RankUnit, pieces: int = 1) -> list[bytes]:
-    """Load, analyse and summarise one rank (runs in a worker). One result per rank found.
-
-    ``pieces``: cores this rank may use to decode a large trace (``trace.split``)."""
-    from fsdpdoctor.analysis import rankresult
-    from fsdpdoctor.analysis.engine import analyze_rank
-    from fsdpdoctor.trace.loader import _merge_cycles, load_file
-
-    paths = [Path(f) for f in unit.files]
-    traces = [load_file(p, pieces) for p in paths]
-    # the manifest's word on which files are cycles of one process, for this rank only
-    manifest = None if unit.cycle_files is None else {"cycle_files": {str(t.rank): list(unit.cycle_files)
-                                                                      for t in traces}}
-    traces = _merge_cycles(traces, manifest)
-    steps = set(unit.steps) if unit.steps is not None else None
-    out = []
-    for t in traces:
-        files = paths if len(traces) == 1 else [t.path]
-        res = analyze_rank(t, steps, files=files, param_dtype=unit.param_dtype)
-        if unit.write_summary:
-            for p in files:  # one summary per trace file (a cycled rank gets the merged result once per file)
-                dest = rankresult.summary_path(p)
-                if unit.summary_dir:
-                    dest = Path(unit.summary_dir) / dest.name
-                rankresult.write(res, dest)
-        out.append(rankresult.encode(res))
-        del t
-    return out
-
-
-class Engine(Protocol):
-    def map(self, units: list[RankUnit]) -> Iterator[tuple[RankUnit, list[bytes]]]:
-        """(unit, results) as units complete, in any order; an error raised for a unit re-raises here."""
-
-    def close(self) -> None: ...
+Step = Callable[..., Any]  # fn(unit, pieces=1) -> answer
 
 
 class SerialEngine:
@@ -89,9 +35,9 @@ class SerialEngine:
     def __init__(self, pieces: int = 1):
         self.pieces = pieces
 
-    def map(self, units):
+    def map(self, fn: Step, units: list) -> Iterator[tuple[Any, Any]]:
         for u in units:
-            yield u, map_unit(u, self.pieces)
+            yield u, fn(u, self.pieces)
 
     def close(self) -> None:
         pass
@@ -110,24 +56,24 @@ class LocalEngine:
     def __init__(self, workers: int | None = None):
         self.workers = workers or cpu_count()
 
-    def map(self, units):
+    def map(self, fn: Step, units: list) -> Iterator[tuple[Any, Any]]:
         n = max(1, min(self.workers, len(units)))
         if n == 1:
-            yield from SerialEngine(pieces=self.workers).map(units)
+            yield from SerialEngine(pieces=self.workers).map(fn, units)
         elif can_fork():
-            yield from _forked_map(units, n)
+            yield from _forked_map(fn, units, n)
         else:
-            yield from _pool_map(units, n)
+            yield from _pool_map(fn, units, n)
 
     def close(self) -> None:
         pass
 
 
-def _died(unit: RankUnit) -> InputError:
-    return InputError(unit.files[0], "a worker process died while analysing this rank (out of memory? try --jobs 1)")
+def _died(unit) -> InputError:
+    return InputError(unit.label, "a worker process died while analysing this rank (out of memory? try --jobs 1)")
 
 
-def _forked_map(units: list[RankUnit], n: int):
+def _forked_map(fn: Step, units: list, n: int):
     """This process and ``n - 1`` forked workers take the next rank from a ``_RankQueue`` until none
     is left; workers send results back over their own pipes.
 
@@ -138,7 +84,7 @@ def _forked_map(units: list[RankUnit], n: int):
     the fork): it is killed and this process analyses that rank itself."""
     queue = _RankQueue.of(len(units))
     if queue is None:  # more ranks than the pipe holds
-        yield from _pool_map(units, n)
+        yield from _pool_map(fn, units, n)
         return
     ctx = mp.get_context("fork")
     workers = {}  # pipe -> [process, index of the unit it is on (None: between units), when it began]
@@ -147,14 +93,14 @@ def _forked_map(units: list[RankUnit], n: int):
     try:
         for _ in range(n - 1):
             here, there = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_serve, args=(units, queue, there), daemon=True)
+            proc = ctx.Process(target=_serve, args=(fn, units, queue, there), daemon=True)
             proc.start()
             there.close()
             workers[here] = [proc, None, 0.0]
         while (i := queue.claim()) is not None:
             answered.add(i)
             t0 = time.monotonic()
-            res = map_unit(units[i])
+            res = fn(units[i])
             slowest = max(slowest, time.monotonic() - t0)
             yield units[i], res
             yield from _replies(units, workers, answered, timeout=0)
@@ -167,7 +113,7 @@ def _forked_map(units: list[RankUnit], n: int):
                     conn.close()
                     del workers[conn]
                     answered.add(i)
-                    yield units[i], map_unit(units[i])
+                    yield units[i], fn(units[i])
         lost = [u for i, u in enumerate(units) if i not in answered]
         if lost:  # claimed by a worker that died before it said so
             raise _died(lost[0])
@@ -225,7 +171,7 @@ class _RankQueue:
         os.close(self.fd)
 
 
-def _replies(units: list[RankUnit], workers: dict, answered: set[int], timeout: float | None):
+def _replies(units: list, workers: dict, answered: set[int], timeout: float | None):
     """The (unit, results) that workers have sent (waiting up to ``timeout`` for the first message).
     Every waiting message is read: a worker blocks once its pipe is full."""
     for conn in wait_any(list(workers), timeout):
@@ -255,7 +201,7 @@ def _replies(units: list[RankUnit], workers: dict, answered: set[int], timeout: 
                 yield units[i], value
 
 
-def _serve(units: list[RankUnit], queue: _RankQueue, conn) -> None:
+def _serve(fn: Step, units: list, queue: _RankQueue, conn) -> None:
     """A forked worker: map the ranks it claims until none is left. It says which one it starts (the
     parent names it if the worker dies); errors travel back as values, as a process pool's do; an
     interrupt (Ctrl-C reaches the whole process group) ends it quietly and the parent reports."""
@@ -264,7 +210,7 @@ def _serve(units: list[RankUnit], queue: _RankQueue, conn) -> None:
         while (i := queue.claim()) is not None:
             conn.send(("start", i, None))
             try:
-                reply = ("result", i, map_unit(units[i]))
+                reply = ("result", i, fn(units[i]))
             except Exception as exc:  # noqa: BLE001 - re-raised in the parent
                 reply = ("error", i, exc)
             try:
@@ -278,14 +224,14 @@ def _serve(units: list[RankUnit], queue: _RankQueue, conn) -> None:
         conn.close()
 
 
-def _pool_map(units: list[RankUnit], n: int):
+def _pool_map(fn: Step, units: list, n: int):
     """A process pool (where forking is not possible or not safe: spawn platforms, other threads alive)."""
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     # one task per rank and a fresh worker every few ranks: a worker's heap does not keep the
     # high-water mark of the largest trace it ever parsed
     with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context(method),
                              max_tasks_per_child=16 if method != "fork" else None) as pool:
-        futures = {pool.submit(map_unit, u): u for u in units}
+        futures = {pool.submit(fn, u): u for u in units}
         try:
             for fut in as_completed(futures):
                 try:
@@ -297,49 +243,3 @@ def _pool_map(units: list[RankUnit], n: int):
             for f in futures:
                 f.cancel()
             raise
-
-
-class DaskEngine:
-    """The map as tasks on a Dask cluster: ``address`` of a running scheduler, or "local"
-    for a LocalCluster on this machine (one single-threaded worker process per core)."""
-
-    def __init__(self, address: str):
-        try:
-            from distributed import Client, LocalCluster
-        except ImportError:
-            raise InputError(None, "--dask needs the 'distributed' package: pip install 'fsdpdoctor[dask]'") from None
-        self.cluster = None
-        try:
-            if address == "local":
-                self.cluster = LocalCluster(n_workers=cpu_count(), threads_per_worker=1, processes=True,
-                                            dashboard_address=None)
-                self.client = Client(self.cluster)
-            else:
-                self.client = Client(address, timeout="10s")
-        except (OSError, TimeoutError) as exc:
-            raise InputError(None, f"--dask {address}: cannot reach the scheduler ({exc})") from None
-
-    def map(self, units):
-        from distributed import as_completed as dask_completed
-
-        futures = self.client.map(map_unit, units, pure=False)
-        by_key = dict(zip((f.key for f in futures), units))
-        for fut in dask_completed(futures):
-            yield by_key[fut.key], fut.result()
-
-    def close(self) -> None:
-        self.client.close()
-        if self.cluster is not None:
-            self.cluster.close()
-
-
-def make_engine(dask: str | None = None, workers: int | None = None, total_bytes: int | None = None,
-                n_units: int = 0) -> Engine:
-    if dask:
-        return DaskEngine(dask)
-    if workers == 1:
-        return SerialEngine()
-    small = workers is None and total_bytes is not None and total_bytes < PARALLEL_MIN_BYTES
-    if n_units < 2 or (small and not can_fork()):
-        return SerialEngine(pieces=workers or cpu_count())
-    return LocalEngine(workers)

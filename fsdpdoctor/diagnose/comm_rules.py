@@ -1,0 +1,135 @@
+"""Communication rules: exposed communication, small messages, low bus bandwidth."""
+
+from __future__ import annotations
+
+from fsdpdoctor.diagnose.facts import straggler_wait_us
+from fsdpdoctor.diagnose.framework import RuleContext, rank_steps, rule, sync_confidence
+from fsdpdoctor.results import Evidence, Finding
+from fsdpdoctor.units import ms, pct, size
+
+
+@rule(ids=("exposed-comm-high", "low-overlap"), thresholds=("exposed_comm_frac", "exposed_comm_frac_sync", "overlap_low_frac"))
+def exposed_comm(ctx: RuleContext) -> list[Finding]:
+    m = ctx.a.mean
+    if not m or m.comm_us <= 0 or m.compute_us + m.optimizer_us <= 0:
+        return []  # with no compute events recorded, exposed cannot be told from overlapped
+    out = []
+    total = ctx.frac(m.exposed_comm_us)
+    # where collectives block the host and ranks share cores (CPU/gloo), healthy runs expose far more
+    # communication by design: the bar is what the noise study measured there, not a GPU rule of thumb
+    sync = not ctx.traits.async_collectives
+    limit = ctx.th["exposed_comm_frac_sync"] if sync else ctx.th["exposed_comm_frac"]
+    if total < limit:
+        return out
+    # time spent waiting for a straggler is the straggler's finding (it claims this one), not the network's
+    waiting = min(straggler_wait_us(ctx), m.exposed_comm_us)
+    exposed = m.exposed_comm_us - waiting
+    kinds = sorted(m.comm_by_kind.items(), key=lambda kv: -kv[1].exposed_us)
+    top = ", ".join(f"{k} {ms(v.exposed_us)}" for k, v in kinds[:3] if v.exposed_us > 0)
+    phases = ", ".join(f"{k} {ms(v)}" for k, v in sorted(m.exposed_by_phase.items(), key=lambda kv: -kv[1]) if v > 0)
+    fix = _comm_fix(ctx, kinds[0][0])
+    summary = (f"{ms(m.exposed_comm_us)} per step of communication ({pct(total)} of the step) is not hidden by "
+               f"compute (by kind: {top}; by phase: {phases})")
+    if waiting:
+        summary += f"; {ms(waiting)} of it is waiting for the straggler, {ms(exposed)} is left for a fix."
+    else:
+        summary += "."
+    if sync:
+        summary += (f" Collectives here block the host and the ranks share CPU cores, so healthy runs expose "
+                    f"up to {pct(ctx.th['exposed_comm_frac_sync'])} (noise study); this is above it.")
+    out.append(ctx.finding(
+        "exposed-comm-high", f"Exposed communication is {pct(total)} of the step", exposed, summary, fix,
+        confidence=sync_confidence(ctx, 0.85), consequences=["low-overlap"],  # the same time, seen as overlap
+        evidence=[Evidence(f"communication {ms(m.comm_us)} per step, overlapped {ms(m.overlapped_comm_us)} "
+                           f"({pct(m.overlap_frac)})")] +
+                 [Evidence(f"rank {r.rank}: exposed {ms(r.mean.exposed_comm_us)} per step", rank=r.rank,
+                           time_us=r.mean.exposed_comm_us) for r in ctx.a.ranks if r.mean][:8]))
+    if (ctx.traits.async_collectives and m.overlap_frac is not None
+            and m.overlap_frac < ctx.th["overlap_low_frac"]):
+        out.append(ctx.finding(
+            "low-overlap", f"Only {pct(m.overlap_frac)} of communication overlaps compute", exposed,
+            "Most collective kernels run while no compute kernel runs.",
+            "Issue collectives earlier (prefetch, DDP buckets during backward) and keep compute on other streams",
+            confidence=0.7, severity="info",
+            evidence=[Evidence(f"overlap {pct(m.overlap_frac)} (threshold {pct(ctx.th['overlap_low_frac'])})")]))
+    return out
+
+
+def _comm_fix(ctx: RuleContext, kind: str) -> str:
+    """What to change for the kind that exposes most, from what this job has set (never what is set)."""
+    w, p = ctx.wrap, ctx.a.prefetch
+    if kind == "all_reduce":
+        cap = w.get("bucket_cap_mb")
+        parts = []
+        if cap is not None and not 10 <= float(cap) <= 50:
+            parts.append(f"DDP(model, bucket_cap_mb=25)  # now {cap}")
+        parts += ["accumulate gradients over micro-steps under no_sync() to all-reduce less often",
+                  "all-reduce in bf16 (register_comm_hook(None, bf16_compress_hook))",
+                  "a larger per-rank batch (more compute per all-reduce)"]
+        return "; ".join(parts)
+    if kind in ("all_gather", "reduce_scatter"):
+        parts = []
+        if p and p.framework == "fsdp1":
+            if p.backward_mode in ("none", "post"):
+                parts.append(f"backward_prefetch=BackwardPrefetch.BACKWARD_PRE  # now "
+                             f"{w.get('backward_prefetch', 'BACKWARD_POST' if p.backward_mode == 'post' else None)}")
+            if p.forward_mode == "off" and w.get("forward_prefetch") is not True:
+                parts.append("forward_prefetch=True  # now False")
+        elif p and p.framework == "fsdp2" and p.backward_mode == "none":
+            parts.append("let FSDP2 prefetch the previous block in backward (no self-listing "
+                         "set_modules_to_backward_prefetch)")
+        mp = w.get("mixed_precision")
+        if kind == "reduce_scatter" and ctx.a.job.wrapping_source == "manifest" and not mp:
+            parts.append("reduce in bf16: MixedPrecision(reduce_dtype=torch.bfloat16)  # now full precision")
+        parts += ["fewer, larger FSDP units (wrap bigger blocks)", "a larger per-rank batch (more compute per gather)"]
+        if kind == "all_gather":
+            parts.append("reshard_after_forward=False for the last blocks if memory allows")
+        return "; ".join(parts)
+    if kind == "all_to_all":
+        return "Balance the all-to-all splits and overlap them with the dense compute (pipelining)"
+    return "Overlap communication with compute or reduce its volume"
+
+
+@rule(ids=("latency-bound-collectives", "low-bus-bandwidth"), thresholds=("small_message_bytes", "latency_bound_per_step", "low_busbw_gbps"))
+def message_sizes(ctx: RuleContext) -> list[Finding]:
+    out = []
+    nrs = rank_steps(ctx)
+    small = [c for c in ctx.a.collective_events if c.size_bytes and c.size_bytes < ctx.th["small_message_bytes"]]
+    if len(small) / nrs >= ctx.th["latency_bound_per_step"]:
+        exposed = sum(c.exposed_us for c in small) / nrs
+        kinds = sorted({c.kind for c in small})
+        out.append(ctx.finding(
+            "latency-bound-collectives", f"{len(small) / nrs:.0f} small collectives per step", exposed,
+            f"{len(small) / nrs:.0f} collectives per step move less than {size(ctx.th['small_message_bytes'])} "
+            f"each ({', '.join(kinds)}); their cost is latency, not bandwidth.",
+            _latency_fix(ctx), confidence=0.7,
+            evidence=[Evidence(f"median size {size(sorted(c.size_bytes for c in small)[len(small) // 2])}, "
+                               f"exposed {ms(exposed)} per step", time_us=exposed)]))
+    if ctx.traits.async_collectives and ctx.traits.has_message_sizes:
+        big = [c for c in ctx.a.collective_events if c.busbw_gbps is not None and c.size_bytes
+               and c.size_bytes >= 16e6]
+        slow = [c for c in big if c.busbw_gbps < ctx.th["low_busbw_gbps"]]
+        if big and len(slow) * 2 >= len(big):
+            mean_bw = sum(c.busbw_gbps for c in slow) / len(slow)
+            exposed = sum(c.exposed_us for c in slow) / nrs
+            out.append(ctx.finding(
+                "low-bus-bandwidth", f"Large collectives reach only {mean_bw:.1f} GB/s bus bandwidth", exposed,
+                f"{len(slow)} of {len(big)} collectives of 16 MB or more ran below "
+                f"{ctx.th['low_busbw_gbps']:.0f} GB/s (nccl-tests bus bandwidth). A kernel's time includes waiting "
+                "for the slowest peer, so a straggler or late arrival also lowers this figure.",
+                "Check NCCL_ALGO/NCCL_PROTO defaults, NIC/NVLink topology (nvidia-smi topo -m), and run "
+                "nccl-tests at this size; rule out stragglers first", confidence=0.5,
+                evidence=[Evidence(f"{c.kind} {size(c.size_bytes)} in {ms(c.duration_us, 2)}: "
+                                   f"{c.busbw_gbps:.1f} GB/s", rank=c.rank, step=c.step, time_us=c.duration_us)
+                          for c in slow[:5]]))
+    return out
+
+
+def _latency_fix(ctx: RuleContext) -> str:
+    cap = ctx.wrap.get("bucket_cap_mb")
+    if ctx.a.job.wrapping == "ddp":
+        return (f"DDP(model, bucket_cap_mb={max(25, 2 * float(cap)):g})  # now {cap}" if cap is not None else
+                "DDP(model, bucket_cap_mb=25 or more)") + "; coalesce scalar all-reduces (torch._foreach / one tensor)"
+    if ctx.a.job.wrapping in ("fsdp1", "fsdp2"):
+        return "Wrap larger FSDP units (several blocks per unit) so each all-gather/reduce-scatter moves more"
+    return "Coalesce them: bucket small tensors into one collective (all_reduce_coalesced, flatten then split)"

@@ -1,0 +1,154 @@
+"""Facts several rules share, computed once per diagnosis from the whole threshold table.
+
+Whether a straggler finding applies decides what the communication rules may claim; what idles the
+GPU decides which root the gpu-idle finding belongs to; whether CUDA tensors go through gloo decides
+whether the GPU waits on a setup fault. Each fact is a function of the context alone, so a rule
+asks for it instead of importing the rule that reports it.
+"""
+
+from __future__ import annotations
+
+from fsdpdoctor.diagnose.framework import RuleContext
+from fsdpdoctor.results import GpuIdle, RankSetup
+
+# ------------------------------------------------------------------ stragglers
+
+
+def own_work_frame(s) -> dict | None:
+    """The culprit's frame holding work of its own: at least half of the others' wait for it, in a frame the
+    other ranks spend at most half as long in (a sleep, an eval or a checkpoint only it runs). Extra time
+    spread over frames every rank runs is the same work done slower (busier cores, a slower device)."""
+    top = s.cause_frames[0] if s.cause_frames else None
+    if top and top["extra_us"] >= 0.5 * s.wait_us and top["others_us"] <= 0.5 * top["culprit_us"]:
+        return top
+    return None
+
+
+def straggler_verdict(ctx: RuleContext) -> float:
+    """The confidence that the report's rank is a straggler, 0.0 when the evidence does not hold.
+
+    All measured in this run: the same rank is last in most steps (``straggler_consistency``) and the
+    others' wait for it is material (``straggler_min_frac`` of the step). Then either the wait stands
+    ``straggler_noise_z`` robust standard deviations above the run's step-to-step noise, or two independent
+    lines of evidence agree: a consistency unlikely by chance (``straggler_chance``) and a frame of the
+    culprit's own work that holds the wait, with the wait at least above one standard deviation of noise.
+    Confidence grows as the consistency gets unlikely by chance and as the culprit's extra time accounts
+    for the wait.
+    """
+    return ctx.cached("straggler_verdict", lambda: _straggler_verdict(ctx))
+
+
+def _straggler_verdict(ctx: RuleContext) -> float:
+    s, th = ctx.a.straggler, ctx.table
+    if not s or s.straggler is None or not s.steps_total:
+        return 0.0
+    if s.last_fraction < th["straggler_consistency"] or ctx.frac(s.wait_us) < th["straggler_min_frac"]:
+        return 0.0
+    if s.noise_us > 0:
+        above_noise = s.wait_us >= th["straggler_noise_z"] * s.noise_us
+        corroborated = (s.chance <= th["straggler_chance"] and own_work_frame(s) is not None
+                        and s.wait_us >= s.noise_us)
+        if not (above_noise or corroborated):
+            return 0.0
+    elif ctx.frac(s.wait_us) < th["severity_error_frac"]:
+        return 0.0  # one step: no noise estimate, so only a wait of a quarter of the step is trusted
+    explained = min(s.extra_us / s.wait_us, 1.0) if s.wait_us > 0 else 0.0
+    return round(0.5 + 0.3 * (1.0 - s.chance) + 0.2 * explained, 2)
+
+
+def straggler_wait_in(ctx: RuleContext, kind: str, phase: str | None = None) -> float:
+    """Per rank and step, the wait for the straggler that collectives of this kind (and phase) absorb."""
+    s = ctx.a.straggler
+    if not straggler_verdict(ctx) or not s.steps_total:
+        return 0.0
+    waits = [p.get("mean_wait_us", 0.0) for p in s.per_step if p["straggler"] == s.straggler
+             and p.get("kind") == kind and (phase is None or p.get("phase") == phase)]
+    return sum(waits) / s.steps_total
+
+
+def straggler_wait_us(ctx: RuleContext) -> float:
+    """Mean per-step wait of the non-straggler ranks, when a straggler finding applies."""
+    s = ctx.a.straggler
+    if not straggler_verdict(ctx):
+        return 0.0
+    others = [w for r, w in s.wait_by_rank.items() if r != s.straggler]
+    return sum(others) / len(others) if others else 0.0
+
+
+def straggler_in_own_frames(ctx: RuleContext) -> bool:
+    """The straggler's lateness lies in its own work (a sleep, compute, I/O or logging frame only it runs,
+    or a measured cause other than 'the same work, slower'): no backend or wrapper fix removes it."""
+    s = ctx.a.straggler
+    if not straggler_verdict(ctx):
+        return False
+    return own_work_frame(s) is not None or (s.cause or "") in ("sleep", "data loading", "host sync", "idle")
+
+
+# ------------------------------------------------------------------ what idles the GPU
+FIXABLE_IDLE = ("launch", "host_sync", "collective_wait", "profiler", "data_loading")
+
+
+def mean_idle(idles: list[GpuIdle]) -> dict[str, float]:
+    n = len(idles)
+    out = {c: sum(g.by_cause.get(c, 0.0) for g in idles) / n for c in idles[0].by_cause}
+    out["_idle"] = sum(g.idle_us for g in idles) / n
+    return out
+
+
+def host_bound(ctx: RuleContext, idles: list[GpuIdle]) -> bool:
+    """Most kernels started right after their launch: the queue was empty, the host is the bottleneck."""
+    fr = [g.queue_empty_frac for g in idles if g.queue_empty_frac is not None]
+    return bool(fr) and sum(fr) / len(fr) >= ctx.table["launch_queue_empty_frac"]
+
+
+def idle_verdict(ctx: RuleContext) -> tuple[dict[str, float], bool, str] | None:
+    """(mean idle by cause, host-bound?, dominant fixable cause) when a gpu-idle finding applies."""
+    return ctx.cached("idle_verdict", lambda: _idle_verdict(ctx))
+
+
+def _idle_verdict(ctx: RuleContext) -> tuple[dict[str, float], bool, str] | None:
+    idles = ctx.a.signals.gpu_idle if ctx.a.signals else []
+    if not ctx.traits.device_timeline or not idles or not ctx.step_us:
+        return None
+    m = mean_idle(idles)
+    bound = host_bound(ctx, idles)
+    fixable = sum(m[c] for c in FIXABLE_IDLE)
+    cause = max(FIXABLE_IDLE, key=lambda c: m[c])
+    # Idle with a full queue (kernels waiting long after launch) is the GPU waiting on itself (stream
+    # dependencies, events missing from a filtered trace), not the host: no host-side fix applies.
+    # Loading stalls the GPU whatever the queue looked like the rest of the step.
+    if ctx.frac(fixable) < ctx.table["gpu_idle_frac"] or not (bound or cause == "data_loading"):
+        return None
+    return m, bound, cause
+
+
+def dominant_idle_cause(ctx: RuleContext) -> str | None:
+    """The cause of most GPU idle time when a gpu-idle finding applies (input-bound lists it as consequence)."""
+    v = idle_verdict(ctx)
+    return v[2] if v else None
+
+
+# ------------------------------------------------------------------ setup
+NO_BACKEND = (None, "", "undefined", "none")
+
+
+def setups(ctx: RuleContext) -> list[RankSetup]:
+    return ctx.a.signals.setup if ctx.a.signals else []
+
+
+def cuda_gloo(s: RankSetup) -> bool:
+    """CUDA tensors go through gloo: on a GPU job the default process group is gloo (or maps cuda to
+    gloo), or collectives run as gloo worker spans and no process group uses NCCL. A side group on gloo
+    beside an NCCL default group (for CPU objects, a common pattern) is not a fault."""
+    if not s.device_kernels:
+        return False
+    backend = (s.backend or "").lower()
+    return (backend == "gloo" or "cuda:gloo" in (s.default_pg_backend or "")
+            or (s.gloo_spans > 0 and not any("nccl" in b or "rccl" in b for b in s.pg_backends)
+                and backend not in ("nccl", "rccl")))
+
+
+def cuda_over_gloo(ctx: RuleContext) -> bool:
+    """The setup fault cpu-staged-collectives applies (gpu-idle names it as the cause of collective waits)."""
+    return any(cuda_gloo(s) for s in setups(ctx)) or (
+        str(ctx.a.job.backend or "").lower() == "gloo" and ctx.traits.device_timeline)

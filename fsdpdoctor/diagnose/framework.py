@@ -1,0 +1,293 @@
+"""The rule framework: what a rule is, the context it reads, and what happens to its findings.
+
+A rule is a function ``(RuleContext) -> list[Finding]`` made a ``Rule`` by ``@rule(ids=...,
+thresholds=...)``: it declares the finding ids it may emit and the thresholds it reads. While it runs,
+``ctx.th`` holds only the declared thresholds (reading another is a bug and raises), and every
+finding it returns must carry a declared id. Facts several rules share (is there a straggler, what
+idles the GPU, are CUDA tensors on gloo) live in ``diagnose/facts.py``, computed from the whole
+threshold table. ``diagnose/rules.py`` lists the rule modules and runs them.
+
+Impact is the time per step that fixing the problem would save at most (usually the exposed time it
+causes). Severity is one scale for every rule: the saving as a share of the step, weighted by the
+confidence of the diagnosis, against the bands of the threshold table (``severity_*_frac``); a rule
+may raise it to a floor of at most "warning" (a configuration that is wrong, not merely non-default),
+never to "error" without the measured cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Mapping
+
+from fsdpdoctor.diagnose.thresholds import BY_NAME
+from fsdpdoctor.results import Analysis, DialectTraits, Evidence, Finding
+
+SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+
+
+class UndeclaredThreshold(KeyError):
+    """A rule read a threshold it did not declare: a defect of the rule, never of the input."""
+
+
+class DeclaredThresholds(Mapping[str, float]):
+    """The part of the resolved threshold table a rule declared; reading anything else raises."""
+
+    def __init__(self, table: Mapping[str, float], names: Iterable[str], rule: str):
+        self._table, self._names, self._rule = table, frozenset(names), rule
+
+    def __getitem__(self, name: str) -> float:
+        if name not in self._names:
+            raise UndeclaredThreshold(f"rule {self._rule} reads threshold {name!r} it did not declare")
+        return self._table[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+@dataclass
+class RuleContext:
+    a: Analysis
+    table: Mapping[str, float]          # the whole resolved table (framework and shared facts)
+    th: Mapping[str, float] = None      # what the running rule declared (the whole table outside a rule)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        if self.th is None:
+            self.th = self.table
+
+    def for_rule(self, r: "Rule") -> "RuleContext":
+        """The same analysis and shared facts, with only the thresholds ``r`` declared."""
+        return RuleContext(self.a, self.table, DeclaredThresholds(self.table, r.thresholds, r.name), self._cache)
+
+    def cached(self, key: str, compute: Callable[[], object]):
+        """A shared fact computed once per diagnosis (facts.py)."""
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    @property
+    def step_us(self) -> float:
+        return self.a.mean.duration_us if self.a.mean else 0.0
+
+    @property
+    def traits(self) -> DialectTraits:
+        return self.a.job.traits
+
+    @property
+    def wrap(self) -> dict:
+        return self.a.job.wrapping_details or {}
+
+    def frac(self, us: float) -> float:
+        return us / self.step_us if self.step_us else 0.0
+
+    @property
+    def device_word(self) -> str:
+        """What computes: "the GPU" only where the trace has a device timeline."""
+        return "the GPU" if self.traits.device_timeline else "compute"
+
+    def severity(self, impact_us: float, floor: str = "info", confidence: float = 1.0) -> str:
+        """One scale for every rule: the saving a fix brings (share of the step) times the confidence.
+
+        ``floor`` raises it for a configuration known to be wrong, but never above "warning": an
+        error needs the measured cost.
+        """
+        return severity_for(self.frac(impact_us) * max(min(confidence, 1.0), 0.0), self.table, floor)
+
+    def finding(self, id: str, title: str, impact_us: float, summary: str, fix: str, *, confidence: float,
+                evidence: list[Evidence], severity: str | None = None, ranks=None, source=None,
+                floor: str = "info", consequences: Iterable[str] = ()) -> Finding:
+        return Finding(id=id, title=title,
+                       severity=severity or self.severity(impact_us, floor=floor, confidence=confidence),
+                       confidence=confidence, impact_us=impact_us, impact_frac=self.frac(impact_us),
+                       summary=summary, fix=fix, evidence=evidence,
+                       ranks=list(ranks or self.a.job.ranks_analyzed), source=source,
+                       consequences=list(consequences))
+
+
+def severity_for(weighted_frac: float, th: Mapping[str, float], floor: str = "info") -> str:
+    sev = ("error" if weighted_frac >= th["severity_error_frac"] else
+           "warning" if weighted_frac >= th["severity_warning_frac"] else "info")
+    floor = floor if SEVERITY_RANK.get(floor, 0) <= SEVERITY_RANK["warning"] else "warning"
+    return sev if SEVERITY_RANK[sev] >= SEVERITY_RANK.get(floor, 0) else floor
+
+
+RuleFn = Callable[[RuleContext], list[Finding]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule as the framework sees it: the function, the ids it may emit, the thresholds it reads."""
+
+    fn: RuleFn
+    ids: tuple[str, ...]
+    thresholds: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.fn.__module__.rsplit('.', 1)[-1]}.{self.fn.__name__}"
+
+    def __call__(self, ctx: RuleContext) -> list[Finding]:
+        return self.fn(ctx)
+
+    def run(self, ctx: RuleContext) -> list[Finding]:
+        """Run on ``ctx`` with only the declared thresholds; every finding must carry a declared id."""
+        found = self.fn(ctx.for_rule(self))
+        wrong = sorted({f.id for f in found} - set(self.ids))
+        if wrong:
+            raise RuleDefect(f"rule {self.name} emitted {', '.join(wrong)}, declared {', '.join(self.ids)}")
+        return found
+
+
+class RuleDefect(RuntimeError):
+    """A rule broke its declaration (an id or threshold it did not declare)."""
+
+
+def rule(*, ids: Iterable[str], thresholds: Iterable[str] = ()) -> Callable[[RuleFn], Rule]:
+    """Declare a rule: the finding ids it emits and the thresholds (names in diagnose/thresholds.py) it reads."""
+    ids, thresholds = tuple(ids), tuple(thresholds)
+    unknown = [t for t in thresholds if t not in BY_NAME]
+    if not ids or unknown:
+        raise RuleDefect(f"a rule needs ids and known thresholds (unknown: {unknown})")
+
+    def deco(fn: RuleFn) -> Rule:
+        return Rule(fn, ids, thresholds)
+    return deco
+
+
+# ------------------------------------------------------------------ helpers rules share for their prose
+def first_source(a: Analysis, pred) -> str | None:
+    return next((c.source for c in a.collective_events if pred(c) and c.source), None)
+
+
+def gpu_note(ctx: RuleContext) -> str:
+    return ("" if ctx.traits.async_collectives else
+            " Here every FSDP collective blocks the host (CPU/gloo), so the saving shows only where collectives "
+            "run on their own stream (GPU/NCCL), the prefetched all-gather under the previous unit's compute.")
+
+
+def sync_confidence(ctx: RuleContext, confidence: float) -> float:
+    """Where collectives block the host, an overlap fix cannot be measured here: halve the confidence."""
+    return confidence if ctx.traits.async_collectives else confidence * 0.5
+
+
+def wrap_site(ctx: RuleContext) -> str | None:
+    """Where the model is wrapped, when the manifest recorded it."""
+    w = ctx.wrap
+    return w.get("call_site") or w.get("source") or w.get("wrapped_at")
+
+
+def rank_steps(ctx: RuleContext) -> int:
+    """Rank-steps analysed (the divisor of per-rank, per-step means), at least 1."""
+    return max(len(ctx.a.job.steps), 1) * max(len(ctx.a.ranks), 1)
+
+
+# ------------------------------------------------------------------ after the rules
+def run_rules(rules: Iterable[Rule], analysis: Analysis, table: Mapping[str, float]) -> list[Finding]:
+    """Every rule on one context, then root causes folded, impacts bounded, thin evidence capped."""
+    ctx = RuleContext(analysis, table)
+    findings: list[Finding] = []
+    for r in rules:
+        findings.extend(r.run(ctx))
+    out = fold_consequences(findings)
+    bound_impacts(out, ctx)
+    cap_thin_evidence(out, analysis)
+    return out
+
+
+def _cost_order(f: Finding) -> tuple:
+    # severity first; among equals the finding that explains more (a setup fault) claims first
+    return (-SEVERITY_RANK.get(f.severity, 0), -len(f.consequences), -f.impact_us, f.id)
+
+
+def fold_consequences(findings: list[Finding]) -> list[Finding]:
+    """Root cause first: fold the findings a root names in ``consequences`` under it.
+
+    Roots claim in order of severity, then how much they explain, then impact (a setup fault
+    before a straggler), a finding
+    is claimed once (so no cycles), a claimed finding's own effects move up under the new root
+    (one level: root, then all its effects), and a finding claimed before its turn claims nothing.
+    A consequence gets ``caused_by`` and is capped at "info", so only its root gates ``check``.
+    Returned order: roots by cost (most costly first), each followed by its consequences.
+    """
+    by_id: dict[str, list[Finding]] = {}
+    for f in findings:
+        by_id.setdefault(f.id, []).append(f)
+    # a rule may name its own root cause (caused_by) instead of the root naming it: turn that into
+    # the root's claim, and drop a named cause that did not fire
+    for f in findings:
+        if f.caused_by:
+            for root in by_id.get(f.caused_by, []):
+                if f.id not in root.consequences:
+                    root.consequences.append(f.id)
+            f.caused_by = None
+    children: dict[int, list[Finding]] = {}
+    for root in sorted(findings, key=_cost_order):
+        if root.caused_by:
+            root.consequences = []
+            continue
+        claimed = []
+        for cid in dict.fromkeys(root.consequences):
+            for g in by_id.get(cid, []):
+                if g is root or g.caused_by:
+                    continue
+                g.caused_by = root.id
+                g.severity = "info"
+                g.consequences = []
+                claimed.append(g)
+                # an effect that had claimed effects of its own hands them up: one level under the root
+                for h in children.pop(id(g), []):
+                    h.caused_by = root.id
+                    claimed.append(h)
+        root.consequences = list(dict.fromkeys(g.id for g in claimed))
+        children[id(root)] = sorted(claimed, key=_cost_order)
+    out: list[Finding] = []
+    for root in sorted((f for f in findings if not f.caused_by), key=lambda f: (-f.impact_us, -SEVERITY_RANK.get(
+            f.severity, 0), f.id)):
+        out.append(root)
+        out.extend(children.get(id(root), []))
+    return out
+
+
+def bound_impacts(findings: list[Finding], ctx: RuleContext) -> None:
+    """No finding saves more than its step, and the roots together save at most the step.
+
+    A fix cannot give back more than the step it shortens, so each impact is capped at the step.
+    Roots may explain the same time twice (a rank that waits for a late peer shows it as exposed
+    communication and as the peer's lateness); time one root explains is left out of the next:
+    in cost order (as folded) each root keeps at most what the roots before it left of the step,
+    so the roots' impacts together are a union, never more than the step. A root whose saving
+    shrinks this way says so in its evidence.
+    """
+    step = ctx.step_us
+    if step <= 0:
+        return
+    left = step
+    for f in findings:
+        own = min(f.impact_us, step)
+        if not f.caused_by:
+            kept = min(own, left)
+            if kept < own - 1e-6:
+                f.evidence.append(Evidence(
+                    f"impact limited to {kept / 1e3:.1f} ms of its {own / 1e3:.1f} ms: the rest of the step is "
+                    "already explained by the findings above", time_us=kept))
+                # an error must be earned by the time it alone explains
+                if f.severity == "error" and severity_for(ctx.frac(kept) * f.confidence, ctx.table) != "error":
+                    f.severity = "warning"
+            own, left = kept, max(left - kept, 0.0)
+        if own != f.impact_us:
+            f.impact_us, f.impact_frac = own, ctx.frac(own)
+
+
+def cap_thin_evidence(findings: list[Finding], a: Analysis) -> None:
+    """An error needs evidence over at least 2 steps or 2 ranks: one step of one rank is one sample,
+    whose cost may be a one-off (a first-step warm-up, a page fault), so it is at most a warning."""
+    if len(a.job.steps) >= 2 or len(a.ranks) >= 2:
+        return
+    for f in findings:
+        if f.severity == "error":
+            f.severity = "warning"
+            f.evidence.append(Evidence("capped at warning: the trace holds one step of one rank, and an error "
+                                       "needs evidence over at least 2 steps or 2 ranks"))

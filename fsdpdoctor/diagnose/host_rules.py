@@ -1,0 +1,177 @@
+"""Host-side rules: input pipeline stalls, stragglers, host syncs inside the step."""
+
+from __future__ import annotations
+
+from fsdpdoctor.diagnose.facts import (
+    dominant_idle_cause, own_work_frame, straggler_verdict, straggler_wait_in, straggler_wait_us,
+)
+from fsdpdoctor.diagnose.framework import RuleContext, rule
+from fsdpdoctor.results import Evidence, Finding
+from fsdpdoctor.units import ms, pct
+
+
+@rule(ids=("input-bound",), thresholds=("input_bound_frac", "input_bound_high_frac"))
+def input_bound(ctx: RuleContext) -> list[Finding]:
+    loaders = ctx.a.signals.dataloader if ctx.a.signals else []
+    m = ctx.a.mean
+    if not loaders or not m:
+        return []
+    f = ctx.frac(m.data_loading_us)
+    if f < ctx.th["input_bound_frac"]:
+        return []
+    high = f >= ctx.th["input_bound_high_frac"]
+    worst = max(loaders, key=lambda d: d.exposed_frac)
+    single = worst.iterator.startswith("_SingleProcess")
+    fix = ("DataLoader(..., num_workers=4, pin_memory=True, persistent_workers=True)  # now num_workers=0"
+           if single else "DataLoader(..., num_workers=<more>, prefetch_factor=4, pin_memory=True); "
+                          "and speed up the dataset (cache decoded samples" +
+                          (", decode/augment on the GPU)" if ctx.traits.device_timeline else ")"))
+    ev = [Evidence(f"rank {d.rank}: DataLoader __next__ {pct(d.stall_frac)} of step, {ms(d.mean_call_us)} per call, "
+                   f"{d.calls_per_step:.0f} call(s) per step", rank=d.rank) for d in loaders[:8]]
+    if worst.slow_frame:
+        ev.append(Evidence(f"slowest frame under __next__: {worst.slow_frame} ({ms(worst.slow_frame_us)} per step)",
+                           source=worst.slow_frame))
+    impact = m.data_loading_us
+    # a rank late because its own loader stalls is this finding seen from the others: fixing the loader
+    # removes their wait too, so the straggler is its consequence and the wait is its saving
+    s = ctx.a.straggler
+    loader_straggler = bool(straggler_verdict(ctx)) and s.cause == "data loading"
+    if loader_straggler:
+        impact = max(impact, s.saving_us or s.wait_us)
+        ev.append(Evidence(f"rank {s.straggler} is late by its own loading: the others wait {ms(s.wait_us)} per "
+                           "step for it", rank=s.straggler, time_us=s.wait_us))
+    found = ctx.finding(
+        "input-bound", f"{'Highly' if high else 'Moderately'} input-bound: data loading is {pct(f)} of the step",
+        impact,
+        f"The training loop waits {ms(m.data_loading_us)} per step for the next batch "
+        f"({'single-process loading in the training process' if single else 'the worker processes do not keep up'}).",
+        fix, confidence=0.9, evidence=ev, source=worst.slow_frame, floor="warning",
+        consequences=["straggler"] if loader_straggler else ())
+    if dominant_idle_cause(ctx) == "data_loading":
+        found.consequences.append("gpu-idle")  # the GPU idles because it waits for the batch
+    return [found]
+
+
+@rule(ids=("straggler",))
+def straggler(ctx: RuleContext) -> list[Finding]:
+    s = ctx.a.straggler
+    verdict = straggler_verdict(ctx)
+    if not verdict:
+        return []
+    r = s.straggler
+    impact = s.saving_us or s.wait_us  # with more than 2 ranks the step ends when the next-latest arrives
+    cause = s.cause or "unknown"
+    own_work = own_work_frame(s)
+    frame = (s.cause_source if own_work else None) or (_sleep_source(ctx, r) if cause == "sleep" else None)
+    if cause == "compute" and not own_work:
+        cause = "slower at the same work"
+    where = f" in {frame}" if frame else ""
+    fixes = {"data loading": "Give rank {r} a faster input pipeline (num_workers, local data, no slow storage)",
+             "sleep": "Remove the sleep/wait on rank {r}{where} (a barrier, checkpoint or logging call on one rank?)",
+             "host sync": "Remove the host syncs on rank {r}{where} (.item(), .cpu(), print of tensors)",
+             "compute": "Rank {r} computes {extra} more per step{where}: give every rank the same work (rank-"
+                        "specific code, uneven shapes -> bucket by length)",
+             "slower at the same work": "Rank {r} runs the same code {extra} per step slower than the others: " + (
+                 "check its device (clocks, thermal, other processes on it)" if ctx.traits.device_timeline else
+                 "check that no other process takes its cores (pin ranks to cores, fewer jobs per host)"),
+             "idle": "Rank {r} is idle outside ops: look for Python work, logging or I/O only it does"}
+    ev = [Evidence(f"rank {r} was the last to arrive in {s.steps_last} of {s.steps_total} steps; a healthy rank "
+                   f"is last that often by chance with probability {s.chance:.2f} ({len(ctx.a.ranks)} ranks)",
+                   rank=r),
+          Evidence(f"the others wait {ms(s.wait_us)} per step for it (median), {s.wait_us / s.noise_us:.1f}x this "
+                   f"run's step-to-step noise of {ms(s.noise_us)}" if s.noise_us else
+                   f"the others wait {ms(s.wait_us)} per step for it (median; one step: no noise estimate)",
+                   rank=r, time_us=s.wait_us)]
+    if s.cause_evidence:
+        ev.append(Evidence(s.cause_evidence, rank=r, time_us=s.extra_us))
+    for fr in s.cause_frames[:3]:
+        ev.append(Evidence(f"{fr['frame']}: {ms(fr['culprit_us'])} per step on rank {r}, "
+                           f"{ms(fr['others_us'])} on the others", rank=r, source=fr["frame"]))
+    ev += [Evidence(f"step {p['step']}: rank {p['straggler']} arrived last; the others waited "
+                    f"{ms(p['imbalance_us'])} ({pct(p['imbalance_frac'])} of the step) in collective "
+                    f"#{p['collective_index']}", rank=p["straggler"], step=p["step"], time_us=p["imbalance_us"])
+           for p in s.per_step[:6]]
+    explained = _straggler_explains_comm(ctx)
+    conseq = ["exposed-comm-high", "low-overlap", "low-bus-bandwidth"] if explained else []
+    summary = (f"Rank {r} was the last to arrive in {s.steps_last} of {s.steps_total} steps and the others wait "
+               f"{ms(s.wait_us)} per step for it ({pct(ctx.frac(s.wait_us))} of the step) in their first "
+               "collective after the delay.")
+    if impact < 0.99 * s.wait_us:
+        summary += (f" Without it each step would end when the next-latest rank arrives: {ms(impact)} "
+                    f"({pct(ctx.frac(impact))}) shorter.")
+    if explained:
+        summary += (f" That wait is {pct(explained)} of the other ranks' exposed communication: the "
+                    "communication is slow because of this rank, not the network.")
+    return [ctx.finding(
+        "straggler", f"Rank {r} is a straggler ({cause})", impact, summary,
+        fixes.get(cause, "Find what rank {r} does differently{where}").format(
+            r=r, where=where, extra=ms(s.extra_us)),
+        confidence=verdict, evidence=ev, ranks=[r], source=frame, consequences=conseq)]
+
+
+def _sleep_source(ctx: RuleContext, rank: int) -> str | None:
+    return ctx.a.signals.sleep_sources.get(rank) if ctx.a.signals else None
+
+
+def _straggler_explains_comm(ctx: RuleContext) -> float:
+    """Share of the waiting ranks' exposed communication that is waiting for the straggler (0 if < half)."""
+    s = ctx.a.straggler
+    waiters = [r.mean.exposed_comm_us for r in ctx.a.ranks if r.rank != s.straggler and r.mean]
+    exposed = sum(waiters) / len(waiters) if waiters else 0.0
+    share = min(straggler_wait_us(ctx) / exposed, 1.0) if exposed else 0.0
+    return share if share >= 0.5 else 0.0
+
+
+@rule(ids=("host-sync",), thresholds=("host_sync_per_step",))
+def host_sync(ctx: RuleContext) -> list[Finding]:
+    syncs = ctx.a.signals.host_syncs if ctx.a.signals else []
+    if not syncs:
+        return []
+    nsteps = max(len(ctx.a.job.steps), 1)
+    by_src: dict[str | None, list] = {}
+    for h in syncs:
+        by_src.setdefault(h.source, []).append(h)
+    out = []
+    for src, hs in by_src.items():
+        per_rank_step = sum(h.count for h in hs) / nsteps / max(len({h.rank for h in hs}), 1)
+        if per_rank_step < ctx.th["host_sync_per_step"]:
+            continue
+        nranks = max(len({h.rank for h in hs}), 1)
+        device = ctx.traits.device_timeline
+        # device traces: the bubble after each sync; host-only traces: nothing waits, the finding is structural
+        us = sum(h.bubble_us for h in hs) / nsteps / nranks if device else 0.0
+        names = list(dict.fromkeys(h.name for h in hs))
+        label = ", ".join(".item()" if "local_scalar" in n else n for n in names[:3])
+        where = f"your code at {src}" if src else "code outside DDP/FSDP/optimizer internals (no user frame found)"
+        cost = ("Each one blocks the host until the queued kernels finish, so the next kernels launch late and "
+                "the GPU idles." if device else
+                "On this CPU trace nothing waits for it, so it costs nothing measurable here (run on CUDA, each "
+                "call would drain the device queue before the next launch).")
+        out.append(ctx.finding(
+            "host-sync", f"Host sync inside the step: {label}", us,
+            f"{per_rank_step:.0f} call(s) per step ({', '.join(names)}) from {where}. {cost}",
+            "Keep the value on the device (accumulate tensors, log every N steps with a single .item()), or "
+            "use non_blocking copies", confidence=0.8 if src else 0.6, source=src,
+            ranks=sorted({h.rank for h in hs}),
+            evidence=[Evidence(f"rank {h.rank}: {h.count} x {h.name} in steps {_ranges(h.steps)}, host blocked "
+                               f"{ms(h.total_us, 3)}" + (f", device idle after it {ms(h.bubble_us, 3)}"
+                                                         if device else ""),
+                               rank=h.rank, source=h.source) for h in hs[:6]]
+            + ([] if src else [Evidence("no Python stacks in the trace: record with with_stack=True to see "
+                                        "the calling line")])))
+    return out
+
+
+def _ranges(steps: list[int]) -> str:
+    """[3, 4, 5, 7] -> "3-5, 7"."""
+    out, run = [], []
+    for s in sorted(steps):
+        if run and s == run[-1] + 1:
+            run.append(s)
+        else:
+            if run:
+                out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = [s]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ", ".join(out)

@@ -1,0 +1,154 @@
+"""FSDP prefetch rules: backward and forward prefetch settings that leave all-gathers exposed.
+
+A prefetch setting is a configuration of its own: it survives a fix of the backend or of a straggler,
+so no other finding folds these under itself.
+"""
+
+from __future__ import annotations
+
+from fsdpdoctor.diagnose.facts import straggler_wait_in
+from fsdpdoctor.diagnose.framework import (
+    RuleContext, first_source, gpu_note, rank_steps, rule, sync_confidence, wrap_site,
+)
+from fsdpdoctor.results import Evidence, Finding
+from fsdpdoctor.units import ms, pct
+
+
+@rule(ids=("fsdp1-no-backward-prefetch", "fsdp1-backward-post"))
+def fsdp1_backward_prefetch(ctx: RuleContext) -> list[Finding]:
+    p = ctx.a.prefetch
+    if not p or p.framework != "fsdp1" or p.backward_mode not in ("none", "post"):
+        return []
+    bwd_ag = [c for c in ctx.a.collective_events if c.kind == "all_gather" and c.phase == "backward"]
+    nsteps = rank_steps(ctx)
+    exposed = sum(c.exposed_us for c in bwd_ag) / nsteps
+    configured = ctx.wrap.get("backward_prefetch", "unknown (no manifest)") if ctx.a.job.wrapping_source == "manifest" else "unknown (no manifest)"
+    ev = [Evidence(f"{p.backward_prefetched} of {p.backward_all_gathers} backward all-gathers were issued by a "
+                   f"prefetch ({p.backward_on_demand} on demand in _pre_backward_hook)"),
+          Evidence(f"configured backward_prefetch: {configured}"),
+          Evidence(f"backward all-gathers expose {ms(exposed)} per step", time_us=exposed)]
+    src = wrap_site(ctx) or first_source(ctx.a, lambda c: c.kind == "all_gather" and c.phase == "backward")
+    now = f"  # now {configured}" if ctx.a.job.wrapping_source == "manifest" else ""
+    if p.backward_mode == "none":
+        return [ctx.finding(
+            "fsdp1-no-backward-prefetch", "FSDP backward prefetch is off", exposed,
+            f"Every backward all-gather is issued on demand when its unit's gradient is needed, so "
+            f"{ctx.device_word} waits for each gather before the unit's backward." + gpu_note(ctx),
+            "FSDP(model, ..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)" + (now or
+            "  # from torch.distributed.fsdp import BackwardPrefetch"),
+            # off is not FSDP's default (BACKWARD_PRE): a configuration that is wrong, at least a warning
+            confidence=sync_confidence(ctx, 0.95), evidence=ev, source=src, floor="warning")]
+    return [ctx.finding(
+        "fsdp1-backward-post", "FSDP backward prefetch is BACKWARD_POST", exposed,
+        "BACKWARD_POST issues the next all-gather only after the current unit's gradient is computed, in the "
+        "post-backward hook, right before its reduce-scatter; BACKWARD_PRE issues it before the gradient "
+        "computation and overlaps more, at the cost of one more unsharded unit in memory." + gpu_note(ctx),
+        "FSDP(model, ..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)" + now,
+        # away from FSDP's default (BACKWARD_PRE) toward less overlap: at least a warning; an error only
+        # from its measured cost (it is also a memory trade-off, so never more without one)
+        confidence=sync_confidence(ctx, 0.9), evidence=ev, source=src, floor="warning")]
+
+
+@rule(ids=("fsdp-forward-prefetch-off",), thresholds=("forward_exposed_frac",))
+def forward_prefetch(ctx: RuleContext) -> list[Finding]:
+    p = ctx.a.prefetch
+    if not p or p.forward_mode != "off":
+        return []
+    if p.framework == "fsdp2" and not ctx.traits.device_timeline:
+        # FSDP2 overlaps forward all-gathers implicitly on a separate CUDA stream; a CPU trace cannot
+        # show whether that works, so only explicit lists could be judged here
+        return []
+    fwd = [c for c in ctx.a.collective_events if c.kind == "all_gather" and c.phase == "forward"]
+    nsteps = rank_steps(ctx)
+    # waiting for a straggler in the first forward gather is the straggler's cost, not prefetch's
+    exposed = max(sum(c.exposed_us for c in fwd) / nsteps - straggler_wait_in(ctx, "all_gather", "forward"), 0.0)
+    if ctx.frac(exposed) < ctx.th["forward_exposed_frac"]:
+        return []
+    if p.framework == "fsdp1" and ctx.wrap.get("forward_prefetch") is True:
+        return []  # already set: the trace disagrees with the manifest; prefetch status says so
+    fix = ("FSDP(model, ..., forward_prefetch=True)" + ("  # now False" if ctx.wrap.get("forward_prefetch") is False
+                                                       else "") if p.framework == "fsdp1" else
+           "for i, block in enumerate(blocks[:-1]): block.set_modules_to_forward_prefetch([blocks[i + 1]])")
+    return [ctx.finding(
+        "fsdp-forward-prefetch-off", "Forward all-gathers are exposed and not prefetched", exposed,
+        f"{len(fwd) // nsteps} forward all-gathers per step are issued on demand and expose {ms(exposed)} "
+        f"({pct(ctx.frac(exposed))} of the step)." + gpu_note(ctx),
+        fix, confidence=sync_confidence(ctx, 0.8),
+        evidence=[Evidence(f"{p.forward_prefetched} of {p.forward_all_gathers} forward all-gathers prefetched"),
+                  Evidence(f"exposed forward all-gather time {ms(exposed)} per step", time_us=exposed)],
+        # forward_prefetch=False is FSDP's default: never more than its measured saving says, and where
+        # collectives block the host a prefetch only moves the wait, so the saving here is nil
+        severity=None if ctx.traits.async_collectives else "info",
+        source=wrap_site(ctx) or first_source(ctx.a, lambda c: c.kind == "all_gather" and c.phase == "forward"))]
+
+
+@rule(ids=("fsdp2-backward-prefetch-ineffective",))
+def fsdp2_backward_prefetch(ctx: RuleContext) -> list[Finding]:
+    p = ctx.a.prefetch
+    if not p or p.framework != "fsdp2" or p.backward_mode in ("n/a", "unknown"):
+        return []
+    bwd_ag = [c for c in ctx.a.collective_events if c.kind == "all_gather" and c.phase == "backward"]
+    nsteps = rank_steps(ctx)
+    exposed = sum(c.exposed_us for c in bwd_ag) / nsteps
+    lists = ctx.wrap.get("backward_prefetch") or {}
+    self_ref = [m or "<root module>" for m, targets in lists.items() if m in (targets or [])]
+    ev = [Evidence(f"{p.backward_on_demand} of {p.backward_all_gathers} backward all-gathers issued on demand under "
+                   f"FSDP::pre_backward; {p.backward_prefetched} under FSDP::backward_prefetch"),
+          Evidence(f"{p.empty_prefetch_annotations} of {p.prefetch_annotations} prefetch annotations gathered nothing")]
+    if p.backward_mode == "none":
+        if self_ref:
+            ev.append(Evidence(f"set_modules_to_backward_prefetch lists a module itself: {', '.join(self_ref[:4])}"))
+        fix = ("Remove the self-referencing set_modules_to_backward_prefetch calls "
+               f"({', '.join(self_ref[:3])}) to get the default prefetch of the previous block, or list it "
+               "explicitly: blocks[i].set_modules_to_backward_prefetch([blocks[i - 1]])" if self_ref else
+               "Let FSDP2 prefetch: do not override set_modules_to_backward_prefetch, or give each block the "
+               "previous one: blocks[i].set_modules_to_backward_prefetch([blocks[i - 1]])")
+        return [ctx.finding(
+            "fsdp2-backward-prefetch-ineffective", "FSDP2 backward prefetch does not take effect", exposed,
+            "FSDP2 normally all-gathers the previous block during a block's backward (like BACKWARD_PRE); here "
+            "the backward all-gathers are issued on demand, so each block waits for its own gather."
+            + gpu_note(ctx), fix, confidence=sync_confidence(ctx, 0.9), evidence=ev, floor="warning",
+            source=first_source(ctx.a, lambda c: c.kind == "all_gather" and c.phase == "backward"))]
+    if p.gpu_overlap_confirmed is False:
+        ev.append(Evidence("prefetched all-gather kernels do not overlap backward compute kernels"))
+        return [ctx.finding(
+            "fsdp2-backward-prefetch-ineffective", "FSDP2 prefetched all-gathers do not overlap compute", exposed,
+            "All-gathers are issued by prefetch, but on the device they still run while no compute runs: something "
+            "serialises the streams (a sync, a too-late prefetch, or CPU-bound launch).",
+            "Check for host syncs in backward and CPU launch overhead; consider reshard_after_forward=False for "
+            "the last blocks", confidence=0.6, evidence=ev)]
+    return []
+
+
+@rule(ids=("fsdp2-explicit-prefetch-noop",))
+def fsdp2_explicit_noop(ctx: RuleContext) -> list[Finding]:
+    p = ctx.a.prefetch
+    if not p or p.framework != "fsdp2" or ctx.a.job.wrapping_source != "manifest":
+        return []
+    out = []
+    bwd = ctx.wrap.get("backward_prefetch") or {}
+    empty = [m for m, targets in bwd.items() if targets == []]
+    if empty and p.backward_prefetched > 0:
+        out.append(ctx.finding(
+            "fsdp2-explicit-prefetch-noop", "set_modules_to_backward_prefetch([]) does nothing", 0.0,
+            f"{len(empty)} module(s) were given an empty backward prefetch list, presumably to turn prefetch off, "
+            f"but FSDP2 treats an empty list as 'use the default' (default_prefetch = "
+            f"len(_states_to_backward_prefetch) == 0): {p.backward_prefetched} of {p.backward_all_gathers} "
+            "backward all-gathers are still prefetched.",
+            "Drop the empty lists. To disable backward prefetch for a module, list the module itself: "
+            "m.set_modules_to_backward_prefetch([m]); to change depth, list the modules to gather.",
+            # the code does not do what it says: a wrong configuration, whatever it costs
+            confidence=0.9, floor="warning", source=wrap_site(ctx),
+            evidence=[Evidence(f"manifest: backward_prefetch lists set to [] for {', '.join(empty[:5])}"),
+                      Evidence(f"trace: {p.backward_prefetched} backward all-gathers under "
+                               "FSDP::backward_prefetch (implicit, nested in FSDP::pre_backward)")]))
+    fwd = ctx.wrap.get("forward_prefetch") or {}
+    if any(fwd.values()) and p.forward_all_gathers and p.forward_prefetched == 0:
+        out.append(ctx.finding(
+            "fsdp2-explicit-prefetch-noop", "Explicit forward prefetch lists gather nothing", 0.0,
+            "set_modules_to_forward_prefetch was called, but no forward all-gather ran under "
+            "FSDP::forward_prefetch: the listed modules were already unsharded or the lists are wrong.",
+            "List the *next* blocks: blocks[i].set_modules_to_forward_prefetch([blocks[i + 1]])",
+            confidence=0.7, floor="warning", source=wrap_site(ctx),
+            evidence=[Evidence(f"manifest: forward_prefetch set for {len(fwd)} module(s)")]))
+    return out

@@ -1,0 +1,378 @@
+"""Every rule on a synthetic Analysis (tests/synthetic.py): it fires on the fault it declares and not
+on a healthy run; the registry's declarations hold; folds happen only when the root's fix removes the
+effect's time (each fold tested both ways); impacts are bounded by the step; an error needs
+evidence over 2 steps or 2 ranks. The same rules run on recordings in test_diagnose, test_gpu_rules
+and test_root_cause."""
+
+from __future__ import annotations
+
+import pytest
+
+from synthetic import CPU, GPU, analysis, collectives, comm, ids, run, straggler_report
+from fsdpdoctor.diagnose import comm_rules, ddp_rules, gpu_rules, host_rules, prefetch_rules, setup_rules
+from fsdpdoctor.diagnose.framework import RuleContext, RuleDefect, UndeclaredThreshold, rule, run_rules
+from fsdpdoctor.diagnose.rules import RULE_IDS, RULES, diagnose
+from fsdpdoctor.diagnose.thresholds import BY_NAME, resolve
+from fsdpdoctor.results import (
+    DataLoaderInfo, DdpInfo, Evidence, Finding, GpuIdle, HostSync, OffloadInfo, PrefetchStatus, RankSetup,
+    RecomputeInfo, Signals,
+)
+
+MS = 1e3
+
+
+def _fsdp1(backward="pre", forward="on") -> PrefetchStatus:
+    return PrefetchStatus(framework="fsdp1", backward_mode=backward, forward_mode=forward, backward_all_gathers=8,
+                          backward_prefetched=0 if backward == "none" else 8, forward_all_gathers=8)
+
+
+def _fsdp2(backward="pre", prefetched=8) -> PrefetchStatus:
+    return PrefetchStatus(framework="fsdp2", backward_mode=backward, forward_mode="n/a", backward_all_gathers=8,
+                          backward_prefetched=prefetched, backward_on_demand=8 - prefetched)
+
+
+def _gloo_setup(rank: int, kernels: int = 100, backend: str = "gloo") -> RankSetup:
+    return RankSetup(rank=rank, world_size=2, backend=backend, pg_backends=[f"cuda:{backend}"], device_kernels=kernels,
+                     gloo_spans=10 if backend == "gloo" else 0, collectives=10, collective_kinds=["all_reduce"],
+                     has_backward=True, wrapper="ddp")
+
+
+def _idle(cause: str, us: float, rank: int = 0) -> GpuIdle:
+    by = {c: 0.0 for c in ("launch", "host_sync", "data_loading", "collective_wait", "profiler", "other")}
+    by[cause] = us
+    return GpuIdle(rank=rank, steps=[], idle_us=us, idle_frac=us / 100e3, by_cause=by, queue_empty_frac=0.9,
+                   queue_delay_median_us=10.0)
+
+
+# ------------------------------------------------------------------ each rule: fires on its fault, not on health
+def test_fsdp1_backward_prefetch():
+    ag = collectives(2, 4, "all_gather", "backward", per_step=4, exposed_us=2 * MS)
+    off = run(prefetch_rules.fsdp1_backward_prefetch, analysis(wrapping="fsdp1", prefetch=_fsdp1("none"),
+                                                                collective_events=ag))
+    post = run(prefetch_rules.fsdp1_backward_prefetch, analysis(wrapping="fsdp1", prefetch=_fsdp1("post"),
+                                                                 collective_events=ag))
+    assert ids(off) == ["fsdp1-no-backward-prefetch"] and ids(post) == ["fsdp1-backward-post"]
+    assert off[0].impact_us == pytest.approx(8 * MS) and off[0].severity == "warning"  # floor: a wrong setting
+    assert run(prefetch_rules.fsdp1_backward_prefetch, analysis(wrapping="fsdp1", prefetch=_fsdp1("pre"),
+                                                                 collective_events=ag)) == []
+
+
+def test_forward_prefetch_off():
+    ag = collectives(2, 4, "all_gather", "forward", per_step=4, exposed_us=1 * MS)
+    found = run(prefetch_rules.forward_prefetch, analysis(wrapping="fsdp1", prefetch=_fsdp1(forward="off"),
+                                                          collective_events=ag))
+    assert ids(found) == ["fsdp-forward-prefetch-off"] and found[0].impact_us == pytest.approx(4 * MS)
+    assert run(prefetch_rules.forward_prefetch, analysis(wrapping="fsdp1", prefetch=_fsdp1(forward="on"),
+                                                         collective_events=ag)) == []
+    # below forward_exposed_frac of the step: within the noise
+    small = collectives(2, 4, "all_gather", "forward", per_step=1, exposed_us=0.5 * MS)
+    assert run(prefetch_rules.forward_prefetch, analysis(wrapping="fsdp1", prefetch=_fsdp1(forward="off"),
+                                                         collective_events=small)) == []
+
+
+def test_fsdp2_backward_prefetch_ineffective():
+    assert ids(run(prefetch_rules.fsdp2_backward_prefetch, analysis(wrapping="fsdp2", prefetch=_fsdp2(
+        "none", prefetched=0)))) == ["fsdp2-backward-prefetch-ineffective"]
+    assert run(prefetch_rules.fsdp2_backward_prefetch, analysis(wrapping="fsdp2", prefetch=_fsdp2("pre"))) == []
+
+
+def test_fsdp2_explicit_prefetch_noop():
+    empty = {"backward_prefetch": {"layers.0": [], "layers.1": []}}
+    assert ids(run(prefetch_rules.fsdp2_explicit_noop, analysis(
+        wrapping="fsdp2", wrapping_source="manifest", wrapping_details=empty,
+        prefetch=_fsdp2("pre")))) == ["fsdp2-explicit-prefetch-noop"]
+    listed = {"backward_prefetch": {"layers.1": ["layers.0"]}}
+    assert run(prefetch_rules.fsdp2_explicit_noop, analysis(
+        wrapping="fsdp2", wrapping_source="manifest", wrapping_details=listed, prefetch=_fsdp2("pre"))) == []
+
+
+def test_exposed_comm():
+    cpu = run(comm_rules.exposed_comm, analysis(**comm("all_reduce", 60 * MS)))
+    assert ids(cpu) == ["exposed-comm-high"]
+    # on gloo healthy runs expose up to exposed_comm_frac_sync of the step: 30 % is not a finding there
+    assert run(comm_rules.exposed_comm, analysis(**comm("all_reduce", 30 * MS))) == []
+    gpu = run(comm_rules.exposed_comm, analysis(traits=GPU, **comm("all_reduce", 30 * MS)))
+    assert ids(gpu) == ["exposed-comm-high", "low-overlap"]
+    assert run(comm_rules.exposed_comm, analysis(traits=GPU, **comm("all_reduce", 5 * MS, busy_us=20 * MS))) == []
+
+
+def test_message_sizes():
+    small = collectives(2, 4, "all_reduce", "backward", per_step=30, size_bytes=4096, exposed_us=100.0)
+    assert ids(run(comm_rules.message_sizes, analysis(collective_events=small))) == ["latency-bound-collectives"]
+    slow = collectives(2, 4, "all_reduce", "backward", size_bytes=64 << 20, busbw_gbps=5.0)
+    assert ids(run(comm_rules.message_sizes, analysis(traits=GPU, collective_events=slow))) == ["low-bus-bandwidth"]
+    fast = collectives(2, 4, "all_reduce", "backward", size_bytes=64 << 20, busbw_gbps=150.0)
+    assert run(comm_rules.message_sizes, analysis(traits=GPU, collective_events=fast)) == []
+
+
+def _ddp(**kw) -> DdpInfo:
+    base = dict(allreduces_per_step=4, bucket_sizes_bytes=[], forwards_per_step=1, backwards_per_step=1,
+                backwards_with_allreduce_per_step=1, search_unused_per_step=0, after_backward_frac=0.3,
+                overlap_frac=0.5)
+    return DdpInfo(**{**base, **kw})
+
+
+def test_ddp_rules():
+    one = collectives(2, 4, "all_reduce", "backward", nelems=2_000_000, exposed_us=10 * MS)
+    found = run(ddp_rules.ddp_rules, analysis(signals=Signals(ddp=_ddp(overlap_frac=0.02)), collective_events=one))
+    assert ids(found) == ["ddp-single-bucket"]
+    tiny = collectives(2, 4, "all_reduce", "backward", per_step=12, nelems=10_000, exposed_us=MS)
+    assert ids(run(ddp_rules.ddp_rules, analysis(signals=Signals(ddp=_ddp()), collective_events=tiny))) == [
+        "ddp-tiny-buckets"]
+    unused = _ddp(search_unused_per_step=1, bucket_copies_per_step=10, grads_accumulated_per_step=10)
+    four = collectives(2, 4, "all_reduce", "backward", per_step=4, nelems=2_000_000)
+    assert ids(run(ddp_rules.ddp_rules, analysis(signals=Signals(ddp=unused), collective_events=four))) == [
+        "ddp-find-unused-unneeded"]
+    accum = _ddp(forwards_per_step=4, backwards_per_step=4, backwards_with_allreduce_per_step=4)
+    assert "grad-accum-without-no-sync" in ids(run(ddp_rules.ddp_rules, analysis(signals=Signals(ddp=accum),
+                                                                                 collective_events=four)))
+    assert run(ddp_rules.ddp_rules, analysis(signals=Signals(ddp=_ddp()), collective_events=four)) == []
+
+
+def _loader(rank: int, frac: float) -> DataLoaderInfo:
+    return DataLoaderInfo(rank=rank, iterator="_SingleProcessDataLoaderIter", calls_per_step=1,
+                          mean_call_us=frac * 100 * MS, stall_frac=frac, exposed_frac=frac)
+
+
+def test_input_bound():
+    sig = Signals(dataloader=[_loader(0, 0.3), _loader(1, 0.3)])
+    found = run(host_rules.input_bound, analysis(signals=sig, data_loading_us=30 * MS))
+    assert ids(found) == ["input-bound"] and found[0].severity == "error" and "num_workers=4" in found[0].fix
+    assert run(host_rules.input_bound, analysis(signals=sig, data_loading_us=1 * MS)) == []
+
+
+def test_straggler():
+    found = run(host_rules.straggler, analysis(straggler=straggler_report(own_frame="job.py(9): slow")))
+    assert ids(found) == ["straggler"] and found[0].ranks == [1] and "job.py(9): slow" in found[0].fix
+    # a wait within the run's noise is no straggler
+    assert run(host_rules.straggler, analysis(straggler=straggler_report(wait_us=2 * MS, noise_us=5 * MS))) == []
+
+
+def test_host_sync():
+    syncs = [HostSync(rank=r, name="aten::_local_scalar_dense", count=8, total_us=100.0, steps=[1, 2, 3, 4],
+                      source="train.py(40): step") for r in (0, 1)]
+    found = run(host_rules.host_sync, analysis(signals=Signals(host_syncs=syncs)))
+    assert ids(found) == ["host-sync"] and found[0].impact_us == 0.0  # host-only trace: nothing waits
+    rare = [HostSync(rank=0, name="aten::_local_scalar_dense", count=1, total_us=10.0, steps=[1])]
+    assert run(host_rules.host_sync, analysis(signals=Signals(host_syncs=rare))) == []
+
+
+def test_cpu_staged_collectives():
+    gloo = Signals(setup=[_gloo_setup(0), _gloo_setup(1)])
+    assert ids(run(setup_rules.cpu_staged_collectives, analysis(signals=gloo, **comm("all_reduce", 40 * MS)))) == [
+        "cpu-staged-collectives"]
+    cpu_job = Signals(setup=[_gloo_setup(0, kernels=0), _gloo_setup(1, kernels=0)])
+    assert run(setup_rules.cpu_staged_collectives, analysis(signals=cpu_job)) == []
+
+
+def test_ranks_never_communicate():
+    silent = [RankSetup(rank=r, world_size=2, backend="undefined", has_backward=True) for r in (0, 1)]
+    found = run(setup_rules.ranks_never_communicate, analysis(backend="undefined", signals=Signals(setup=silent)))
+    assert ids(found) == ["ranks-never-communicate"]
+    assert run(setup_rules.ranks_never_communicate, analysis(signals=Signals(setup=[_gloo_setup(0, 0),
+                                                                                    _gloo_setup(1, 0)]))) == []
+
+
+def test_wrapper_world_size_1():
+    assert ids(run(setup_rules.wrapper_world_size_1, analysis(ranks=1))) == ["wrapper-world-size-1"]
+    assert run(setup_rules.wrapper_world_size_1, analysis(ranks=2)) == []
+
+
+def test_mixed_backends():
+    mixed = Signals(setup=[_gloo_setup(0), _gloo_setup(1, backend="nccl")])
+    assert ids(run(setup_rules.mixed_backends, analysis(signals=mixed))) == ["mixed-backends"]
+    assert run(setup_rules.mixed_backends, analysis(signals=Signals(setup=[_gloo_setup(0), _gloo_setup(1)]))) == []
+
+
+def test_gpu_idle():
+    idle = Signals(gpu_idle=[_idle("launch", 40 * MS, r) for r in (0, 1)])
+    assert ids(run(gpu_rules.gpu_idle, analysis(traits=GPU, signals=idle))) == ["gpu-idle"]
+    assert run(gpu_rules.gpu_idle, analysis(traits=CPU, signals=idle)) == []  # no device timeline
+    few = Signals(gpu_idle=[_idle("launch", 2 * MS, r) for r in (0, 1)])
+    assert run(gpu_rules.gpu_idle, analysis(traits=GPU, signals=few)) == []
+
+
+def test_activation_recompute():
+    rc = [RecomputeInfo(rank=r, method="checkpoint frames", regions_per_step=4, recompute_us=30 * MS,
+                        recompute_frac=0.3, compute_frac=0.4) for r in (0, 1)]
+    found = run(gpu_rules.activation_recompute, analysis(signals=Signals(recompute=rc)))
+    assert ids(found) == ["activation-recompute"] and found[0].severity == "warning"
+    rc_small = [RecomputeInfo(rank=0, method="x", regions_per_step=1, recompute_us=1 * MS, recompute_frac=0.01,
+                              compute_frac=None)]
+    assert run(gpu_rules.activation_recompute, analysis(signals=Signals(recompute=rc_small))) == []
+
+
+def test_offload_exposed():
+    off = [OffloadInfo(rank=r, h2d_us=20 * MS, d2h_us=0.0, exposed_us=15 * MS, copies_per_step=4,
+                       by_phase={"forward": 15 * MS}) for r in (0, 1)]
+    assert ids(run(gpu_rules.offload_exposed, analysis(traits=GPU, signals=Signals(offload=off)))) == [
+        "offload-exposed"]
+    low = [OffloadInfo(rank=0, h2d_us=1 * MS, d2h_us=0.0, exposed_us=0.5 * MS, copies_per_step=1)]
+    assert run(gpu_rules.offload_exposed, analysis(traits=GPU, signals=Signals(offload=low))) == []
+
+
+def test_every_registered_rule_has_a_unit_test_here():
+    tested = {name.removeprefix("test_") for name in globals() if name.startswith("test_")}
+    names = {r.fn.__name__ for r in RULES}
+    aliases = {"fsdp1_backward_prefetch", "fsdp2_explicit_noop", "message_sizes", "ddp_rules"}
+    missing = {n for n in names if n not in tested and n not in aliases
+               and not any(n in t for t in tested)}
+    assert not missing, f"rules without a unit test: {missing}"
+
+
+# ------------------------------------------------------------------ the registry's declarations
+def test_registry_declarations():
+    assert len(RULE_IDS) == len(set(RULE_IDS))  # one rule per id
+    for r in RULES:
+        assert r.ids and all(t in BY_NAME for t in r.thresholds), r.name
+
+
+def test_a_rule_reading_an_undeclared_threshold_or_emitting_an_undeclared_id_is_refused():
+    @rule(ids=("demo",), thresholds=("input_bound_frac",))
+    def reads_other(ctx: RuleContext) -> list[Finding]:
+        return [] if ctx.th["gpu_idle_frac"] else []
+
+    @rule(ids=("demo",))
+    def emits_other(ctx: RuleContext) -> list[Finding]:
+        return [ctx.finding("not-demo", "t", 0.0, "s", "f", confidence=1.0, evidence=[])]
+
+    with pytest.raises(UndeclaredThreshold):
+        run(reads_other, analysis())
+    with pytest.raises(RuleDefect):
+        run(emits_other, analysis())
+    with pytest.raises(RuleDefect):
+        rule(ids=("demo",), thresholds=("no_such_threshold",))
+
+
+def test_small_message_threshold_reaches_the_collectives_table():
+    events = collectives(2, 4, "all_reduce", "backward", size_bytes=512 << 10)
+    a = analysis(collective_events=events)
+    from fsdpdoctor.results import CollectiveStat
+
+    a.collectives = [CollectiveStat(kind="all_reduce", phase="backward", count=8, per_step=1, total_us=0,
+                                    exposed_us=0, mean_us=0, size_bytes=None, mean_size_bytes=None, busbw_gbps=None)]
+    diagnose(a)
+    assert a.collectives[0].small_messages == 8
+    diagnose(a, {"small_message_bytes": 1024})
+    assert a.collectives[0].small_messages == 0
+
+
+# ------------------------------------------------------------------ folds: earned, or not made
+def _diag(a, thresholds=None) -> dict[str, Finding]:
+    return {f.id: f for f in run_rules(RULES, a, resolve(thresholds))}
+
+
+def test_backend_fault_folds_the_communication_it_exposes():
+    a = analysis(signals=Signals(setup=[_gloo_setup(0), _gloo_setup(1)]), **comm("all_reduce", 60 * MS))
+    f = _diag(a)
+    assert f["exposed-comm-high"].caused_by == "cpu-staged-collectives"
+    assert f["exposed-comm-high"].severity == "info"
+
+
+def test_backend_fault_does_not_fold_prefetch_settings():
+    ag = collectives(2, 4, "all_gather", "backward", per_step=4, exposed_us=3 * MS)
+    a = analysis(wrapping="fsdp1", prefetch=_fsdp1("none"), collective_events=ag,
+                 signals=Signals(setup=[_gloo_setup(0), _gloo_setup(1)]), **comm("all_gather", 60 * MS))
+    f = _diag(a)
+    assert "cpu-staged-collectives" in f
+    prefetch = f["fsdp1-no-backward-prefetch"]
+    assert prefetch.caused_by is None and prefetch.severity == "warning"  # its own severity, a root
+
+
+def test_backend_fault_does_not_fold_a_rank_late_in_its_own_frames_nor_count_its_wait():
+    setups = Signals(setup=[_gloo_setup(0), _gloo_setup(1)], sleep_sources={1: "job.py(5): train"})
+    late = straggler_report(wait_us=30 * MS, own_frame="job.py(5): train")
+    f = _diag(analysis(signals=setups, straggler=late, **comm("all_reduce", 60 * MS)))
+    assert f["straggler"].caused_by is None and f["straggler"].severity == "error"
+    # 60 ms exposed, 30 of it the wait for the sleeper: NCCL would give back at most the other 30
+    assert f["cpu-staged-collectives"].impact_us == pytest.approx(30 * MS)
+    # the same rank, late without a frame of its own (the same work, slower): the backend may explain it
+    slower = straggler_report(wait_us=30 * MS, cause="compute", own_frame=None)
+    f = _diag(analysis(signals=Signals(setup=setups.setup), straggler=slower, **comm("all_reduce", 60 * MS)))
+    assert f["straggler"].caused_by == "cpu-staged-collectives"
+
+
+def test_straggler_folds_the_communication_that_waits_for_it_but_not_a_prefetch_setting():
+    # 40 ms of exposed forward gathers per step, 25 ms of it the wait for the straggler: 15 ms survive its fix
+    ag = collectives(2, 4, "all_gather", "forward", per_step=4, exposed_us=10 * MS)
+    late = straggler_report(wait_us=50 * MS, own_frame="job.py(5): train", kind="all_gather", phase="forward")
+    f = _diag(analysis(wrapping="fsdp1", prefetch=_fsdp1(forward="off"), collective_events=ag, straggler=late,
+                       **comm("all_gather", 60 * MS)))
+    assert f["exposed-comm-high"].caused_by == "straggler"
+    assert f["fsdp-forward-prefetch-off"].caused_by is None
+    assert f["fsdp-forward-prefetch-off"].impact_us == pytest.approx(15 * MS)
+    # exposed communication that is mostly not waiting for it stays a root
+    small = straggler_report(wait_us=10 * MS, own_frame="job.py(5): train")
+    f = _diag(analysis(straggler=small, **comm("all_reduce", 80 * MS)))
+    assert f["straggler"].consequences == [] and f["exposed-comm-high"].caused_by is None
+
+
+def test_input_bound_folds_a_rank_late_in_its_loader_and_not_a_sleeper():
+    sig = Signals(dataloader=[_loader(0, 0.01), _loader(1, 0.6)])
+    loader_late = straggler_report(wait_us=60 * MS, cause="data loading", own_frame="data.py(3): __getitem__")
+    f = _diag(analysis(signals=sig, straggler=loader_late, data_loading_us=30 * MS))
+    assert f["straggler"].caused_by == "input-bound"
+    assert f["input-bound"].impact_us == pytest.approx(60 * MS)  # the others' wait is the loader's saving
+    sleeper = straggler_report(wait_us=60 * MS, cause="sleep", own_frame="job.py(5): train")
+    f = _diag(analysis(signals=sig, straggler=sleeper, data_loading_us=30 * MS))
+    assert f["straggler"].caused_by is None and f["input-bound"].caused_by is None
+
+
+def test_gpu_idle_folds_under_what_the_gpu_waits_for():
+    loading = Signals(dataloader=[_loader(0, 0.4), _loader(1, 0.4)],
+                      gpu_idle=[_idle("data_loading", 40 * MS, r) for r in (0, 1)])
+    f = _diag(analysis(traits=GPU, backend="nccl", signals=loading, data_loading_us=40 * MS))
+    assert f["gpu-idle"].caused_by == "input-bound"
+    launch = Signals(dataloader=[_loader(0, 0.1), _loader(1, 0.1)],
+                     gpu_idle=[_idle("launch", 40 * MS, r) for r in (0, 1)])
+    f = _diag(analysis(traits=GPU, backend="nccl", signals=launch, data_loading_us=10 * MS))
+    assert f["gpu-idle"].caused_by is None
+    waits = Signals(setup=[_gloo_setup(0), _gloo_setup(1)], gpu_idle=[_idle("collective_wait", 40 * MS, r)
+                                                                       for r in (0, 1)])
+    assert _diag(analysis(traits=GPU, signals=waits))["gpu-idle"].caused_by == "cpu-staged-collectives"
+    nccl = Signals(setup=[_gloo_setup(0, backend="nccl"), _gloo_setup(1, backend="nccl")],
+                   gpu_idle=[_idle("collective_wait", 40 * MS, r) for r in (0, 1)])
+    assert _diag(analysis(traits=GPU, backend="nccl", signals=nccl))["gpu-idle"].caused_by is None
+
+
+def test_world_size_1_folds_what_cannot_be_judged_at_one_rank():
+    ag = collectives(1, 4, "all_gather", "backward", per_step=4, exposed_us=3 * MS)
+    f = _diag(analysis(ranks=1, wrapping="fsdp1", prefetch=_fsdp1("none"), collective_events=ag))
+    assert f["fsdp1-no-backward-prefetch"].caused_by == "wrapper-world-size-1"
+    f = _diag(analysis(ranks=2, wrapping="fsdp1", prefetch=_fsdp1("none"), collective_events=ag))
+    assert f["fsdp1-no-backward-prefetch"].caused_by is None
+
+
+# ------------------------------------------------------------------ bounded impacts, thin evidence
+def test_no_impact_above_the_step_and_roots_together_within_it():
+    # GPU host syncs whose bubbles add up past the step (each bubble counted per sync), beside a loader stall
+    syncs = [HostSync(rank=r, name="cudaStreamSynchronize", count=40, total_us=1 * MS, steps=[1, 2, 3, 4],
+                      source="train.py(7): step", bubble_us=4 * 300 * MS) for r in (0, 1)]
+    sig = Signals(host_syncs=syncs, dataloader=[_loader(0, 0.5), _loader(1, 0.5)])
+    found = run_rules(RULES, analysis(traits=GPU, backend="nccl", signals=sig, data_loading_us=50 * MS),
+                      resolve(None))
+    assert all(f.impact_us <= 100 * MS + 1e-6 and f.impact_frac <= 1.0 for f in found)
+    roots = [f for f in found if not f.caused_by]
+    assert len(roots) >= 2 and sum(f.impact_us for f in roots) <= 100 * MS + 1e-6
+    trimmed = [f for f in roots if any("impact limited" in e.text for e in f.evidence)]
+    assert trimmed and all(f.severity != "error" or f.impact_frac * f.confidence >= 0.25 for f in trimmed)
+
+
+def test_one_step_of_one_rank_caps_errors_at_warning_and_says_why():
+    sig = Signals(dataloader=[_loader(0, 0.6)])
+    thin = {f.id: f for f in run_rules(RULES, analysis(ranks=1, steps=1, signals=sig, wrapping="none",
+                                                       data_loading_us=60 * MS), resolve(None))}
+    assert thin["input-bound"].severity == "warning"
+    assert any("2 steps or 2 ranks" in e.text for e in thin["input-bound"].evidence)
+    for ranks, steps in ((1, 2), (2, 1)):
+        sig = Signals(dataloader=[_loader(r, 0.6) for r in range(ranks)])
+        found = {f.id: f for f in run_rules(RULES, analysis(ranks=ranks, steps=steps, signals=sig, wrapping="none",
+                                                            data_loading_us=60 * MS), resolve(None))}
+        assert found["input-bound"].severity == "error", (ranks, steps)
+
+
+def test_evidence_type_is_the_results_one():
+    # the framework appends Evidence of the shared result type (renderers read it)
+    f = run_rules(RULES, analysis(ranks=1, steps=1, signals=Signals(dataloader=[_loader(0, 0.6)]), wrapping="none",
+                                  data_loading_us=60 * MS), resolve(None))[0]
+    assert all(isinstance(e, Evidence) for e in f.evidence)
