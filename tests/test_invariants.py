@@ -146,6 +146,22 @@ def test_two_profiler_cycles_are_separate_runs_of_steps(tmp_path, names):
     assert all(f.severity != "error" for f in a.findings)
 
 
+def test_our_h100_recording_split_into_two_cycles(tmp_path):
+    """Our own H100 recording (traces/cuda/dataloader_slow, steps 2-4) as two cycles 5 minutes apart:
+    step 2 alone in the first cycle, steps 3-4 in the second."""
+    src = ROOT / "traces" / "cuda" / "dataloader_slow"
+    whole = analyze_path(src, use_summaries=False)
+    split_cycles(src / "rank0.json.gz", tmp_path, 1, 300e6, ("rank0.json.gz", "rank0.cycle2.json.gz"))
+    a = analyze_path(tmp_path, use_summaries=False)
+    assert not invariants.check(a)
+    (r,) = a.ranks
+    assert len(r.cycles) == 2 and [s.step for s in r.steps] == [2, 3, 4]
+    for s, w in zip(r.steps, whole.ranks[0].steps):
+        assert s.duration_us == pytest.approx(w.duration_us, rel=0.25)
+    assert a.mean.data_loading_us == pytest.approx(whole.mean.data_loading_us, rel=0.1)
+    assert {f.id for f in a.findings} >= {"input-bound"}
+
+
 # ------------------------------------------------------------------ generated traces built to break them
 STREAM_COMPUTE, STREAMS_COMM = 7, (20, 21)
 NCCL = ("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
@@ -224,3 +240,19 @@ def test_generated_traces_keep_the_invariants(tmp_path_factory, trace):
     assert isinstance(a, Analysis)
     found = invariants.check(a)
     assert not found, [str(v) for v in found]
+
+
+@pytest.mark.parametrize("run", ["gru_cycles", "gru_cycles_handler"])
+def test_own_recording_with_two_profiler_cycles(run):
+    """reference_jobs/gru_cycles.py: repeat=2 with a 2 s pause between the cycles, through the capture
+    wrapper (manifest cycle_files) and through torch.profiler's trace handler (no manifest)."""
+    a = analyze_path(ROOT / "traces" / run, use_summaries=False)
+    assert [r.rank for r in a.ranks] == [0, 1]
+    for r in a.ranks:
+        assert len(r.cycles) == 2 and r.cycles[1][0] - r.cycles[0][1] > 1.5e6  # the pause
+        assert [s.step for s in r.steps] == [2, 3, 4, 7, 8, 9]
+        for s in r.steps:  # each step inside one cycle, none near the pause's length
+            assert any(c0 <= s.start_us and s.start_us + s.duration_us <= c1 for c0, c1 in r.cycles)
+            assert s.duration_us < 1e6
+    assert not invariants.check(a)
+    assert "input-bound" in {f.id for f in a.findings}

@@ -64,6 +64,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
             res.skipped = True
             return res
     records = coll_mod.extract_records(ctx)
+    notes.extend(ctx.notes)
     # step and phase of each collective, from its host issue time
     in_steps = []
     for rec in records:
@@ -145,6 +146,7 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     notes = list(notes or [])
     for r in results:
         notes.extend(r.notes)
+    notes = list(dict.fromkeys(notes))  # what every rank says alike is said once
     kept = [r for r in results if not r.skipped]
     summaries = [r.summary for r in kept]
     all_colls: list[Collective] = [c for r in kept for c in r.collectives]
