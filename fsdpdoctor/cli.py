@@ -1,19 +1,23 @@
 """Command line: thin verbs over the library. One module per verb in
 ``fsdpdoctor.commands``; each exposes ``register(subparsers)`` which sets
-``func`` (args -> exit code) on its parser."""
+``func`` (args -> exit code) on its parser. Adding a verb is one module and one line in
+``VERBS``."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
 from fsdpdoctor import __version__
+from fsdpdoctor.commands import (analyze, check, diff, export, hang, memory, reference, scaling, steps, summarize,
+                                 trigger, tui)
+from fsdpdoctor.commands.base import Verb
 from fsdpdoctor.errors import InputError
 
-# verb modules, in the order `--help` lists them
-VERBS = ["analyze", "check", "diff", "export", "tui", "scaling", "memory", "summarize", "reference", "hang"]
+# the verbs, in the order `--help` lists them
+VERBS: tuple[Verb, ...] = (analyze, check, diff, export, tui, scaling, memory, summarize, reference, hang, steps,
+                           trigger)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,13 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fsdpdoctor {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND")
     for verb in VERBS:
-        try:
-            module = importlib.import_module(f"fsdpdoctor.commands.{verb}")
-        except ModuleNotFoundError as exc:  # a verb not built yet
-            if exc.name == f"fsdpdoctor.commands.{verb}":
-                continue
-            raise
-        module.register(sub)
+        verb.register(sub)
     return parser
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Literal, overload
 
 from fsdpdoctor.analysis import invariants, rankresult
-from fsdpdoctor.analysis.engine import analyze_rank, reduce
+from fsdpdoctor.analysis.engine import analyze_rank, reduce, step_spec
 from fsdpdoctor.analysis.engine import param_dtype as model_dtype
 from fsdpdoctor.analysis.rankresult import RankResult
 from fsdpdoctor.diagnose import diagnose as run_rules
@@ -30,6 +30,7 @@ import fsdpdoctor.trace.identity as identity
 from fsdpdoctor.trace.loader import Progress, _merge_cycles, _trace_files, input_files, load_file, rank_from_filename
 from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.table import RankTrace
+from fsdpdoctor.trace.windows import resolve_window, without_partial
 
 # Checks on the reduced job, before the rules see it: each may add notes or data-quality entries
 # (or refuse the input with an InputError). A saved --json was checked when it was made.
@@ -43,18 +44,18 @@ _ANALYSIS_HEAD = re.compile(rb'^\s*\{\s*"(source|job|schema_version)"\s*:')
 def open_analysis(source: str | Path, *, ranks: list[int] | None = ..., steps: set[int] | None = ...,
                   thresholds: dict[str, float] | None = ..., dask: str | None = ..., workers: int | None = ...,
                   use_summaries: bool = ..., diagnose: bool = ..., tables: Literal[False] = ...,
-                  progress: Progress | None = ...) -> Analysis: ...
+                  progress: Progress | None = ..., window: int | None = ...) -> Analysis: ...
 
 
 @overload
 def open_analysis(source: str | Path, *, ranks: list[int] | None = ..., steps: set[int] | None = ...,
                   thresholds: dict[str, float] | None = ..., dask: str | None = ..., workers: int | None = ...,
                   use_summaries: bool = ..., diagnose: bool = ..., tables: Literal[True],
-                  progress: Progress | None = ...) -> tuple[Analysis, list[RankTrace]]: ...
+                  progress: Progress | None = ..., window: int | None = ...) -> tuple[Analysis, list[RankTrace]]: ...
 
 
 def open_analysis(source, *, ranks=None, steps=None, thresholds=None, dask=None, workers=None,
-                  use_summaries=True, diagnose=True, tables=False, progress=None):
+                  use_summaries=True, diagnose=True, tables=False, progress=None, window=None):
     """The ``Analysis`` of a trace file, a run folder, per-rank summaries or a saved ``--json``.
 
     ``ranks``/``steps``: only those (on a saved JSON: only those ranks' and steps' samples are kept;
@@ -62,8 +63,10 @@ def open_analysis(source, *, ranks=None, steps=None, thresholds=None, dask=None,
     ``dask`` (a scheduler address or "local"), ``workers`` (processes here; None: one per core) and
     ``use_summaries`` (read a rank's current summary instead of its trace) say where the per-rank
     step runs; a saved JSON needs none. ``tables=True`` returns ``(Analysis, per-rank tables)``,
-    every trace read (no summaries; a saved JSON has no tables). ``progress(name, done, total)``."""
-    path = Path(source)
+    every trace read (no summaries; a saved JSON has no tables). ``progress(name, done, total)``.
+    A run folder with ``window-<step>`` folders (docs/capture.md): the latest window, or the one
+    starting at step ``window``; a note names the others."""
+    path, window_note = resolve_window(Path(source), window)
     if is_analysis_json(path):
         a = _read_saved(path, ranks, steps)
         return (a, []) if tables else a
@@ -73,6 +76,8 @@ def open_analysis(source, *, ranks=None, steps=None, thresholds=None, dask=None,
                                              quality=quality, keep_tables=tables)
     analysis = reduce(results, source=path, manifest=manifest)
     analysis.data_quality = quality
+    if window_note:
+        analysis.notes.insert(0, window_note)
     for check in POST_REDUCE_CHECKS:
         check(analysis)
     if diagnose:
@@ -99,10 +104,18 @@ def _read_saved(path: Path, ranks: list[int] | None, steps: set[int] | None) -> 
     except (ValueError, TypeError) as exc:  # msgspec.ValidationError is a ValueError
         raise InputError(str(path), f"not a readable fsdpdoctor --json document: {exc}") from None
     if ranks is not None:
+        have = [r.rank for r in a.ranks]
         a.ranks = [r for r in a.ranks if r.rank in set(ranks)]
+        if not a.ranks:
+            raise InputError(str(path), f"no rank {', '.join(map(str, ranks))} in this document "
+                                        f"(it has {', '.join(map(str, have)) or 'none'})")
     if steps is not None:
+        have_steps = sorted({s.step for r in a.ranks for s in r.steps if s.step is not None})
         for r in a.ranks:
             r.steps = [s for s in r.steps if s.step in steps]
+        if not any(r.steps for r in a.ranks):
+            raise InputError(str(path), f"--steps {step_spec(sorted(steps))} matches no profiled step"
+                                        + (f" (the document has steps {step_spec(have_steps)})" if have_steps else ""))
     return a
 
 
@@ -223,6 +236,9 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
             manifest, dq.manifest = read_manifest(path)
             return (*_only_summaries(path, summaries, ranks, manifest, dq), [])
     manifest, groups = find_inputs(path, ranks, dq)
+    steps, cut_note = without_partial(steps, manifest)
+    if cut_note:
+        dq.notes.append(cut_note)
     if write_summaries:
         _check_writable(groups, summary_dir)
     dtype = param_dtype or model_dtype(manifest)

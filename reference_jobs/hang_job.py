@@ -109,6 +109,8 @@ def main(argv=None) -> int:
         for STEP in range(args.steps):
             if SCENARIO == "hang_dead_rank" and RANK == 1 and STEP == HANG_STEP:
                 os.kill(os.getpid(), signal.SIGSTOP)  # the injected fault: this rank stops for good
+            if SCENARIO == "hang_killed_rank" and RANK == 1 and STEP == HANG_STEP:
+                os.kill(os.getpid(), signal.SIGKILL)  # the injected fault: no handler can run
             x, y = next(loader)
             check_batch(x)
             loss = nn.functional.mse_loss(model(x), y)

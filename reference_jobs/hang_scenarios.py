@@ -46,6 +46,13 @@ HANG_SCENARIOS: dict[str, dict] = {
         ends="hang",
         expected=dict(cause="no-dump", lagging=[1], group="default_pg", op="all_reduce",
                       function=None, silent=[1])),
+    "hang_killed_rank": dict(
+        injects="rank 1 is killed (SIGKILL, as the OOM killer does) at step 6: no handler runs, it leaves "
+                "only its watchdog file's header; torchrun ends rank 0",
+        ends="abort",
+        # rank 0 dumps (a peer reset its connection) or gets torchrun's SIGTERM first: either way the
+        # verdict is rank 1, but which collective rank 0 was in is known only in the first case
+        expected=dict(cause="no-dump", lagging=[1], group=None, op=None, function=None, silent=[1])),
 }
 
 

@@ -42,7 +42,8 @@ def active_steps(name: str) -> int:
     # FSDP2 and activation checkpointing: their with_stack traces are several times larger
     if sc["wrap"] == "fsdp2" or sc["params"].get("act_ckpt", "none") != "none":
         return 2
-    if name == "straggler" or sc["params"].get("straggler", "none") != "none":
+    if (name == "straggler" or sc["params"].get("straggler", "none") != "none" or sc["params"].get("delay_ms")
+            or sc["params"].get("length_skew", 1.0) != 1.0):
         return 4
     return 3
 

@@ -134,8 +134,9 @@ def record(scenario: str, out_root: Path, tries: int = 2) -> None:
     else:
         raise SystemExit(f"{scenario}: failed")
     for p in (out / "hang").glob("*.faulthandler.txt"):
-        if (out / "hang" / p.name.replace(".faulthandler.txt", ".json")).exists() or "\n" not in p.read_text().strip():
-            p.unlink()  # the JSON dump has the stacks already, or nothing happened on that rank
+        if (out / "hang" / p.name.replace(".faulthandler.txt", ".json")).exists():
+            p.unlink()  # the JSON dump has the stacks already
+        # a file with only its header stays: that rank vanished (killed, or frozen) and the reader names it
     anonymize(out)
     (out / "expected.json").write_text(json.dumps(expected(scenario), indent=2) + "\n")
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 1e6

@@ -91,6 +91,19 @@ SCENARIOS: dict[str, dict] = {
     "straggler": dict(
         wrap="ddp", injects="rank 1 sleeps 300 ms before every forward",
         params={"slow_rank": 1, "delay_ms": 300.0}, must=["straggler"]),
+    # a rank late in its own frames beside a prefetch fault: two causes, each a root of its own
+    "fsdp1_no_backward_prefetch_sleeper": dict(
+        wrap="fsdp1", injects="FSDP1 backward_prefetch=None, and rank 1 sleeps 300 ms before every forward",
+        params={"fsdp1_backward_prefetch": "none", "slow_rank": 1, "delay_ms": 300.0},
+        must=["fsdp1-no-backward-prefetch", "fsdp-forward-prefetch-off", "straggler"]),
+    "fsdp1_backward_post_sleeper": dict(
+        wrap="fsdp1", injects="FSDP1 backward_prefetch=BACKWARD_POST, and rank 1 sleeps 300 ms before every forward",
+        params={"fsdp1_backward_prefetch": "BACKWARD_POST", "slow_rank": 1, "delay_ms": 300.0},
+        must=["fsdp1-backward-post", "fsdp-forward-prefetch-off", "straggler"]),
+    "fsdp2_no_backward_prefetch_sleeper": dict(
+        wrap="fsdp2", injects="FSDP2 backward prefetch disabled, and rank 1 sleeps 300 ms before every forward",
+        params={"fsdp2_backward_prefetch": "self", "slow_rank": 1, "delay_ms": 300.0},
+        must=["fsdp2-backward-prefetch-ineffective", "straggler"]),
     "host_sync": dict(
         wrap="ddp", injects=".item() on the loss and the grad norm inside the step",
         params={"host_sync": True}, must=["host-sync"]),
@@ -116,6 +129,7 @@ USER_JOB_PARAMS = {
     "straggler": "none",         # none / matmul / sleep, on slow_rank before every forward
     "straggler_share": 0.3,      # injected extra time / step time, sized from the measured step
     "slow_rank": 1,
+    "length_skew": 1.0,          # seq_encoder.py: slow_rank's sequences are this many times longer
 }
 
 USER_SCENARIOS: dict[str, dict] = {
@@ -156,6 +170,13 @@ USER_SCENARIOS: dict[str, dict] = {
     "cnn_ddp": dict(
         script="cnn.py", wrap="ddp", injects="nothing (healthy): ResNet-style CNN with BatchNorm, DDP",
         params={}, must=[]),
+    "seq_ddp": dict(
+        script="seq_encoder.py", wrap="ddp", injects="nothing (healthy): Transformer encoder, equal lengths, DDP",
+        params={}, must=[]),
+    "seq_length_skew": dict(
+        script="seq_encoder.py", wrap="ddp",
+        injects="rank 1's batches hold 2.7x longer sequences (no length-grouped batching)",
+        params={"length_skew": 2.7}, must=["straggler"]),
     "cnn_no_process_group": dict(
         script="cnn.py", wrap="none",
         injects="torchrun without init_process_group: two independent models, no communication",

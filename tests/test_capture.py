@@ -60,7 +60,7 @@ def test_single_process_context_manager(tmp_path):
             cap.step()
             if cap.step_num == 4:
                 assert cap._prof is None, "profiler must be stopped once the schedule is done"
-    assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank0.json.gz"]
+    assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank0.json.gz", "steps"]
     trace = read_trace(out / "rank0.json.gz")
     assert step_numbers(trace) == [2, 3]
     m = json.loads((out / "manifest.json").read_text())
@@ -333,7 +333,7 @@ def test_repeat_keeps_every_cycle_and_analyze_joins_them(tmp_path):
         for _ in range(8):
             train_step()
             cap.step()
-    assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank0.cycle2.json.gz", "rank0.json.gz"]
+    assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank0.cycle2.json.gz", "rank0.json.gz", "steps"]
     assert step_numbers(read_trace(out / "rank0.json.gz")) == [1, 2]
     assert step_numbers(read_trace(out / "rank0.cycle2.json.gz")) == [4, 5]
     m = json.loads((out / "manifest.json").read_text())
@@ -480,7 +480,7 @@ def test_full_disk_on_manifest_warns_and_leaves_no_partial_file(tmp_path, monkey
                 cap.step()
     assert cap.step_num == 4 and cap.exported
     assert any("No space left" in str(w.message) and "manifest" in str(w.message) for w in caught)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json.gz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json.gz", "steps"]
 
 
 @requires_torch
@@ -520,7 +520,7 @@ def test_no_process_group_under_launcher_env(tmp_path, monkeypatch):
         for _ in range(3):
             train_step()
             cap.step()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "rank0.json.gz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "rank0.json.gz", "steps"]
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["world_size"] == 2 and m["backend"] is None and m["profiled_ranks"] == [0, 1]
     assert m["hosts"]["0"] and m["hosts"]["1"] is None  # no process group to ask the other rank through
@@ -565,7 +565,7 @@ def test_other_rank_gone_does_not_block_capture(tmp_path, mode):
     proc = torchrun(tmp_path, mode, out, job=PARTIAL_JOB)
     check_ok(proc)
     took = float(re.search(r"rank 0 finished in ([\d.]+) s", proc.stdout).group(1))
-    assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank0.json.gz"]
+    assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank0.json.gz", "steps"]
     m = json.loads((out / "manifest.json").read_text())
     assert m["world_size"] == 2 and m["backend"] == "gloo" and m["hosts"]["0"]
     if mode == "skip":

@@ -166,13 +166,20 @@ def test_bad_json_side_is_input_error(capsys, tmp_path, traces_dir):
     assert rc == 2 and err.count("\n") == 1
 
 
-def test_real_busy_machine_recording_is_the_environment(capsys, traces_dir, repo_root):
+def test_real_busy_machine_recording_is_not_a_regression(capsys, traces_dir, repo_root):
+    # the same job recorded while other jobs loaded the cores: against ddp_default every part's share stays
+    # within noise (environment); against scaling_2proc the exposed-comm share fell beyond noise (waiting on a
+    # busy peer does not scale like compute), so it is not called the environment, but the parts could carry
+    # only a minority of the change beyond the common factor: mostly the machine, the gate passes
     busy = repo_root / "tests" / "data" / "ddp_default_busy"
-    for base in ("ddp_default", "scaling_2proc"):
+    for base, verdict in (("ddp_default", "environment-slower"), ("scaling_2proc", "slower-unattributed")):
         rc, out, _ = run_cli(capsys, "diff", str(traces_dir / base), str(busy), "--fail-on-regression", "--json")
         d = json.loads(out)
-        assert rc == 0 and d["verdict"] == "environment-slower", d["reasons"]
+        assert rc == 0 and d["verdict"] == verdict, d["reasons"]
         assert d["step"]["significant"] and d["step"]["rel"] > 1.0
+        assert d["job_bound_us"] < 0.5 * d["step"]["diff"]
+        moved = [c["name"] for c in d["components"] if c.get("off_common")]
+        assert (verdict == "environment-slower") == (not moved), moved
 
 
 def test_job_mismatch_is_noted(traces_dir):

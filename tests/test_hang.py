@@ -36,7 +36,7 @@ def check_verdict(rep, exp: dict) -> None:
     assert sorted(rep.silent) == sorted(exp["silent"])
     if exp["op"]:
         assert v.op == exp["op"], v.summary
-    if exp["cause"] in ("skipped-collective", "collective-order", "data-loader", "no-dump"):
+    if exp["group"] and exp["cause"] in ("skipped-collective", "collective-order", "data-loader", "no-dump"):
         # the collective the ranks diverge on is in the named group
         assert exp["group"] in {d.label for d in rep.divergences} | {v.label}, v.summary
     if exp["function"]:
@@ -58,7 +58,7 @@ def test_bundled_dumps_verdict(run):
 def test_bundled_scenarios_all_present():
     names = {p.name for p in HANG_RUNS}
     assert {"hang_loader", "hang_skip_collective", "hang_skip_collective_default", "hang_collective_order",
-            "hang_dead_rank", "hang_rank_raises"} <= names
+            "hang_dead_rank", "hang_rank_raises", "hang_killed_rank"} <= names
 
 
 def test_reader_needs_no_torch():
@@ -91,6 +91,57 @@ def test_dead_rank_named_silent():
     # rank 0 waits inside the collective rank 1 never reached
     d = next(d for d in rep.divergences if d.label == "default_pg")
     assert d.entered == [0] and d.unknown == [1]
+
+
+SIGTERM_STACKS = ("Thread 0x00007f0000000001 (most recent call first):\n"
+                  '  File "/job/train.py", line 40 in wait_for_batch\n'
+                  '  File "/job/train.py", line 99 in main\n'
+                  '  File "/job/train.py", line 120 in <module>\n')
+
+
+@pytest.mark.parametrize("header_world", [True, False], ids=["header-world-size", "older-header"])
+def test_killed_rank_is_named_vanished_not_the_survivor(tmp_path, capsys, header_world):
+    """SIGKILL of rank 1 (as the OOM killer does): no handler runs, its watchdog file keeps only its
+    header; the launcher then sends rank 0 SIGTERM (stacks only, no world size). No manifest:
+    the world comes from the files. Before: "1 of 1 ranks dumped" and rank 0 blamed."""
+    from fsdpdoctor.hang_format import FaultHeader
+
+    hang = tmp_path / "run" / "hang"
+    hang.mkdir(parents=True)
+    world = 2 if header_world else None
+    (hang / "rank0.faulthandler.txt").write_text(FaultHeader(0, 5, 3.0, 1.0, world).line() + SIGTERM_STACKS)
+    (hang / "rank1.faulthandler.txt").write_text(FaultHeader(1, 5, 3.0, 1.0, world).line())
+    rep = analyze_hang(load_hang_dumps(tmp_path / "run"))
+    assert rep.world_size == 2 and rep.dumped == [0] and rep.silent == [1]
+    v = rep.verdicts[0]
+    assert v.cause == "no-dump" and v.ranks == [1] and "vanished" in v.summary
+    assert all(0 not in v.ranks for v in rep.verdicts)
+    assert main(["hang", str(tmp_path / "run"), "--no-trend"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "1 of 2 ranks dumped, vanished: 1" in out and "rank 1: no dump" in out
+
+
+def test_vanished_highest_rank_without_a_file_counted_from_the_header(tmp_path):
+    """A rank that left not even a file is still in the world when another rank's header says how big it is."""
+    from fsdpdoctor.hang_format import FaultHeader
+
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    (hang / "rank0.faulthandler.txt").write_text(FaultHeader(0, 5, 3.0, 1.0, 3).line() + SIGTERM_STACKS)
+    rep = analyze_hang(load_hang_dumps(tmp_path))
+    assert rep.world_size == 3 and rep.silent == [1, 2]
+    assert sorted(r for v in rep.verdicts for r in v.ranks if v.cause == "no-dump") == [1, 2]
+
+
+def test_header_written_and_read_by_one_format():
+    from fsdpdoctor.hang_format import FaultHeader, parse_header
+
+    h = FaultHeader(3, 12, 60.0, 1795577656.093, 8)
+    assert parse_header(h.line()) == h
+    # files written before the world size was in the header still read
+    old = parse_header("# fsdpdoctor faulthandler rank=3 last_step=12 timeout_s=60 unix=1.0")
+    assert old == FaultHeader(3, 12, 60.0, 1.0, None)
+    assert parse_header("# something else") is None
 
 
 def test_subset_of_dumps(tmp_path):

@@ -24,6 +24,9 @@ REQUIRED = [
     "hf_ddp", "hf_fsdp1", "hf_fsdp2", "hf_accelerate", "hf_accelerate_unsynchronized",
     "hf_straggler_matmul", "hf_straggler_sleep", "hf_fsdp1_checkpoint_wrapper",
     "hf_ddp_gradient_checkpointing", "hf_dataloader_slow", "cnn_ddp", "cnn_no_process_group",
+    # a sleeper beside each prefetch fault; a Transformer encoder with and without length skew
+    "fsdp1_no_backward_prefetch_sleeper", "fsdp1_backward_post_sleeper", "fsdp2_no_backward_prefetch_sleeper",
+    "seq_ddp", "seq_length_skew",
 ]
 MUST = {
     # forward_prefetch=False in every FSDP1 scenario but fsdp1_forward_prefetch (the on/off pair)
@@ -48,9 +51,13 @@ MUST = {
     "hf_ddp_gradient_checkpointing": ["activation-recompute"],
     "hf_dataloader_slow": ["input-bound"],
     "cnn_no_process_group": ["ranks-never-communicate"],
+    "fsdp1_no_backward_prefetch_sleeper": ["fsdp1-no-backward-prefetch", "fsdp-forward-prefetch-off", "straggler"],
+    "fsdp1_backward_post_sleeper": ["fsdp1-backward-post", "fsdp-forward-prefetch-off", "straggler"],
+    "fsdp2_no_backward_prefetch_sleeper": ["fsdp2-backward-prefetch-ineffective", "straggler"],
+    "seq_length_skew": ["straggler"],
 }
 HEALTHY = ["fsdp1_backward_pre", "fsdp2_default", "ddp_default", "dataloader_fixed", "grad_accum_no_sync"]
-HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp"]
+HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp", "seq_ddp"]
 UNSYNCHRONIZED = {"hf_accelerate_unsynchronized", "cnn_no_process_group"}
 
 
@@ -84,7 +91,8 @@ def test_reference_list(capsys):
     assert main(["reference", "list"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["scenario", "wrap", "injects"]
-    rows = {line.split()[0]: line.split()[1] for line in out[1:]}
+    # a row starts at the left edge; what a scenario injects wraps onto indented lines below it
+    rows = {line.split()[0]: line.split()[1] for line in out[2:] if line[:1].strip()}
     assert set(REQUIRED) <= set(rows)
     assert rows["fsdp2_default"] == "fsdp2" and rows["ddp_one_bucket"] == "ddp"
 

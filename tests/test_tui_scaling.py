@@ -233,6 +233,8 @@ def no_app(monkeypatch):
         return 0
 
     monkeypatch.setattr(mod.ScalingApp, "run", fake_run)
+    # pytest's stdin and stdout are no terminal: the refusal is tested in test_verbs.py
+    monkeypatch.setattr("fsdpdoctor.commands.scaling.require_terminal", lambda: None)
     return seen
 
 

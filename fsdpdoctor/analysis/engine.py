@@ -28,6 +28,7 @@ from fsdpdoctor.analysis.breakdown import CommShares, breakdown_step, mean_break
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects import detect
 from fsdpdoctor.analysis.rankresult import RankResult, TraceStamp, Window
+from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import (
     Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals,
 )
@@ -58,10 +59,12 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
         collectives=[], dialect_note=dialect.note, notes=notes, param_dtype=param_dtype,
         quality=trace.quality, identity=identity_of(trace))
     if steps is not None:
+        every = windows
         windows = [w for w in windows if w.step in steps]
         if not windows:
             notes.append(f"rank {trace.rank}: none of the requested steps is in the trace")
             res.skipped = True
+            res.available_steps = sorted({w.step for w in every if w.step is not None})
             return res
     records = coll_mod.extract_records(ctx)
     notes.extend(ctx.notes)
@@ -133,16 +136,38 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     res.recompute = recompute_mod.recompute(ctx, windows)
     res.offload = recompute_mod.offload(ctx, windows, None)
     res.user_frames = stragglers.user_frame_times(ctx, windows)
+    res.work = stragglers.step_work(ctx, windows)
     if any(c.seq is not None for c in colls):
         res.traits = dataclasses.replace(res.traits, has_sequence_numbers=True)
     return res
 
 
 # -------------------------------------------------------------------------- reduce
+def step_spec(steps: list[int]) -> str:
+    """[2, 3, 4, 7] -> '2-4,7' (the form --steps takes)."""
+    out: list[str] = []
+    for s in sorted(set(steps)):
+        if out and out[-1].rsplit("-", 1)[-1] == str(s - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{s}"
+        else:
+            out.append(str(s))
+    return ",".join(out)
+
+
+def empty_step_selection(source: str | Path, results: list[RankResult]) -> InputError:
+    """--steps matched no step of any rank: one line that says which steps there are."""
+    have = sorted({s for r in results for s in r.available_steps})
+    wanted = step_spec(results[0].steps_filter or [])
+    return InputError(source, f"--steps {wanted} matches no profiled step"
+                      + (f" (the trace has steps {step_spec(have)})" if have else " (the trace has no numbered steps)"))
+
+
 def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | None = None,
            notes: list[str] | None = None) -> Analysis:
     """The job's ``Analysis`` from per-rank results only (sorted by rank)."""
     results = sorted(results, key=lambda r: r.rank)
+    if results and all(r.skipped for r in results):
+        raise empty_step_selection(source, results)
     notes = list(notes or [])
     for r in results:
         notes.extend(r.notes)
@@ -164,7 +189,7 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     clock = clock_mod.estimate(all_colls, [s.rank for s in summaries])
     strag = stragglers.analyze(all_colls, summaries, same_clock, clock)
     if strag:
-        stragglers.attribute_cause(strag, summaries)
+        stragglers.attribute_cause(strag, summaries, {r.rank: r.work for r in kept if r.work})
         stragglers.culprit_frames(strag, {r.rank: r.user_frames for r in kept})
         for s in summaries:
             s.wait_us = strag.wait_by_rank.get(s.rank, 0.0)

@@ -222,7 +222,9 @@ def _enqueued(d: RankDump, group: str) -> int | None:
 
 def analyze_hang(dumps: HangDumps, trend: Trend | None = None, thresholds: dict[str, float] | None = None) -> HangReport:
     busy = (thresholds or {}).get("hang_busy_runnable_share", BUSY_RUNNABLE_SHARE)
-    world = max(dumps.world_size or 0, max(dumps.dumps) + 1)
+    # every rank known to have run counts: those that dumped and those that vanished (a header-only
+    # faulthandler file), so a killed highest rank is not dropped from the world
+    world = max(dumps.world_size or 0, *(r + 1 for r in [*dumps.dumps, *dumps.vanished]))
     everyone = list(range(world))
     silent = [r for r in everyone if r not in dumps.dumps]
     labels, members = _labels(dumps)
@@ -239,8 +241,7 @@ def analyze_hang(dumps: HangDumps, trend: Trend | None = None, thresholds: dict[
     for r in everyone:
         d = dumps.dumps.get(r)
         if d is None:
-            states[r] = RankState(r, None, None, None, "unknown", None, None,
-                                  note="wrote nothing: likely dead or stuck below Python")
+            states[r] = RankState(r, None, None, None, "unknown", None, None, note=_vanished_note(dumps, r))
             continue
         act, fr, lib = activity(d, busy)
         cur = None
@@ -309,6 +310,15 @@ def analyze_hang(dumps: HangDumps, trend: Trend | None = None, thresholds: dict[
         trend.lagging_was_straggler = trend.straggler in lag if trend.straggler is not None else False
     return HangReport(dumps.run_dir, world, sorted(dumps.dumps), silent, [states[r] for r in everyone],
                       divergences, mismatches, verdicts, trend, notes)
+
+
+def _vanished_note(dumps: HangDumps, rank: int) -> str:
+    head = dumps.vanished.get(rank)
+    if head is None:
+        return "vanished: wrote nothing (no dump, no watchdog file): likely dead or stuck below Python"
+    return (f"vanished: its watchdog file holds only the header written when the watchdog armed (at step "
+            f"≥{head.last_step}): no handler ran, so the process was killed (SIGKILL, the OOM killer) or is frozen "
+            "below Python")
 
 
 def _where(f: Frame | None) -> str:
@@ -393,7 +403,7 @@ def _verdicts(dumps: HangDumps, states: dict[int, RankState], divs: list[GroupDi
             waiters = ", ".join(map(str, g.entered))
             if st.dump is None:
                 out.append(Verdict("no-dump", [r], g.group, g.label, g.seq, g.op, g.issued_at,
-                                   f"rank {r} wrote nothing; rank(s) {waiters} wait for it in {coll}, issued at "
+                                   f"rank {r} vanished (no dump); rank(s) {waiters} wait for it in {coll}, issued at "
                                    f"{_where(g.issued_at)}", FIXES["no-dump"]))
                 done.add(r)
                 continue
@@ -459,8 +469,7 @@ def _verdicts(dumps: HangDumps, states: dict[int, RankState], divs: list[GroupDi
     for r in silent:
         if r not in done:
             out.append(Verdict("no-dump", [r], None, None, None, None, None,
-                               f"rank {r} wrote nothing: likely dead (OOM-killed, segfault, SIGKILL) or stuck below "
-                               "Python", FIXES["no-dump"]))
+                               f"rank {r} {states[r].note}", FIXES["no-dump"]))
     # 6. no divergence at all: every rank stalled at the same collective point, so what they do
     # instead is the answer (all ranks in the loader: a shared filesystem; all looping)
     if not out:

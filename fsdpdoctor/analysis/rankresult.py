@@ -90,6 +90,16 @@ class DdpCounts(msgspec.Struct):
     allreduce_after_backward_us: float = 0.0
 
 
+class WorkCounts(msgspec.Struct):
+    """How much work one rank's steps hold, per step: what tells a rank given more work (longer
+    sequences, uneven shards) from one doing the same work slower."""
+
+    ops: float = 0.0                    # torch ops on the main thread
+    kernels: float = 0.0                # device kernels started in the step
+    input_elems: float | None = None    # elements of the first input of model-level ops (None: no shapes)
+    shaped_ops: float = 0.0             # model-level ops with recorded shapes
+
+
 class RankResult(msgspec.Struct):
     """One rank, analysed: the unit the map produces and the reduce consumes."""
 
@@ -118,11 +128,13 @@ class RankResult(msgspec.Struct):
     ddp: DdpCounts = msgspec.field(default_factory=DdpCounts)
     param_dtype: str | None = None      # model dtype assumed for collectives recorded without one
     skipped: bool = False               # none of the requested steps is in the trace
+    available_steps: list[int] = msgspec.field(default_factory=list)  # a skipped rank's steps, to say so
     setup: RankSetup | None = None      # backend, process groups, wrapper: what setup faults are judged on
     gpu_idle: GpuIdle | None = None     # device-timeline dialects only
     recompute: RecomputeInfo | None = None
     offload: OffloadInfo | None = None
     user_frames: dict[str, float] = msgspec.field(default_factory=dict)  # user frame -> inclusive us per step
+    work: WorkCounts | None = None      # ops, kernels and input sizes per step (stragglers: more work or slower)
     quality: RankDataQuality | None = None   # what the loader dropped from this rank's file(s)
     identity: RankIdentity | None = None     # what the one-job checks compare across ranks
     analysis_version: str = ANALYSIS_VERSION

@@ -35,10 +35,12 @@ from collections import defaultdict
 import numpy as np
 
 from fsdpdoctor.analysis.clock import aligned_lead
+from fsdpdoctor.analysis.collectives import first_tensor_numel
 from fsdpdoctor.analysis.context import RankContext, is_user_frame
+from fsdpdoctor.analysis.rankresult import WorkCounts
 from fsdpdoctor.analysis.stats import median
 from fsdpdoctor.results import ClockReport, Collective, RankSummary, StragglerReport
-from fsdpdoctor.trace.table import PYFUNC
+from fsdpdoctor.trace.table import CPU_OP, KERNEL, PYFUNC, SHAPED_OPS
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution -> its standard deviation
 
@@ -128,8 +130,14 @@ def step_time_noise(ranks: list[RankSummary]) -> float:
     return MAD_TO_SIGMA * float(median(diffs)) / math.sqrt(2) if diffs else 0.0
 
 
-def attribute_cause(report: StragglerReport, ranks: list[RankSummary]) -> None:
-    """What the straggler spends its extra time on, compared with the other ranks."""
+def attribute_cause(report: StragglerReport, ranks: list[RankSummary],
+                    work: dict[int, WorkCounts] | None = None) -> None:
+    """What the straggler spends its extra time on, compared with the other ranks.
+
+    Extra compute is split by the work the steps hold (``work``, per rank): "more work" when the
+    late rank's steps hold more (larger inputs, more ops or kernels) and that excess accounts for at
+    least half of its extra compute time; otherwise the same work done slower. Extra sleep, host
+    syncs, loading or time outside ops is the rank waiting on its host."""
     by = {r.rank: r for r in ranks}
     s = by.get(report.straggler)
     others = [r.mean for r in ranks if r.rank != report.straggler and r.mean]
@@ -155,6 +163,67 @@ def attribute_cause(report: StragglerReport, ranks: list[RankSummary]) -> None:
     report.extra_us = amount
     report.cause_evidence = (f"rank {s.rank} spends {amount / 1e3:.1f} ms/step more on {cause} than the median "
                              f"of the other ranks")
+    if cause != "compute" or not work or report.straggler not in work:
+        return
+    base = med("compute_us") + med("optimizer_us")
+    compute_ratio = (m.compute_us + m.optimizer_us) / base if base > 0 else math.inf
+    ratios = work_ratios(work, report.straggler)
+    if not ratios:
+        return
+    what, ratio = max(ratios.items(), key=lambda kv: kv[1])
+    same = ", ".join(f"{k} x{v:.2f}" for k, v in ratios.items())
+    if ratio > 1.0 and ratio - 1.0 >= 0.5 * (compute_ratio - 1.0):
+        report.cause = "more work"
+        report.cause_evidence = (f"rank {s.rank}'s steps hold {ratio:.1f}x the {what} of the other ranks (median; "
+                                 f"{same}), and it computes {compute_ratio:.1f}x as long: {amount / 1e3:.1f} ms/step "
+                                 "more")
+    else:
+        report.cause_evidence += f"; its steps hold the same work as theirs ({same})"
+
+
+def work_ratios(work: dict[int, WorkCounts], rank: int) -> dict[str, float]:
+    """The late rank's work over the other ranks' median, per measure the trace holds."""
+    mine, others = work[rank], [w for r, w in work.items() if r != rank]
+    if not others:
+        return {}
+    out = {}
+    for label, field in (("input elements", "input_elems"), ("ops", "ops"), ("kernels", "kernels")):
+        theirs = [getattr(o, field) for o in others]
+        if getattr(mine, field) is None or any(v is None for v in theirs):
+            continue
+        ref = float(median(theirs))
+        if ref > 0:
+            out[label] = getattr(mine, field) / ref
+    return out
+
+
+def step_work(ctx: RankContext, wins: list) -> WorkCounts | None:
+    """Per-rank part of ``attribute_cause``: ops on the main thread, kernels, and the elements of
+    model-level ops' first inputs, per step of the analysed windows."""
+    t = ctx.t
+    if not wins:
+        return None
+    wins = sorted(wins, key=lambda w: w.start)
+    starts = np.array([w.start for w in wins])
+    ends = np.array([w.end for w in wins])
+
+    def inside(rows: np.ndarray) -> np.ndarray:
+        if not len(rows):
+            return rows
+        ts = t.ts[rows]
+        k = np.searchsorted(starts, ts, side="right") - 1
+        ok = (k >= 0) & (ts < ends[np.clip(k, 0, None)])
+        return rows[ok]
+
+    ops = t.rows_named(lambda n: True, cat=CPU_OP)
+    ops = inside(ops[t.track[ops] == ctx.main_track] if len(ops) else ops)
+    kernels = inside(t.rows_named(lambda n: True, cat=KERNEL))
+    shaped = inside(t.rows_named(lambda n: n in SHAPED_OPS, cat=CPU_OP))
+    sizes = [first_tensor_numel(t.args.get(int(r), {}).get("Input Dims")) for r in shaped]
+    known = [x for x in sizes if x is not None]
+    n = len(wins)
+    return WorkCounts(ops=len(ops) / n, kernels=len(kernels) / n,
+                      input_elems=sum(known) / n if known else None, shaped_ops=len(known) / n)
 
 
 def user_frame_times(ctx: RankContext, wins: list) -> dict[str, float]:

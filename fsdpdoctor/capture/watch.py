@@ -53,7 +53,9 @@ import traceback
 import warnings
 from pathlib import Path
 
-DUMP_VERSION = 1
+from fsdpdoctor.hang_format import (DUMP_VERSION, FOLDER, FaultHeader, dump_name, faulthandler_name,
+                                            recovered_name)
+
 FR_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_ENV_OLD = "TORCH_NCCL_TRACE_BUFFER_SIZE"   # the name before torch 2.6
 FR_DEFAULT_ENTRIES = 2000                       # torch's own default buffer size
@@ -230,11 +232,11 @@ class Watch:
 
     @property
     def dump_path(self) -> Path:
-        return self.out_dir / "hang" / f"rank{self.rank}.json"
+        return self.out_dir / FOLDER / dump_name(self.rank)
 
     @property
     def faulthandler_path(self) -> Path:
-        return self.out_dir / "hang" / f"rank{self.rank}.faulthandler.txt"
+        return self.out_dir / FOLDER / faulthandler_name(self.rank)
 
     def _name_faulthandler_file(self) -> None:
         """The rank is known now: give the file its rank name (the open descriptor stays valid)."""
@@ -315,7 +317,7 @@ class Watch:
         self._fired_at_step = None
         try:
             if self.dump_path.exists():
-                os.replace(self.dump_path, self.dump_path.with_name(f"rank{self.rank}.recovered.json"))
+                os.replace(self.dump_path, self.dump_path.with_name(recovered_name(self.rank)))
         except OSError:
             pass
 
@@ -333,7 +335,7 @@ class Watch:
         # before the process group exists a process started without RANK (mp.spawn) does not know
         # its rank yet: a per-process name, renamed by the watchdog once the rank is known
         self._fh_path = self.faulthandler_path if self._rank_known() else \
-            self.out_dir / "hang" / f".pid{os.getpid()}.faulthandler.txt"
+            self.out_dir / FOLDER / f".pid{os.getpid()}.faulthandler.txt"
         try:
             self._fh_path.parent.mkdir(parents=True, exist_ok=True)
             self._fh_file = open(self._fh_path, "w")
@@ -350,8 +352,9 @@ class Watch:
     def _write_fh_header(self) -> None:
         self._fh_file.seek(0)
         self._fh_file.truncate()
-        self._fh_file.write(f"# fsdpdoctor faulthandler rank={self.rank} last_step={self.steps} "
-                            f"timeout_s={self.timeout_s:g} unix={time.time():.3f}\n")
+        # the world size too: a reader that finds only this header still knows how many ranks to expect
+        self._fh_file.write(FaultHeader(self.rank, self.steps, self.timeout_s, time.time(),
+                                            self.world_size if self._rank_known() else None).line())
         self._fh_file.flush()
 
     def _arm_faulthandler(self) -> None:

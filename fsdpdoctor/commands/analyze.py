@@ -15,6 +15,8 @@ def register(sub) -> None:
     out.add_argument("--json", action="store_true", help="print the versioned JSON document instead")
     out.add_argument("--tui", action="store_true", help="open the terminal UI on the result")
     p.add_argument("--events", action="store_true", help="with --json: include every collective call")
+    p.add_argument("--window", type=int, metavar="STEP",
+                   help="a run folder with windows: analyse the window starting at STEP (default: the latest)")
     p.add_argument("--verbose", "-v", action="store_true", help="also print per-step tables")
     p.add_argument("--compare-hta", action="store_true",
                    help="print HTA's comm/compute overlap beside ours (needs `pip install fsdpdoctor[hta]`)")
@@ -38,5 +40,5 @@ def run(args) -> int:
     if args.compare_hta:
         from fsdpdoctor.report.hta_compare import print_comparison
 
-        print_comparison(args.path, analysis)
+        print_comparison(str(analysis.source), analysis)
     return 0

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
-from fsdpdoctor.commands.common import add_selection_args, engine_kwargs, run_analysis
+from fsdpdoctor.commands.base import add_analysis_flags, print_json
+from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds, run_analysis
 from fsdpdoctor.errors import InputError
-
-_ORDER = {"info": 0, "warning": 1, "error": 2}
 
 
 def _percent(v: str) -> float:
@@ -20,7 +17,7 @@ def _percent(v: str) -> float:
 def register(sub) -> None:
     p = sub.add_parser("check", help="CI gate: exit 1 when findings reach the bar",
                        description="Diagnose a trace and fail (exit 1) on findings at or above --fail-on.")
-    add_selection_args(p)
+    add_analysis_flags(p, path_optional=True)
     p.add_argument("--fail-on", choices=["info", "warning", "error"], default="warning",
                    help="lowest severity that fails the check (default: warning)")
     p.add_argument("--max-exposed-comm", metavar="PCT", help="also fail if exposed comm exceeds this share of step")
@@ -39,73 +36,46 @@ def register(sub) -> None:
 def run(args) -> int:
     if args.list_thresholds:
         from fsdpdoctor.diagnose.thresholds import THRESHOLDS
+        from fsdpdoctor.report.check import render_thresholds
 
-        for t in THRESHOLDS:
-            print(f"{t.name:32s} {t.default:<12g} {t.unit:26s} {t.meaning}  [source: {t.source}]")
+        render_thresholds(THRESHOLDS)
         return 0
+    if args.path is None:
+        raise InputError(None, "check: give a PATH (a trace file or a run folder), or --list-thresholds")
+    from fsdpdoctor.diagnose.check import check
+
+    limits = {budget: _percent(limit) for budget, limit in (("exposed_comm", args.max_exposed_comm),
+                                                           ("data_loading", args.max_data_loading),
+                                                           ("idle", args.max_idle)) if limit is not None}
     a = run_analysis(args)
-    bar = _ORDER[args.fail_on]
-    failing = [f for f in a.findings if _ORDER.get(f.severity, 0) >= bar]
-    budgets = []
-    m = a.mean
-    for flag, field, label in (("max_exposed_comm", "exposed_comm_us", "exposed communication"),
-                               ("max_data_loading", "data_loading_us", "data loading"),
-                               ("max_idle", "idle_us", "idle")):
-        limit = getattr(args, flag)
-        if limit is None or not m or not m.duration_us:
-            continue
-        share = getattr(m, field) / m.duration_us
-        if share > _percent(limit):
-            budgets.append(f"{label} {100 * share:.1f}% of step > {100 * _percent(limit):.1f}%")
-    comparison = None
-    if args.baseline:
-        from fsdpdoctor.pipeline import open_analysis
-        from fsdpdoctor.commands.common import parse_ranks, parse_steps, parse_thresholds
-        from fsdpdoctor.diagnose.compare import compare
-
-        th = parse_thresholds(args)
-        base = open_analysis(args.baseline, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th,
-                             **engine_kwargs(args))
-        if not any(r.steps for r in base.ranks):
-            raise InputError(args.baseline, "no analysed step in the baseline (check --steps/--rank)")
-        comparison = compare(base, a, thresholds=th)
-    regressed = comparison is not None and comparison.regressed
-    failed = bool(failing or budgets or regressed)
-    from fsdpdoctor.report.data_quality import lines as data_quality_lines
-
-    quality = data_quality_lines(a.data_quality)
+    res = check(a, args.fail_on, limits, _baseline(args, a) if args.baseline else None)
     if args.json:
-        print(json.dumps({"schema_version": a.schema_version, "passed": not failed, "fail_on": args.fail_on,
-                          "failing": [f.id for f in failing], "budgets_exceeded": budgets,
-                          "baseline": None if comparison is None else comparison.to_dict(),
-                          "data_quality": quality,
-                          "findings": [f.__dict__ | {"evidence": [e.__dict__ for e in f.evidence]}
-                                       for f in a.findings]}, indent=2, default=str))
-    else:
-        for f in a.findings:
-            mark = "FAIL" if f in failing else "ok  "
-            where = f" at {f.source}" if f.source else ""
-            cause = f"  [caused by {f.caused_by}]" if f.caused_by else ""
-            print(f"{mark} {f.severity:7s} {f.id}: {f.title} ({f.impact_us / 1e3:.1f} ms/step){where}{cause}")
-        for b in budgets:
-            print(f"FAIL budget  {b}")
-        if comparison is not None:
-            from fsdpdoctor.report.diff_view import baseline_line
+        from fsdpdoctor.report.check import document
 
-            print(baseline_line(comparison))
-        for q in quality:
-            print(f"data quality: {q}")
-        print(f"fsdpdoctor check: {'FAILED' if failed else 'passed'} "
-              f"({len(failing)} finding(s) at or above {args.fail_on}, {len(budgets)} budget(s) exceeded"
-              + (f", {'a significant regression' if regressed else 'no regression'} against the baseline"
-                 if comparison is not None else "") + ")")
+        print_json(document(res))
+    else:
+        from fsdpdoctor.report.check import render
+
+        render(res)
     if args.junit:
         from fsdpdoctor.diagnose.rules import RULE_IDS
         from fsdpdoctor.report.junit import to_junit
 
         try:
             with open(args.junit, "w") as fh:
-                fh.write(to_junit(a, failing, RULE_IDS))
+                fh.write(to_junit(a, res.failing, RULE_IDS))
         except OSError as exc:
             raise InputError(args.junit, f"cannot write JUnit file: {exc.strerror or exc}") from None
-    return 1 if failed else 0
+    return 0 if res.passed else 1
+
+
+def _baseline(args, a):
+    from fsdpdoctor.diagnose.compare import compare
+    from fsdpdoctor.pipeline import open_analysis
+
+    th = parse_thresholds(args)
+    base = open_analysis(args.baseline, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th,
+                         **engine_kwargs(args))
+    if not any(r.steps for r in base.ranks):
+        raise InputError(args.baseline, "no analysed step in the baseline (check --steps/--rank)")
+    return compare(base, a, thresholds=th)

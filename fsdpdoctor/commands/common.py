@@ -6,30 +6,17 @@ import argparse
 import sys
 from contextlib import contextmanager
 
+from fsdpdoctor.commands.base import add_analysis_flags, add_engine
 from fsdpdoctor.errors import InputError
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="a trace file (.json/.json.gz) or a folder of per-rank traces")
-    p.add_argument("--rank", action="append", metavar="R[,R...]",
-                   help="analyse only these ranks (repeatable, comma lists)")
-    p.add_argument("--steps", metavar="SPEC", help="profiler steps to analyse, e.g. 3-5,7")
-    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a diagnosis threshold (see `fsdpdoctor check --list-thresholds`)")
-    p.add_argument("--config", metavar="FILE", help="JSON or TOML file of threshold overrides")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
-    add_engine_args(p)
+    """The flags of a verb that analyses one PATH (declared once, in commands/base.py)."""
+    add_analysis_flags(p)
 
 
 def add_engine_args(p: argparse.ArgumentParser, summaries: bool = True) -> None:
-    p.add_argument("--dask", metavar="ADDRESS",
-                   help="analyse the ranks on a Dask cluster (scheduler address, or 'local' for a LocalCluster); "
-                        "the workers must see the traces at the same path (docs/scale-out.md)")
-    p.add_argument("--jobs", "-j", type=int, metavar="N",
-                   help="worker processes on this machine (default: one per core; 1: in this process)")
-    if summaries:
-        p.add_argument("--no-summaries", action="store_true",
-                       help="re-read every trace even where a current rank<N>.summary.msgpack is present")
+    add_engine(p, summaries=summaries)
 
 
 def parse_ranks(values: list[str] | None) -> list[int] | None:
@@ -104,6 +91,7 @@ def run_analysis(args):
 
     with progress_bar(not args.no_progress) as cb:
         analysis = open_analysis(args.path, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps),
+                                 window=getattr(args, "window", None),
                                 thresholds=parse_thresholds(args), progress=cb, **engine_kwargs(args))
     if note := hang_note(args.path):
         analysis.notes.append(note)

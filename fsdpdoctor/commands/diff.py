@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
-from fsdpdoctor.commands.common import add_engine_args, engine_kwargs, parse_ranks, parse_steps, parse_thresholds
+from fsdpdoctor.commands.base import add_engine, add_output, add_selection, add_thresholds, print_json
+from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds
 from fsdpdoctor.errors import InputError
 
 
@@ -14,15 +13,12 @@ def register(sub) -> None:
                                    "a run folder or a saved `analyze --json` document.")
     p.add_argument("base", help="trace file, run folder or saved --json of the base run")
     p.add_argument("new", help="trace file, run folder or saved --json of the new run")
-    p.add_argument("--rank", action="append", metavar="R[,R...]")
-    p.add_argument("--steps", metavar="SPEC")
-    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="e.g. diff_confidence=0.99 (see `fsdpdoctor check --list-thresholds`)")
-    p.add_argument("--config", metavar="FILE")
-    p.add_argument("--json", action="store_true")
+    add_selection(p, " on both sides")
+    add_thresholds(p, "diff_confidence=0.99")
+    add_output(p, "the comparison")
     p.add_argument("--fail-on-regression", action="store_true",
                    help="exit 1 on a significant regression of the job (not on noise, not on a slower machine)")
-    add_engine_args(p)
+    add_engine(p)
     p.set_defaults(func=run)
 
 
@@ -39,7 +35,7 @@ def run(args) -> int:
             raise InputError(path, "no analysed step to compare (check --steps/--rank)")
     c = compare(*sides, thresholds=th)
     if args.json:
-        print(json.dumps(c.to_dict(), indent=2, default=str))
+        print_json(c.to_dict())
     else:
         from fsdpdoctor.report.diff_view import render
 

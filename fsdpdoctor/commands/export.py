@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fsdpdoctor.commands.base import say
 from fsdpdoctor.commands.common import (
     add_selection_args, engine_kwargs, parse_ranks, parse_steps, parse_thresholds, progress_bar,
 )
@@ -39,5 +40,5 @@ def run(args) -> int:
     except OSError as exc:
         raise InputError(args.perfetto, f"cannot write: {exc.strerror or exc}") from None
     clock = ("clocks aligned on rank " + str(a.clock.reference_rank)) if a.clock else "one rank: no clock alignment"
-    print(f"wrote {args.perfetto}: {n} events, {len(a.ranks)} rank(s), {len(a.findings)} finding(s); {clock}")
+    say(f"wrote {args.perfetto}: {n} events, {len(a.ranks)} rank(s), {len(a.findings)} finding(s); {clock}")
     return 0

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from fsdpdoctor.commands.base import add_output, add_thresholds, print_json, require_terminal
 from fsdpdoctor.errors import InputError
 
 
@@ -17,12 +17,8 @@ def register(sub) -> None:
                                    "(their innermost frame) and a fix.")
     p.add_argument("path", help="the run folder (holding hang/) or the hang folder itself")
     p.add_argument("--no-trend", action="store_true", help="do not read the profiled rank traces")
-    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a threshold, e.g. hang_busy_runnable_share=0.7")
-    p.add_argument("--config", metavar="FILE", help="JSON or TOML file of threshold overrides")
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print the report as JSON")
-    out.add_argument("--tui", action="store_true", help="open the terminal UI on the report (q quits)")
+    add_thresholds(p, "hang_busy_runnable_share=0.7")
+    add_output(p, tui=True)
     p.set_defaults(func=run)
 
 
@@ -52,11 +48,12 @@ def run(args) -> int:
 
     rep = build_report(args.path, trend=not args.no_trend, thresholds=parse_thresholds(args))
     if args.tui:
+        require_terminal()
         from fsdpdoctor.tui.hang_app import HangApp
 
         return int(HangApp(rep).run() or 0)
     if args.json:
-        print(json.dumps(rep.to_dict(), indent=2, default=str))
+        print_json(rep.to_dict())
     else:
         from fsdpdoctor.report.hang import render
 

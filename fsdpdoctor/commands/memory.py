@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from fsdpdoctor.analysis import memory as mem
+from fsdpdoctor.commands.base import print_json
 from fsdpdoctor.errors import InputError
 
 
@@ -112,58 +111,6 @@ def _read_manifest(folder: Path) -> tuple[dict, list[str]]:
     return doc, notes
 
 
-def _read_trace(path: Path) -> dict:
-    """The trace's allocator samples, read with the same loader (and errors) as ``analyze``."""
-    from fsdpdoctor.trace.loader import load_file
-
-    return {"traceEvents": load_file(path).memory_events}
-
-
-def _rank_files(folder: Path, manifest: dict) -> dict[int, Path]:
-    files = manifest.get("files")
-    out: dict[int, Path] = {}
-    if isinstance(files, dict) and files:
-        for k, v in files.items():
-            try:
-                out[int(k)] = folder / str(v)
-            except ValueError:
-                continue
-        return out
-    for p in sorted(folder.glob("rank*.json*")):
-        stem = p.name[4:].split(".", 1)[0]
-        if stem.isdigit():
-            out[int(stem)] = p
-    return out
-
-
-def measured(folder: Path, manifest: dict, devices: dict[str, str]) -> tuple[list[dict], list[str]]:
-    """Per-rank measured peaks and notes; empty rows when profile_memory was off."""
-    notes: list[str] = []
-    opts = manifest.get("options") or {}
-    if not opts.get("profile_memory"):
-        notes.append("no measured peak: the run was captured with options.profile_memory=false")
-        return [], notes
-    rows = []
-    kinds_seen = set()
-    for rank, path in sorted(_rank_files(folder, manifest).items()):
-        if not path.is_file():
-            notes.append(f"rank {rank}: trace {path.name} missing")
-            continue
-        peaks = mem.memory_peaks(_read_trace(path))
-        device = devices.get(str(rank))
-        chosen = mem.pick_device_peak(peaks, device)
-        if chosen is None:
-            notes.append(f"rank {rank}: trace has no [memory] events")
-            continue
-        kinds_seen.add(chosen.device_type)
-        rows.append({"rank": rank, "device": device, **asdict(chosen),
-                     "all_devices": [asdict(p) for p in peaks]})
-    for k in sorted(kinds_seen):
-        if k in mem.MEASURED_CAVEATS:
-            notes.append(mem.MEASURED_CAVEATS[k])
-    return rows, notes
-
-
 # ----------------------------------------------------------------- run
 
 def build_config(args) -> tuple[mem.MemoryConfig, list[str], Path | None, dict | None, dict[str, str]]:
@@ -217,113 +164,17 @@ def build_config(args) -> tuple[mem.MemoryConfig, list[str], Path | None, dict |
 
 
 def run(args) -> int:
+    from fsdpdoctor.analysis.memory_run import memory_report
+
     cfg, notes, folder, manifest, devices = build_config(args)
     try:
-        est = mem.estimate(cfg)
-        rows = mem.compare_strategies(cfg)
+        rep = memory_report(cfg, notes, folder, manifest, devices)
     except ValueError as exc:
         raise InputError(folder, str(exc)) from None
-    sentences = mem.comparison_sentences(cfg, rows)
-    meas_rows: list[dict] = []
-    if folder is not None:
-        meas_rows, meas_notes = measured(folder, manifest, devices)
-        notes += meas_notes
-        for r in meas_rows:
-            r["predicted_model_state"] = est.model_state
-            r["predicted_total"] = est.total
-            r["ratio_to_predicted_total"] = r["peak_allocated"] / est.total if est.total else None
-            r["covers_model_state"] = r["peak_allocated"] >= est.model_state
-
     if args.json:
-        doc = {
-            "run_folder": str(folder) if folder else None,
-            "estimate": est.to_dict(),
-            "comparison": [asdict(r) for r in rows],
-            "comparison_sentences": sentences,
-            "measured": meas_rows,
-            "notes": notes,
-        }
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-        return 0
-    _print_rich(est, rows, sentences, meas_rows, notes, folder)
+        print_json(rep.to_dict())
+    else:
+        from fsdpdoctor.report.memory import render
+
+        render(rep)
     return 0
-
-
-def _print_rich(est: mem.MemoryEstimate, rows, sentences, meas_rows, notes, folder) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console = Console(highlight=False, width=120)
-    cfg = est.config
-    gb, gib = mem.fmt_gb, mem.fmt_gib
-    head = (f"{cfg.parameters:,} params, {cfg.dtype}{' mixed precision' if cfg.mixed_precision else ''}, "
-            f"{cfg.optimizer}, {est.strategy_label}{' + CPU offload' if cfg.cpu_offload else ''}, "
-            f"world size {cfg.world_size}, shard group {est.shard_degree}")
-    if folder is not None:
-        head = f"{folder}: " + head
-    t = Table(title=f"Per-rank memory prediction — {head}", caption="GB = 1e9 bytes, GiB = 2^30 bytes (MB = 1e6, MiB = 2^20)")
-    for c in ("component", "B/param (unsharded)", "B/param on this rank", "per rank GB", "per rank GiB", "where"):
-        t.add_column(c, justify="left" if c in ("component", "where") else "right")
-    bpp, prb = est.bytes_per_param, est.per_rank_bytes_per_param
-    host = est.host
-    for name, key in (("weights", "weights"), ("gradients", "gradients"),
-                      ("optimizer states", "optimizer_states"), ("master weights", "master_weights")):
-        dev = getattr(est, key)
-        h = getattr(host, key)
-        where = "device" if not h else ("host" if not dev else "device+host")
-        if not dev and not h:
-            where = "-"
-        shown = dev if dev else h
-        t.add_row(name, f"{getattr(bpp, key):g}", f"{getattr(prb, key) + h / cfg.parameters:.3g}",
-                  gb(shown), gib(shown), where)
-    t.add_row("[bold]model state (device)[/]", f"{bpp.total:g}", f"{prb.total:.3g}",
-              f"[bold]{gb(est.model_state)}[/]", gib(est.model_state), "device")
-    if host.total:
-        t.add_row("model state (host, offloaded)", "", "", gb(host.total), gib(host.total), "host")
-    if est.peak_transient is not None:
-        t.add_row("peak transient (largest unit)", "", "", gb(est.peak_transient), gib(est.peak_transient), "device")
-    elif est.transient_applicable:
-        t.add_row("peak transient (largest unit)", "", "", "not included", "", "")
-    if est.activations is not None:
-        a = est.activations.total_bytes
-        t.add_row("activations (ESTIMATE)", "", "", gb(a), gib(a), "device")
-    t.add_row("[bold]total (device)[/]", "", "", f"[bold]{gb(est.total)}[/]", gib(est.total), "device")
-    console.print(t)
-
-    c = Table(title="How the other strategies would change it (per rank)")
-    for col in ("strategy", "shard group", "model state", "transient", "host", "vs current"):
-        c.add_column(col, justify="left" if col == "strategy" else "right")
-    cur = next(r for r in rows if r.current)
-    for r in rows:
-        delta = r.model_state - cur.model_state
-        vs = "current" if r.current else (("+" if delta > 0 else "") + gb(delta))
-        c.add_row(("[bold]" + r.label + "[/]") if r.current else r.label, str(r.shard_degree), gb(r.model_state),
-                  gb(r.peak_transient) if r.peak_transient is not None else "-",
-                  gb(r.host) if r.host else "-", vs)
-    console.print(c)
-    for s in sentences:
-        console.print(f"  • {s}")
-
-    if meas_rows:
-        m = Table(title="Measured allocator peak vs prediction")
-        for col in ("rank", "device", "start level", "peak allocated", "peak GiB", "predicted total", "peak/predicted"):
-            m.add_column(col, justify="right")
-        for r in meas_rows:
-            dev = r["device_type"] + (f":{r['device_id']}" if r["device_type"] != "cpu" else "")
-            ratio = r["ratio_to_predicted_total"]
-            m.add_row(str(r["rank"]), dev, gb(r["start_allocated"]), gb(r["peak_allocated"]), gib(r["peak_allocated"]),
-                      gb(r["predicted_total"]), f"{ratio:.2f}x" if ratio is not None else "-")
-        console.print(m)
-
-    console.print("[bold]Explanation[/]")
-    for line in est.explanation:
-        console.print(f"  {line}")
-    if est.activations is not None:
-        console.print(f"  activations: {est.activations.formula}")
-        for n in est.activations.notes:
-            console.print(f"    ({n})")
-    console.print("[bold]Not included[/]: " + "; ".join(est.not_included))
-    for n in notes:
-        console.print(f"  note: {n}")

@@ -59,11 +59,9 @@ def build_command(name: str, args, script: str = "train.py") -> list[str]:
 
 
 def cmd_list(args) -> int:
-    scenarios = load_scenarios()
-    w_name = max(len(n) for n in scenarios)
-    print(f"{'scenario':<{w_name}}  {'wrap':<5}  injects")
-    for name, s in scenarios.items():
-        print(f"{name:<{w_name}}  {s['wrap']:<5}  {s['injects']}")
+    from fsdpdoctor.report.reference import render
+
+    render(load_scenarios())
     return 0
 
 

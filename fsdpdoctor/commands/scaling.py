@@ -3,12 +3,13 @@ several world sizes, with a waterfall of where the lost efficiency went (docs/sc
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich import box
 
-from fsdpdoctor.commands.common import add_engine_args, engine_kwargs, parse_ranks, parse_steps, parse_thresholds
+from fsdpdoctor.commands.base import (add_engine, add_output, add_selection, add_thresholds, print_json,
+                                      require_terminal)
+from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds
 from fsdpdoctor.errors import InputError
 
 
@@ -34,15 +35,10 @@ def register(sub) -> None:
                       help="samples per step PER RANK (multiplied by each run's world size); overrides manifests")
     work.add_argument("--tokens-per-step", metavar="N", type=str,
                       help="tokens per step PER RANK (multiplied by each run's world size); overrides manifests")
-    p.add_argument("--rank", action="append", metavar="R[,R...]", help="analyse only these ranks in every run")
-    p.add_argument("--steps", metavar="SPEC", help="profiler steps to analyse in every run, e.g. 3-5")
-    p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a threshold, e.g. scaling_efficiency_low=0.9")
-    p.add_argument("--config", metavar="FILE", help="JSON or TOML file of threshold overrides")
-    add_engine_args(p)
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print the report as JSON")
-    out.add_argument("--tui", action="store_true", help="open the terminal UI on the report (q quits)")
+    add_selection(p, " in every run")
+    add_thresholds(p, "scaling_efficiency_low=0.9")
+    add_engine(p)
+    add_output(p, tui=True)
     p.set_defaults(func=run)
 
 
@@ -63,13 +59,14 @@ def build_report(args):
 
 
 def run(args) -> int:
-    rep = build_report(args)
+    rep = build_report(args)  # bad input is named first, as without --tui
     if args.tui:
+        require_terminal()
         from fsdpdoctor.tui.scaling_app import ScalingApp
 
         return int(ScalingApp(rep, thresholds=parse_thresholds(args)).run() or 0)
     if args.json:
-        print(json.dumps(rep.to_dict(), indent=2, default=str))
+        print_json(rep.to_dict())
     else:
         render(rep)
     return 0

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from fsdpdoctor.commands.common import add_engine_args, engine_kwargs, progress_bar
+from fsdpdoctor.commands.base import add_engine, add_progress, say
+from fsdpdoctor.commands.common import engine_kwargs, progress_bar
 from fsdpdoctor.errors import InputError
 
 
@@ -20,8 +20,8 @@ def register(sub) -> None:
                    help="the model's dtype, assumed for collectives recorded without one (default: the "
                         "folder manifest's model.param_dtype)")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_engine_args(p, summaries=False)
+    add_progress(p)
+    add_engine(p, summaries=False)
     p.set_defaults(func=run)
 
 
@@ -47,6 +47,6 @@ def run(args) -> int:
             raise InputError(exc.filename, f"cannot write the summary ({exc.strerror or exc}): use --out DIR") from None
         raise
     if not args.quiet:
-        print(f"{len(results)} rank summar{'y' if len(results) == 1 else 'ies'} written"
-              + (f" to {out}" if out else " beside the traces"), file=sys.stdout)
+        say(f"{len(results)} rank summar{'y' if len(results) == 1 else 'ies'} written"
+            + (f" to {out}" if out else " beside the traces"))
     return 0

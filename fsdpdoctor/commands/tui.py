@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fsdpdoctor.commands.base import require_terminal
 from fsdpdoctor.commands.common import (add_selection_args, engine_kwargs, parse_ranks, parse_steps,
                                         parse_thresholds)
 from fsdpdoctor.errors import InputError
@@ -28,6 +29,7 @@ def open_tui(args) -> int:
     steps = parse_steps(getattr(args, "steps", None))
     thresholds = parse_thresholds(args)
     engine = engine_kwargs(args)  # --jobs 0 is refused here, not on the error screen
+    require_terminal()
 
     from fsdpdoctor.tui.app import FsdpDoctorApp
 

@@ -5,13 +5,17 @@ Every metric is compared on per-step samples (the mean over ranks of each step, 
 difference of means; a change whose interval spans zero is "no detectable change".
 
 A slower machine is told from a slower job by the step's *composition*: when the
-machine slows (contention, lower clocks) every component scales by about the same
-factor, so each component's share of the step stays put. The part of the step-time
-change that components whose share moved significantly carry beyond that common factor
-(``new_step * Δshare``) is the job's when it reaches ``diff_job_share`` of the change.
-The verdict is "environment", not "regression", only when no finding appeared or grew and
-no single part could have carried that share (the far end of each part's share interval);
-with too few steps to show either, a slow-down is "slower-unattributed" and fails the gate.
+machine slows (contention, lower clocks) every part scales by about the same factor,
+so each part's share of the step stays put and every part's time ratio equals the
+step's. A part is *off the common factor* when its share moved beyond noise or its
+time-ratio interval (log scale) does not overlap the step's. The change those parts
+carry beyond the common factor (``new_step * Δshare``) is the job's; when it reaches
+``diff_job_share`` of the step-time change, or a finding appeared or grew beyond noise,
+the change is the job's. "Environment" has to be shown, not assumed: no part off the
+common factor, no finding appeared or grew, and even the far ends of all share
+intervals together (``new_step * ½ Σ max|Δshare|``: the most the parts could carry
+beyond the common factor) stay below ``diff_job_share`` of the change. Anything in
+between is "unattributed", fails the gate, and says how many more steps would decide.
 """
 
 from __future__ import annotations
@@ -21,12 +25,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fsdpdoctor.diagnose.stats import Estimate, estimate
+from fsdpdoctor.diagnose.stats import Estimate, estimate, half_width_after, log_ratio_interval, steps_until
 from fsdpdoctor.diagnose.thresholds import resolve
 from fsdpdoctor.results import Analysis, StepBreakdown
 
 # the parts of a step: they add up to its duration
 PARTITION = ("compute", "optimizer", "exposed_comm", "data_loading", "idle")
+# a part must hold this share of the step for its share or time ratio to count as off the common factor
+# (two non-overlapping intervals are already a conservative test, ~99.5 % at 95 % each): a sliver (a
+# 200 µs optimizer) moves by large factors on any machine and could not carry a visible part of a change
+MIN_RATIO_SHARE = 0.01
+_SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
 # finding id keyword -> the component whose share the finding is about (first match wins; else the step time)
 FINDING_COMPONENT = (
     ("input", "data_loading"), ("loader", "data_loading"),
@@ -48,6 +57,8 @@ class ComponentChange:
     time: Estimate                       # µs per step
     share: Estimate                      # share of the step
     in_partition: bool                   # one of the parts that add up to the step
+    log_ratio: tuple[float, float] | None = None   # interval of log(new time / base time)
+    off_common: bool = False             # share moved beyond noise or time ratio outside the step's (parts only)
 
     @property
     def ratio(self) -> float | None:
@@ -84,14 +95,17 @@ class Comparison:
     components: list[ComponentChange] = field(default_factory=list)
     findings: list[FindingChange] = field(default_factory=list)
     verdict: Verdict = "no-detectable-change"
-    job_part_us: float = 0.0             # step-time change carried by components beyond the common factor
+    job_part_us: float = 0.0             # step-time change carried by parts off the common factor
+    job_bound_us: float | None = None    # the most the parts could carry beyond the common factor (None: unknown)
+    more_steps: int | None = None        # unattributed: profiled steps per run more that would decide it
+    fails_gate: bool = False             # `--fail-on-regression` / `check --baseline` fail on this comparison
     reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
     def regressed(self) -> bool:
-        # a significant slow-down that these samples cannot attribute to the machine fails the gate too
-        return self.verdict in ("regression", "slower-unattributed")
+        # a regression, and a large slow-down that these samples cannot attribute to the machine
+        return self.fails_gate
 
     # the figures the first diff showed, kept for readers of the JSON
     @property
@@ -173,16 +187,31 @@ def compare(base: Analysis, new: Analysis, thresholds: dict[str, float] | None =
             c.notes.append(f"the runs differ in {what} ({b} vs {n}): this compares different jobs")
     if step.n_base < 2 and step.n_new < 2:
         c.notes.append("one profiled step per run: no step-to-step noise to judge a change by; profile more steps")
+    step_ratio = log_ratio_interval(step_samples(base, "step"), step_samples(new, "step"), level)
     comps: dict[str, ComponentChange] = {}
     for name in _component_names(base, new):
-        comps[name] = ComponentChange(
-            name=name, in_partition=name in PARTITION,
-            time=estimate(name, step_samples(base, name), step_samples(new, name), level),
-            share=estimate(f"{name} share", step_samples(base, name, True), step_samples(new, name, True), level))
+        tb, tn = step_samples(base, name), step_samples(new, name)
+        cc = ComponentChange(
+            name=name, in_partition=name in PARTITION, time=estimate(name, tb, tn, level),
+            share=estimate(f"{name} share", step_samples(base, name, True), step_samples(new, name, True), level),
+            log_ratio=log_ratio_interval(tb, tn, level))
+        if cc.in_partition and max(cc.share.base_mean, cc.share.new_mean) >= MIN_RATIO_SHARE:
+            cc.off_common = cc.share.significant or _ratio_apart(cc, step_ratio, step.base_mean)
+        comps[name] = cc
     c.components = list(comps.values())
     c.findings = _finding_changes(base, new, comps, step, level)
-    _verdict(c, comps, th["diff_job_share"])
+    _verdict(c, comps, th)
     return c
+
+
+def _ratio_apart(cc: ComponentChange, step_ratio: tuple[float, float] | None, base_step: float) -> bool:
+    """The part's time ratio and the step's cannot be one common factor: their log intervals do not overlap.
+
+    Only for a part that holds at least ``MIN_RATIO_SHARE`` of the base step: the ratio of a sliver
+    (a 20 µs optimizer) moves by large factors on any machine and carries no time either way."""
+    if cc.log_ratio is None or step_ratio is None or cc.time.base_mean < MIN_RATIO_SHARE * base_step:
+        return False
+    return cc.log_ratio[0] > step_ratio[1] or cc.log_ratio[1] < step_ratio[0]
 
 
 def _finding_changes(base: Analysis, new: Analysis, comps: dict[str, ComponentChange], step: Estimate,
@@ -223,74 +252,180 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.1f}%"
 
 
-def _unclear_reason(unclear: list[ComponentChange], step: Estimate) -> str:
-    """Why a significant step-time change is neither clearly the job's nor clearly the machine's."""
-    names = ", ".join(p.name.replace("_", " ") for p in unclear)
-    return (f"with {step.n_base} vs {step.n_new} steps the share of {names} is too uncertain to rule out that "
-            "it carried most of the change (the job), so it cannot be shown that every part scaled alike (the "
-            "machine); profile more steps")
+def _moved(f: FindingChange, sign: int, floor: float) -> bool:
+    """A finding appeared or grew (sign +1), or went away or shrank (sign -1), whether or not its share guard
+    is significant: severity crossed a band, or its impact moved by at least the warning band of the step."""
+    first, second = (f.base_severity, f.new_severity) if sign > 0 else (f.new_severity, f.base_severity)
+    if first is None:
+        return _SEVERITY_RANK.get(second or "", 0) >= 1
+    if second is None:
+        return False
+    if _SEVERITY_RANK.get(second, 0) > _SEVERITY_RANK.get(first, 0):
+        return True
+    a, b = (f.base_impact_frac, f.new_impact_frac) if sign > 0 else (f.new_impact_frac, f.base_impact_frac)
+    return a is not None and b is not None and b - a >= floor
 
 
-def _verdict(c: Comparison, comps: dict[str, ComponentChange], job_share: float) -> None:
+def _job_part(parts: list[ComponentChange], new_step: float, sign: int, k: int = 0,
+              shares_only: bool = False) -> float:
+    """Time carried beyond the common factor, in the change's direction, by the parts whose share is beyond
+    noise (with ``k`` more steps per run: the same means and spread) or, unless ``shares_only``, whose time
+    ratio is off the step's."""
+    out = 0.0
+    for p in parts:
+        d = p.share.diff * sign
+        if d <= 0:
+            continue
+        hw = half_width_after(p.share, k) if k else p.share.half_width
+        if (p.off_common and not shares_only) or (hw is not None and hw < d):
+            out += new_step * d
+    return out
+
+
+def _job_bound(parts: list[ComponentChange], new_step: float, k: int = 0) -> float:
+    """The most the parts could carry beyond the common factor: the share vectors' total-variation distance
+    at the far ends of the share intervals (inf when a share has no interval)."""
+    total = 0.0
+    for p in parts:
+        hw = half_width_after(p.share, k) if k else p.share.half_width
+        if hw is None:
+            return math.inf
+        total += abs(p.share.diff) + hw
+    return new_step * total / 2
+
+
+def _steps(n: int) -> str:
+    return f"{n} more profiled step{'s' if n != 1 else ''}"
+
+
+def _name(n: str) -> str:
+    return n.replace("_", " ")
+
+
+def _grew_reason(p: ComponentChange, step: Estimate, sign: int) -> str:
+    what = f"{_name(p.name)} {'grew' if sign > 0 else 'shrank'} {p.share.diff * step.new_mean / 1e3:+.1f} ms/step " \
+           f"beyond the common factor (share {_pct(p.share.diff)}"
+    if p.ratio is None or not step.base_mean:
+        return what + ")"
+    return what + f", time x{p.ratio:.2f} vs step x{step.new_mean / step.base_mean:.2f})"
+
+
+def _verdict(c: Comparison, comps: dict[str, ComponentChange], th: dict[str, float]) -> None:
     step = c.step
     part = [comps[n] for n in PARTITION]
-    moved = [p for p in part if p.share.significant]
-    # the change each component carries beyond the common factor: new_step * Δshare
-    excess = {p.name: step.new_mean * p.share.diff for p in moved}
+    ratios = ", ".join(f"{_name(p.name)} x{p.ratio:.2f}" for p in part
+                       if p.ratio is not None and p.time.base_mean >= MIN_RATIO_SHARE * step.base_mean)
     bad = [f for f in c.findings if f.regressed]
     good = [f for f in c.findings if f.significant and f.status in ("gone", "better")]
-    ratios = ", ".join(f"{p.name.replace('_', ' ')} x{p.ratio:.2f}" for p in part
-                       if p.ratio is not None and p.time.base_mean >= 0.01 * step.base_mean)
-    if step.significant:
-        sign = 1 if step.diff > 0 else -1
-        c.job_part_us = sum(v for v in excess.values() if v * sign > 0)
-        job = abs(c.job_part_us) >= job_share * abs(step.diff)
-        # "the machine" needs evidence that no single part carried the change: the most any part could carry
-        # beyond the common factor (the far end of its share interval) must stay below job_share of the change
-        reach = {p.name: (p.share.hi if sign > 0 else -p.share.lo) if p.share.lo is not None else math.inf
-                 for p in part}
-        unclear = [p for p in part if reach[p.name] * step.new_mean >= job_share * abs(step.diff)]
-        if sign > 0:
-            if job or bad:
-                c.verdict = "regression"
-                c.reasons += [f"{k.replace('_', ' ')} grew {v / 1e3:+.1f} ms/step beyond the common factor"
-                              for k, v in excess.items() if v > 0]
-                c.reasons += [f"finding {f.id} is {f.status} ({f.component.replace('_', ' ')} share "
-                              f"{_pct(f.share.diff if f.share else None)})" for f in bad]
-            elif unclear:
-                c.verdict = "slower-unattributed"
-                c.reasons.append(_unclear_reason(unclear, step))
-            else:
-                c.verdict = "environment-slower"
-                c.reasons.append(f"no part of the step changed its share beyond noise (time ratios: {ratios}) and "
-                                 "no finding appeared or grew: every part slowed alike, so the machine changed "
-                                 "(contention, clocks, another job), not the job")
+    # a part that grew beyond the common factor by a large share of the base step (the cost of an error-level
+    # finding) is the job's whatever the step time does: shares are robust to a noisy machine, step times are not
+    # (counted on shares beyond noise only: a time ratio off the step's from a small base says a part did not
+    # scale alike, not how much of the step it took)
+    large_us = th["diff_large_slowdown"] * step.base_mean
+    grown = _job_part(part, step.new_mean, 1, shares_only=True)
+    if step.diff > 0 and grown >= large_us and (not step.significant or grown < th["diff_job_share"] * step.diff):
+        c.verdict, c.fails_gate, c.job_part_us = "regression", True, grown
+        c.reasons += [_grew_reason(p, step, 1) for p in part if p.off_common and p.share.diff > 0]
+        c.reasons.append(f"together {grown / 1e3:.1f} ms/step ({_pct(grown / step.base_mean)} of the base step) "
+                         "beyond the common factor: at least the cost of an error-level finding, "
+                         + ("although the step time itself is within its noise" if not step.significant else
+                            "whatever the machine did to the rest of the step")
+                         + (f" (step {_pct(step.rel)}, {100 * step.level:.0f}% CI {_pct(step.rel_interval[0])}.."
+                            f"{_pct(step.rel_interval[1])})" if step.rel_interval else ""))
+        c.reasons += [f"finding {f.id} is {f.status} ({f.new_severity})" for f in c.findings
+                      if _moved(f, 1, th["severity_warning_frac"])]
+        return
+    if not step.significant:
+        if step.lo is None and step.n_base and step.n_new and step.rel is not None \
+                and step.rel > th["diff_one_step_noise"]:
+            c.verdict, c.fails_gate = "slower-unattributed", True
+            c.reasons.append(f"one profiled step per run and the step is {_pct(step.rel)} slower, more than the "
+                             f"step-to-step noise of healthy runs allows ({_pct(th['diff_one_step_noise'])}): "
+                             "a slow-down that cannot be judged fails the gate; profile at least 3 steps per run")
+        elif bad:
+            c.verdict, c.fails_gate = "regression", True
+            c.reasons += [f"finding {f.id} is {f.status}: {_name(f.component)} share "
+                          f"{_pct(f.share.diff if f.share else f.time.rel if f.time else None)} "
+                          "(significant) although the step-time change is within noise" for f in bad]
         else:
-            if job or good:
-                c.verdict = "improvement"
-                c.reasons += [f"{k.replace('_', ' ')} shrank {v / 1e3:+.1f} ms/step beyond the common factor"
-                              for k, v in excess.items() if v < 0]
-                c.reasons += [f"finding {f.id} is {f.status}" for f in good]
-            elif unclear:
-                c.verdict = "faster-unattributed"
-                c.reasons.append(_unclear_reason(unclear, step))
+            c.verdict = "no-detectable-change"
+            if step.method == "identical":
+                c.reasons.append("the two runs have identical per-step samples")
+            elif step.more_steps is not None:
+                c.reasons.append(f"the step-time difference ({_pct(step.rel)}) is within the noise; about "
+                                 f"{_steps(step.more_steps)} per run would tell whether it is real")
+            elif step.lo is None:
+                c.reasons.append("too few steps for an interval")
             else:
-                c.verdict = "environment-faster"
-                c.reasons.append(f"no part of the step changed its share beyond noise (time ratios: {ratios}): "
-                                 "every part sped up alike, so the machine changed, not the job")
-    elif bad:
-        c.verdict = "regression"
-        c.reasons += [f"finding {f.id} is {f.status}: {f.component.replace('_', ' ')} share "
-                      f"{_pct(f.share.diff if f.share else f.time.rel if f.time else None)} "
-                      "(significant) although the step-time change is within noise" for f in bad]
-    else:
-        c.verdict = "no-detectable-change"
-        if step.method == "identical":
-            c.reasons.append("the two runs have identical per-step samples")
-        elif step.more_steps is not None:
-            c.reasons.append(f"the step-time difference ({_pct(step.rel)}) is within the noise; about "
-                             f"{step.more_steps} more profiled steps per run would tell whether it is real")
-        elif step.lo is None:
-            c.reasons.append("too few steps for an interval")
+                c.reasons.append("the interval of the step-time difference spans zero")
+        return
+    sign = 1 if step.diff > 0 else -1
+    target = th["diff_job_share"] * abs(step.diff)
+    c.job_part_us = sign * _job_part(part, step.new_mean, sign)
+    c.job_bound_us = None if math.isinf(b := _job_bound(part, step.new_mean)) else b
+    off = [p for p in part if p.off_common]
+    moved = [f for f in c.findings if _moved(f, sign, th["severity_warning_frac"])]
+    job = abs(c.job_part_us) >= target or bool(bad if sign > 0 else good)
+    slower = sign > 0
+    if job:
+        c.verdict = "regression" if slower else "improvement"
+        c.fails_gate = slower
+        c.reasons += [_grew_reason(p, step, sign) for p in off if p.share.diff * sign > 0]
+        c.reasons += [f"finding {f.id} is {f.status} ({_name(f.component)} share "
+                      f"{_pct(f.share.diff if f.share else None)})" for f in (bad if slower else good)]
+        return
+    # name first the parts that grew in the change's direction (the others shrank because those grew)
+    named = [p for p in off if p.share.diff * sign > 0] or off
+    blockers = [f"{_name(p.name)} is off the common factor ("
+                + (f"share {_pct(p.share.diff)} beyond noise, " if p.share.significant else "")
+                + f"time x{p.ratio:.2f} vs step x{step.new_mean / step.base_mean:.2f})"
+                for p in named if p.ratio is not None]
+    blockers += [f"finding {f.id} {'appeared' if (f.status == 'new') == slower else 'went away'} or "
+                 f"{'grew' if slower else 'shrank'} ({f.base_severity or '-'} -> {f.new_severity or '-'})"
+                 for f in moved]
+    if blockers or c.job_bound_us is None or c.job_bound_us >= target:
+        c.verdict = "slower-unattributed" if slower else "faster-unattributed"
+        change = f"{abs(step.diff) / 1e3:.1f} ms change"
+        if blockers:
+            why = (f"{'; '.join(blockers)}: so it is not shown to be the machine, and the parts off the common "
+                   f"factor carry {abs(c.job_part_us) / 1e3:.1f} ms of the {change}, too little to call it the job's")
         else:
-            c.reasons.append("the interval of the step-time difference spans zero")
+            bound = "an unknown part" if c.job_bound_us is None else f"up to {c.job_bound_us / 1e3:.1f} ms"
+            why = (f"with {step.n_base} vs {step.n_new} steps the parts' shares are too uncertain: {bound} of the "
+                   f"{change} could be parts growing beyond the common factor (the job) rather than every part "
+                   f"scaling alike (the machine)")
+        c.more_steps = steps_until(lambda k: _job_part(part, step.new_mean, sign, k) >= target
+                                   or (not off and not moved and _job_bound(part, step.new_mean, k) < target),
+                                   cap=10_000)
+        more = (f"about {_steps(c.more_steps)} per run would tell job from machine (if the step-to-step "
+                "spread stays as measured)" if c.more_steps is not None else
+                "more steps of these runs would not tell job from machine")
+        c.reasons.append(f"{why}; {more}")
+        # the gate fails an unattributed slow-down that is large (the cost of an error-level finding) when the job
+        # could have carried most of it, or when a finding newly reached error; a smaller one, or one the
+        # parts could carry only a minority of (mostly the machine), passes with this warning
+        new_error = [f.id for f in moved if f.new_severity == "error" and f.base_severity != "error"]
+        large = step.rel is not None and step.rel >= th["diff_large_slowdown"]
+        majority = c.job_bound_us is None or c.job_bound_us >= target
+        c.fails_gate = slower and ((large and majority) or bool(new_error))
+        if not slower:
+            return
+        if new_error:
+            c.reasons.append(f"fails the gate: finding {', '.join(new_error)} newly reached error")
+        elif large and majority:
+            c.reasons.append(f"fails the gate: a large slow-down ({_pct(step.rel)}, at least "
+                             f"{_pct(th['diff_large_slowdown'])} of the step) that the job could have carried most of")
+        elif not majority:
+            c.reasons.append(f"passes the gate: mostly the machine (the parts could carry at most "
+                             f"{c.job_bound_us / 1e3:.1f} ms of the {step.diff / 1e3:.1f} ms change beyond the "
+                             "common factor), though not a uniform slow-down")
+        else:
+            c.reasons.append(f"passes the gate: the slow-down ({_pct(step.rel)}) is under the "
+                             f"{_pct(th['diff_large_slowdown'])} from which an unattributed one fails it")
+        return
+    c.verdict = "environment-slower" if slower else "environment-faster"
+    c.reasons.append(f"no part of the step moved off the common factor (time ratios: {ratios}), no finding "
+                     f"{'appeared or grew' if slower else 'went away or shrank'}, and the parts could carry at "
+                     f"most {c.job_bound_us / 1e3:.1f} ms of the {abs(step.diff) / 1e3:.1f} ms change beyond "
+                     f"it: every part {'slowed' if slower else 'sped up'} alike, so the machine changed "
+                     "(contention, clocks, another job), not the job")

@@ -75,6 +75,15 @@ def straggler_wait_us(ctx: RuleContext) -> float:
     return sum(others) / len(others) if others else 0.0
 
 
+def straggler_wait_mean_us(ctx: RuleContext) -> float:
+    """The wait for the straggler per step averaged over all ranks (itself waiting ~0): on the basis of
+    the run's mean breakdown, whose exposed communication holds it."""
+    s = ctx.a.straggler
+    if not straggler_verdict(ctx) or not s.wait_by_rank:
+        return 0.0
+    return sum(s.wait_by_rank.values()) / len(s.wait_by_rank)
+
+
 def straggler_in_own_frames(ctx: RuleContext) -> bool:
     """The straggler's lateness lies in its own work (a sleep, compute, I/O or logging frame only it runs,
     or a measured cause other than 'the same work, slower'): no backend or wrapper fix removes it."""
@@ -120,6 +129,14 @@ def _idle_verdict(ctx: RuleContext) -> tuple[dict[str, float], bool, str] | None
     if ctx.frac(fixable) < ctx.table["gpu_idle_frac"] or not (bound or cause == "data_loading"):
         return None
     return m, bound, cause
+
+
+def idle_waits_on_straggler(ctx: RuleContext) -> bool:
+    """The GPU idles mostly while its host blocks in collectives, and at least half of that blocking is
+    the wait for a rank late in its own work: the straggler's cost, whatever the backend."""
+    v = idle_verdict(ctx)
+    return (v is not None and v[2] == "collective_wait" and straggler_in_own_frames(ctx)
+            and straggler_wait_mean_us(ctx) >= 0.5 * v[0]["collective_wait"])
 
 
 def dominant_idle_cause(ctx: RuleContext) -> str | None:

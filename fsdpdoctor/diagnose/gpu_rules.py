@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fsdpdoctor.analysis.gpu_idle import QUEUE_EMPTY_US
 from fsdpdoctor.diagnose.facts import FIXABLE_IDLE as FIXABLE, cuda_over_gloo, idle_verdict
+from fsdpdoctor.diagnose.facts import idle_waits_on_straggler
 from fsdpdoctor.diagnose.framework import RuleContext, rule
 from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct
@@ -90,7 +91,9 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
     if input_bound:
         f.caused_by = "input-bound"
     elif cause == "collective_wait":
-        if cuda_over_gloo(ctx):
+        if idle_waits_on_straggler(ctx):
+            f.caused_by = "straggler"
+        elif cuda_over_gloo(ctx):
             f.caused_by = "cpu-staged-collectives"  # the host blocks in gloo collectives of CUDA tensors
     return [f]
 

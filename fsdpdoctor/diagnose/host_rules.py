@@ -62,11 +62,20 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     impact = s.saving_us or s.wait_us  # with more than 2 ranks the step ends when the next-latest arrives
     cause = s.cause or "unknown"
     own_work = own_work_frame(s)
-    frame = (s.cause_source if own_work else None) or (_sleep_source(ctx, r) if cause == "sleep" else None)
+    # extra work in a frame only this rank runs (the others spend at most a tenth as long in it) is code
+    # of its own, not a larger share of the common work: that frame is the place to fix
+    if cause == "more work" and own_work and own_work["others_us"] <= 0.1 * own_work["culprit_us"]:
+        cause = "compute"
+    frame = ((s.cause_source if own_work and cause != "more work" else None)
+             or (_sleep_source(ctx, r) if cause == "sleep" else None))
     if cause == "compute" and not own_work:
         cause = "slower at the same work"
     where = f" in {frame}" if frame else ""
-    fixes = {"data loading": "Give rank {r} a faster input pipeline (num_workers, local data, no slow storage)",
+    fixes = {"more work": "Give every rank the same work per step: rank {r}'s steps hold more ({ratio}). Group "
+                          "samples of similar length into batches and give each rank the same token budget "
+                          "(a length-grouped or bucketing sampler, token-balanced batching); if the data is "
+                          "sharded unevenly, shard it evenly",
+             "data loading": "Give rank {r} a faster input pipeline (num_workers, local data, no slow storage)",
              "sleep": "Remove the sleep/wait on rank {r}{where} (a barrier, checkpoint or logging call on one rank?)",
              "host sync": "Remove the host syncs on rank {r}{where} (.item(), .cpu(), print of tensors)",
              "compute": "Rank {r} computes {extra} more per step{where}: give every rank the same work (rank-"
@@ -102,11 +111,24 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     if explained:
         summary += (f" That wait is {pct(explained)} of the other ranks' exposed communication: the "
                     "communication is slow because of this rank, not the network.")
+    label = f"waiting on the host: {cause}" if cause in HOST_WAITS else cause
     return [ctx.finding(
-        "straggler", f"Rank {r} is a straggler ({cause})", impact, summary,
+        "straggler", f"Rank {r} is a straggler ({label})", impact, summary,
         fixes.get(cause, "Find what rank {r} does differently{where}").format(
-            r=r, where=where, extra=ms(s.extra_us)),
+            r=r, where=where, extra=ms(s.extra_us), ratio=_work_excess(s)),
         confidence=verdict, evidence=ev, ranks=[r], source=frame, consequences=conseq)]
+
+
+# a rank late because its host is busy elsewhere: it waits, it does not compute
+HOST_WAITS = ("sleep", "host sync", "idle", "data loading")
+
+
+def _work_excess(s) -> str:
+    """ "2.7x the input elements" from the analysis' evidence of more work."""
+    text = s.cause_evidence or ""
+    if " hold " in text and " of the other ranks" in text:
+        return text.split(" hold ", 1)[1].split(" of the other ranks", 1)[0]
+    return "more per step"
 
 
 def _sleep_source(ctx: RuleContext, rank: int) -> str | None:

@@ -132,15 +132,41 @@ def estimate(metric: str, base: list[float], new: list[float], level: float,
     return e
 
 
-def _more_steps(d: float, s1: float, s2: float, n1: int, n2: int, level: float, pooled: bool,
-                cap: int) -> int | None:
-    """Smallest k such that k more steps in each run would make an interval of this spread exclude ``d``.
+def half_width_after(e: Estimate, k: int) -> float | None:
+    """The half-width ``e``'s interval would have with ``k`` more steps in each run (the same spread)."""
+    if e.method not in ("welch-t", "pooled-t"):
+        return 0.0 if e.method == "identical" else None
+    s1 = e.sd_base if e.sd_base is not None else e.sd_new
+    s2 = e.sd_new if e.sd_new is not None else e.sd_base
+    return _half_width(s1, s2, e.n_base + k, e.n_new + k, e.level, e.method == "pooled-t")
 
-    Assumes the step-to-step spread stays what it is; None when even ``cap`` steps would not do.
-    """
-    def resolved(k: int) -> bool:
-        return _half_width(s1, s2, n1 + k, n2 + k, level, pooled) < d
 
+def log_ratio_interval(base: list[float], new: list[float], level: float) -> tuple[float, float] | None:
+    """Interval of log(mean new / mean base) (delta method, Welch degrees of freedom).
+
+    On a log scale a uniform slow-down by a factor k moves every part of the step by the same log k,
+    so two parts whose intervals do not overlap did not scale alike. None without a positive mean on
+    both sides or without a spread on either side."""
+    b, n = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
+    n1, n2 = len(b), len(n)
+    if not n1 or not n2:
+        return None
+    m1, m2 = float(b.mean()), float(n.mean())
+    if m1 <= 0 or m2 <= 0:
+        return None
+    # relative spread of each side's mean (coefficient of variation of the samples)
+    c1 = float(b.std(ddof=1)) / m1 if n1 >= 2 else None
+    c2 = float(n.std(ddof=1)) / m2 if n2 >= 2 else None
+    if c1 is None and c2 is None:
+        return None
+    pooled = c1 is None or c2 is None
+    hw = _half_width(c1 if c1 is not None else c2, c2 if c2 is not None else c1, n1, n2, level, pooled)
+    mid = math.log(m2 / m1)
+    return mid - hw, mid + hw
+
+
+def steps_until(resolved, cap: int = 100_000) -> int | None:
+    """Smallest k >= 1 with ``resolved(k)`` (monotone: once true, true for every larger k); None beyond ``cap``."""
     if not resolved(cap):
         return None
     lo, hi = 0, cap
@@ -151,3 +177,12 @@ def _more_steps(d: float, s1: float, s2: float, n1: int, n2: int, level: float, 
         else:
             lo = mid
     return hi
+
+
+def _more_steps(d: float, s1: float, s2: float, n1: int, n2: int, level: float, pooled: bool,
+                cap: int) -> int | None:
+    """Smallest k such that k more steps in each run would make an interval of this spread exclude ``d``.
+
+    Assumes the step-to-step spread stays what it is; None when even ``cap`` steps would not do.
+    """
+    return steps_until(lambda k: _half_width(s1, s2, n1 + k, n2 + k, level, pooled) < d, cap)

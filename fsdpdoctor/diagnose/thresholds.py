@@ -102,10 +102,19 @@ THRESHOLDS: list[Threshold] = [
               "interval excludes zero", "statistical convention (95%); a gate at 95% fails about 1 in 20 "
               "comparisons of identical runs per metric it tests, so the gate tests few metrics"),
     Threshold("diff_job_share", 0.50, "share of the change", "part of a significant step-time change that parts "
-              "of the step growing beyond the common factor must carry for it to be the job's; the environment "
-              "(contention, clocks) is named only when no single part could have carried this much",
+              "of the step off the common factor must carry for it to be the job's; the environment (contention, "
+              "clocks) is named only when no part is off it, no finding appeared or grew, and all parts together "
+              "could carry less than this much (the far ends of their share intervals)",
               "meaning: the majority of the change; a uniform slow-down has no excess, a one-component "
               "regression puts all of it in that component"),
+    Threshold("diff_large_slowdown", 0.25, "share of the step", "a significant slow-down that `diff` cannot "
+              "attribute (job or machine?) fails the gate from this size on; smaller ones pass with the steps "
+              "that would decide them",
+              "the error band (severity_error_frac): a quarter of the step is what an error-level finding costs"),
+    Threshold("diff_one_step_noise", 0.96, "share of the step", "with one profiled step per run there is no "
+              "interval: a slow-down beyond this is 'slower-unattributed' and fails the gate",
+              "docs/noise-study.md: healthy step-time CV up to 0.34; two single steps differ by up to "
+              "2 x sqrt(2) x 0.34 = 0.96 of the step at two standard deviations"),
     Threshold("hang_busy_runnable_share", 0.50, "share of the window", "`fsdpdoctor hang`: a stalled rank's main "
               "thread runnable (on a CPU or in the run queue) this share of the 0.2 s sampling window is spinning (a "
               "busy loop); below it, it is blocked", "a spinning thread is runnable all the time however loaded the "

@@ -3,10 +3,10 @@ the process groups where the ranks diverge, desyncs and the profiled-steps trend
 
 from __future__ import annotations
 
-from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.padding import Padding
+from rich.text import Text
 
 from fsdpdoctor.analysis.hang import HangReport, RankState
 
@@ -16,7 +16,7 @@ CAUSE_TITLE = {
     "aborted": "a rank aborted",
     "skipped-collective": "a rank skipped a collective",
     "collective-order": "collectives issued in different orders",
-    "no-dump": "a rank wrote nothing (dead or hard-stuck)",
+    "no-dump": "a rank vanished: no dump (dead or hard-stuck)",
     "data-loader": "a rank is stuck in its data loader",
     "checkpoint": "a rank is stuck in a checkpoint save/load",
     "busy-loop": "a rank is looping outside the collectives",
@@ -50,7 +50,7 @@ def step_text(s: RankState) -> str:
 
 def rank_doing(s: RankState) -> str:
     if s.dump is None:
-        return "wrote nothing"
+        return s.note or "vanished"
     parts = [s.activity]
     if s.library:
         parts.append(f"in {s.library}")
@@ -63,10 +63,15 @@ def rank_doing(s: RankState) -> str:
     return "; ".join(parts)
 
 
+def _indented(con: Console, markup: str | Text) -> None:
+    """Printed 2 columns in, every wrapped line too (rich wraps at spaces, never inside a word)."""
+    con.print(Padding(Text.from_markup(markup) if isinstance(markup, str) else markup, (0, 0, 0, 2), expand=False))
+
+
 def render(rep: HangReport, console: Console | None = None) -> None:
     con = console or Console()
     con.print(f"[bold]Hang forensics[/] {escape(rep.run_dir)}: {len(rep.dumped)} of {rep.world_size} ranks "
-              f"dumped" + (f", silent: {', '.join(map(str, rep.silent))}" if rep.silent else ""))
+              f"dumped" + (f", vanished: {', '.join(map(str, rep.silent))}" if rep.silent else ""))
     if not rep.verdicts:
         con.print("[green]no divergence found[/]: every rank with a dump reached the same collectives "
                   "(a slow step rather than a hang, or the stalled rank wrote no dump)")
@@ -74,17 +79,21 @@ def render(rep: HangReport, console: Console | None = None) -> None:
         head = "[bold red]verdict[/]" if i == 0 else "[yellow]also[/]"
         con.print(f"\n{head} [bold]{CAUSE_TITLE.get(v.cause, v.cause)}[/] [dim]({v.cause})[/] "
                   f"rank(s) {', '.join(map(str, v.ranks))}")
-        con.print(f"  {escape(v.summary)}")
+        _indented(con, escape(v.summary))
         if v.frame is not None:
             code = f"  [dim]{escape(v.frame.code)}[/]" if v.frame.code else ""
-            con.print(f"  [bold]frame:[/] {escape(frame_text(v.frame))}{code}")
+            _indented(con, f"[bold]frame:[/] {escape(frame_text(v.frame))}{code}")
         for e in v.evidence:
-            con.print(f"  [dim]{escape(e)}[/]")
-        con.print(f"  [bold]fix:[/] {escape(v.fix)}")
+            _indented(con, f"[dim]{escape(e)}[/]")
+        _indented(con, f"[bold]fix:[/] {escape(v.fix)}")
     con.print()
-    con.print(ranks_table(rep))
+    con.print(Text("Ranks", style="bold"))
+    for line in rank_lines(rep):
+        _indented(con, line)
     if rep.divergences:
-        con.print(groups_table(rep))
+        con.print(Text("Process groups where the ranks diverge", style="bold"))
+        for line in group_lines(rep):
+            _indented(con, line)
     for m in rep.mismatches:
         con.print(f"[red]desync[/] group {escape(m.label)} collective #{m.seq}: " +
                   "; ".join(f"rank {r}: {escape(s)}" for r, s in m.by_rank.items()))
@@ -95,22 +104,27 @@ def render(rep: HangReport, console: Console | None = None) -> None:
         con.print(f"[dim]note: {escape(n)}[/]")
 
 
-def ranks_table(rep: HangReport) -> Table:
-    t = Table(title="Ranks", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("rank", "dump", "step", "doing", "frame"):
-        t.add_column(col, overflow="fold")
+def rank_lines(rep: HangReport) -> list[Text]:
+    """One entry per rank: what it dumped and does, then where (a frame's path would not fit a
+    table column at 80 columns without splitting it)."""
+    out = []
     for s in rep.ranks:
-        t.add_row(str(s.rank), s.dump or "[red]none[/]", step_text(s),
-                  escape(rank_doing(s)), escape(frame_text(s.frame)))
-    return t
+        t = Text(f"rank {s.rank}: ")
+        t.append(s.dump or "no dump", style="" if s.dump else "red")
+        t.append(f", step {step_text(s)}, {rank_doing(s)}")
+        if s.frame is not None:
+            t.append(f"; at {frame_text(s.frame)}")
+        out.append(t)
+    return out
 
 
-def groups_table(rep: HangReport) -> Table:
-    t = Table(title="Process groups where the ranks diverge", title_justify="left", box=box.SIMPLE_HEAD)
-    for col in ("group", "collective", "sizes", "waiting inside", "never entered", "no data", "issued at"):
-        t.add_column(col, overflow="fold")
+def group_lines(rep: HangReport) -> list[Text]:
+    out = []
     for g in rep.divergences:
-        t.add_row(escape(g.label), f"#{g.seq} {g.op}", escape(str(g.sizes)), ", ".join(map(str, g.entered)) or "-",
-                  ", ".join(map(str, g.never_entered)) or "-", ", ".join(map(str, g.unknown)) or "-",
-                  escape(frame_text(g.issued_at)))
-    return t
+        def ranks(rs: list[int]) -> str:
+            return ", ".join(map(str, rs)) or "-"
+
+        out.append(Text(f"group {g.label}: collective #{g.seq} {g.op} {g.sizes}; waiting inside: "
+                        f"{ranks(g.entered)}; never entered: {ranks(g.never_entered)}; no data: {ranks(g.unknown)}; "
+                        f"issued at {frame_text(g.issued_at)}"))
+    return out

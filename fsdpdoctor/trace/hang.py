@@ -14,11 +14,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fsdpdoctor.hang_format import (DUMP_NAME, DUMP_VERSION, FAULTHANDLER_NAME, FOLDER, FaultHeader,
+                                            parse_header)
 from fsdpdoctor.errors import InputError
 
-DUMP_NAME = re.compile(r"^rank(\d+)\.json$")
-FH_NAME = re.compile(r"^rank(\d+)\.faulthandler\.txt$")
-FH_HEADER = re.compile(r"^# fsdpdoctor faulthandler rank=(\d+) last_step=(\d+) timeout_s=([\d.eE+-]+)")
+FH_NAME = FAULTHANDLER_NAME
 FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[([^\]]*)\])? \(most recent call first\):")
 FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 
@@ -109,6 +109,9 @@ class HangDumps:
     run_dir: str
     dumps: dict[int, RankDump]
     world_size: int | None       # from the dumps (or the manifest)
+    # ranks whose faulthandler file holds only its header and that wrote nothing else: the process
+    # ended without running any handler (SIGKILL, the OOM killer) or is frozen
+    vanished: dict[int, FaultHeader] = field(default_factory=dict)
 
 
 def _bad(path: Path, problem: str) -> InputError:
@@ -165,8 +168,8 @@ def read_json_dump(path: Path) -> RankDump:
         raise InputError(path, f"not valid JSON ({exc})") from None
     if not isinstance(doc, dict) or "fsdpdoctor_hang" not in doc:
         raise _bad(path, "no fsdpdoctor_hang version field")
-    if not isinstance(doc["fsdpdoctor_hang"], int) or doc["fsdpdoctor_hang"] > 1:
-        raise _bad(path, f"unsupported version {doc['fsdpdoctor_hang']!r} (this fsdpdoctor reads 1)")
+    if not isinstance(doc["fsdpdoctor_hang"], int) or doc["fsdpdoctor_hang"] > DUMP_VERSION:
+        raise _bad(path, f"unsupported version {doc['fsdpdoctor_hang']!r} (this fsdpdoctor reads {DUMP_VERSION})")
     rank = doc.get("rank")
     if not isinstance(rank, int) or rank < 0:
         raise _bad(path, "rank missing or not a non-negative integer")
@@ -212,19 +215,24 @@ def read_json_dump(path: Path) -> RankDump:
 
 
 def read_faulthandler(path: Path) -> RankDump | None:
-    """A faulthandler file, or None when it holds only its header (nothing happened)."""
+    """A faulthandler file, or None when it holds only its header (no handler ran)."""
+    return read_faulthandler_file(path)[1]
+
+
+def read_faulthandler_file(path: Path) -> tuple[FaultHeader, RankDump | None]:
+    """A faulthandler file's header, and its stacks as a dump (None when it holds only the header)."""
     try:
         text = path.read_text(errors="replace")
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
     lines = text.splitlines()
-    if not lines or not FH_HEADER.match(lines[0]):
+    head = parse_header(lines[0]) if lines else None
+    if head is None:
         raise _bad(path, "no fsdpdoctor faulthandler header line")
-    head = FH_HEADER.match(lines[0])
-    rank, last_step = int(head.group(1)), int(head.group(2))
+    rank, last_step = head.rank, head.last_step
     body = [ln for ln in lines[1:] if ln.strip()]
     if not body:
-        return None
+        return head, None
     fatal = None
     trigger = "sigterm"
     threads: list[ThreadStack] = []
@@ -249,8 +257,8 @@ def read_faulthandler(path: Path) -> RankDump | None:
         raise _bad(path, "no traceback after the header")
     mains = [t for t in threads if t.frames and t.frames[0].function == "<module>"]
     (mains[0] if mains else threads[0]).main = True
-    return RankDump(rank=rank, source=str(path), kind="faulthandler", trigger=trigger, last_step=last_step,
-                    fatal=fatal, threads=threads)
+    return head, RankDump(rank=rank, source=str(path), kind="faulthandler", trigger=trigger, last_step=last_step,
+                          fatal=fatal, threads=threads, world_size=head.world_size)
 
 
 def load_hang_dumps(run_dir: str | Path) -> HangDumps:
@@ -261,8 +269,9 @@ def load_hang_dumps(run_dir: str | Path) -> HangDumps:
         raise InputError(root, "no such file or directory")
     if not root.is_dir():
         raise InputError(root, "not a folder (give the run folder that holds hang/)")
-    folder = root / "hang" if (root / "hang").is_dir() else root
+    folder = root / FOLDER if (root / FOLDER).is_dir() else root
     dumps: dict[int, RankDump] = {}
+    headers: dict[int, FaultHeader] = {}
     seen_any = False
     for p in sorted(folder.iterdir()):
         if m := DUMP_NAME.match(p.name):
@@ -274,26 +283,31 @@ def load_hang_dumps(run_dir: str | Path) -> HangDumps:
     for p in sorted(folder.iterdir()):
         if (m := FH_NAME.match(p.name)) and int(m.group(1)) not in dumps:
             seen_any = True
-            d = read_faulthandler(p)
+            head, d = read_faulthandler_file(p)
+            if head.rank != int(m.group(1)):
+                raise _bad(p, f"the file says rank {head.rank}")
+            headers[head.rank] = head
             if d is not None:
                 dumps[d.rank] = d
     if not seen_any:
         raise InputError(root, "no hang dumps (hang/rank<N>.json): was the job run with hang_timeout_s / watch()?")
     if not dumps:
         raise InputError(folder, "the hang folder holds only empty faulthandler files (no rank stalled or failed)")
-    world = max((d.world_size for d in dumps.values() if d.world_size), default=None)
+    vanished = {r: h for r, h in headers.items() if r not in dumps}
+    world = max((w for w in [*(d.world_size for d in dumps.values()), *(h.world_size for h in headers.values())]
+                 if w), default=None)
     manifest = root / "manifest.json"
     if world is None and manifest.is_file():
         try:
             world = int(json.loads(manifest.read_text()).get("world_size"))
         except (ValueError, TypeError, AttributeError, OSError):
             world = None
-    return HangDumps(run_dir=str(root), dumps=dumps, world_size=world)
+    return HangDumps(run_dir=str(root), dumps=dumps, world_size=world, vanished=vanished)
 
 
 def hang_note(path: str | Path) -> str | None:
     """The note ``analyze`` adds when the run folder holds hang dumps."""
-    folder = Path(path) / "hang"
+    folder = Path(path) / FOLDER
     try:
         if folder.is_dir() and any(DUMP_NAME.match(p.name) or FH_NAME.match(p.name) for p in folder.iterdir()):
             return (f"{folder} holds hang dumps from the watchdog: run `fsdpdoctor hang {path}` for which rank "

@@ -22,11 +22,12 @@ from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.events import CorrArgs, corr_args, decode_trace, is_blank, raw_args
 from fsdpdoctor.trace.io import gzip_size, inflate, is_gzip, missing_reason, read_bytes, read_raw
 from fsdpdoctor.trace.table import (
-    DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, RankTrace, Track, category_code, distinct,
+    DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, SHAPED_OPS, RankTrace, Track, category_code, distinct,
 )
 
-# Names whose args we keep: everything communication-related.
-_KEEP_ARGS = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms|nccl:|gloo:|nccl|rccl)", re.I)
+# Names whose args we keep: everything communication-related, and the input shapes of model-level ops.
+_KEEP_ARGS = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms|nccl:|gloo:|nccl|rccl)"
+                        r"|^(?:" + "|".join(re.escape(n) for n in SHAPED_OPS) + r")$", re.I)
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)
 
 Progress = Callable[[str, int, int], None]  # (file name, files done, files total)

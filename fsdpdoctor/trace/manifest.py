@@ -72,6 +72,8 @@ _TOP: dict[str, Callable[[Any], bool]] = {
     "devices": _map_of(lambda x: x is None or _str(x)),
     "schedule": lambda v: isinstance(v, dict) and all(_int()(x) for x in v.values()),
     "profiled_steps": _list_of(_int()),
+    "partial_steps": _list_of(_int()),
+    "window": _dict,
     "samples_per_step": _num(strict=True),
     "tokens_per_step": _num(strict=True),
     "options": lambda v: isinstance(v, dict) and all(isinstance(x, bool) for x in v.values()),

@@ -31,6 +31,11 @@ _CATEGORY_CODES = {
     "gpu_user_annotation": GPU_ANNOTATION,
 }
 DEVICE_CATEGORIES = (KERNEL, MEMCPY, MEMSET)
+# Model-level ops whose recorded input shapes (``Input Dims``, record_shapes=True) measure how much
+# work a step gives a rank: longer sequences, larger images or batches grow their first input.
+SHAPED_OPS = ("aten::linear", "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::embedding", "aten::lstm",
+              "aten::gru", "aten::rnn_tanh", "aten::rnn_relu", "aten::matmul", "aten::bmm",
+              "aten::scaled_dot_product_attention", "aten::layer_norm")
 # _rows_of_ids: up to this many names, their rows come from the per-name index (a slice per name)
 _INDEXED_IDS_MAX = 64
 

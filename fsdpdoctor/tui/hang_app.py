@@ -85,7 +85,7 @@ class HangApp(App[int]):
 
     def compose(self) -> ComposeResult:
         rep = self.report
-        silent = f" · silent: {', '.join(map(str, rep.silent))}" if rep.silent else ""
+        silent = f" · vanished: {', '.join(map(str, rep.silent))}" if rep.silent else ""
         yield Static(f"[b]hang[/b]  {len(rep.dumped)} of {rep.world_size} ranks dumped{silent}", id="hang-head")
         with VerticalScroll(id="verdict-pane", classes="pane"):
             yield Label("Verdict", classes="pane-title")

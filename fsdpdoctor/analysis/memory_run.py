@@ -1,0 +1,95 @@
+"""``fsdpdoctor memory``'s result: the prediction for one configuration, the other strategies
+beside it and, for a run folder captured with ``profile_memory``, each rank's measured
+allocator peak against the prediction."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from fsdpdoctor.analysis import memory as mem
+
+
+@dataclass
+class MemoryReport:
+    estimate: mem.MemoryEstimate
+    strategies: list[mem.StrategyRow]
+    sentences: list[str]                    # how the other strategies would change it, in words
+    measured: list[dict] = field(default_factory=list)   # per rank: its peak beside the prediction
+    notes: list[str] = field(default_factory=list)
+    run_folder: Path | None = None
+
+    def to_dict(self) -> dict:
+        return {"run_folder": str(self.run_folder) if self.run_folder else None,
+                "estimate": self.estimate.to_dict(), "comparison": [asdict(r) for r in self.strategies],
+                "comparison_sentences": self.sentences, "measured": self.measured, "notes": self.notes}
+
+
+def _read_trace(path: Path) -> dict:
+    """The trace's allocator samples, read with the same loader (and errors) as ``analyze``."""
+    from fsdpdoctor.trace.loader import load_file
+
+    return {"traceEvents": load_file(path).memory_events}
+
+
+def rank_files(folder: Path, manifest: dict) -> dict[int, Path]:
+    files = manifest.get("files")
+    out: dict[int, Path] = {}
+    if isinstance(files, dict) and files:
+        for k, v in files.items():
+            try:
+                out[int(k)] = folder / str(v)
+            except ValueError:
+                continue
+        return out
+    for p in sorted(folder.glob("rank*.json*")):
+        stem = p.name[4:].split(".", 1)[0]
+        if stem.isdigit():
+            out[int(stem)] = p
+    return out
+
+
+def measured(folder: Path, manifest: dict, devices: dict[str, str]) -> tuple[list[dict], list[str]]:
+    """Per-rank measured peaks and notes; empty rows when profile_memory was off."""
+    notes: list[str] = []
+    opts = manifest.get("options") or {}
+    if not opts.get("profile_memory"):
+        notes.append("no measured peak: the run was captured with options.profile_memory=false")
+        return [], notes
+    rows = []
+    kinds_seen = set()
+    for rank, path in sorted(rank_files(folder, manifest).items()):
+        if not path.is_file():
+            notes.append(f"rank {rank}: trace {path.name} missing")
+            continue
+        peaks = mem.memory_peaks(_read_trace(path))
+        device = devices.get(str(rank))
+        chosen = mem.pick_device_peak(peaks, device)
+        if chosen is None:
+            notes.append(f"rank {rank}: trace has no [memory] events")
+            continue
+        kinds_seen.add(chosen.device_type)
+        rows.append({"rank": rank, "device": device, **asdict(chosen),
+                     "all_devices": [asdict(p) for p in peaks]})
+    for k in sorted(kinds_seen):
+        if k in mem.MEASURED_CAVEATS:
+            notes.append(mem.MEASURED_CAVEATS[k])
+    return rows, notes
+
+
+def memory_report(cfg: mem.MemoryConfig, notes: list[str] | None = None, folder: Path | None = None,
+                  manifest: dict | None = None, devices: dict[str, str] | None = None) -> MemoryReport:
+    """The prediction for ``cfg``; with a run folder, each rank's measured peak beside it.
+    Raises ValueError on a configuration the model cannot hold."""
+    est = mem.estimate(cfg)
+    rows = mem.compare_strategies(cfg)
+    rep = MemoryReport(est, rows, mem.comparison_sentences(cfg, rows), notes=list(notes or []), run_folder=folder)
+    if folder is not None and manifest is not None:
+        rep.measured, meas_notes = measured(folder, manifest, devices or {})
+        rep.notes += meas_notes
+        for r in rep.measured:
+            r["predicted_model_state"] = est.model_state
+            r["predicted_total"] = est.total
+            r["ratio_to_predicted_total"] = r["peak_allocated"] / est.total if est.total else None
+            r["covers_model_state"] = r["peak_allocated"] >= est.model_state
+    return rep

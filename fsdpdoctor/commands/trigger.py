@@ -1,0 +1,51 @@
+"""`fsdpdoctor trigger RUN_DIR [--steps N]`: ask a running, captured job for a profiled window (docs/capture.md)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fsdpdoctor.commands.base import say
+from fsdpdoctor.errors import InputError
+
+# the coordinator writes its step series at every poll (every half second); older than this, no job is writing
+ALIVE_S = 10.0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("trigger", help="ask a running job captured into RUN_DIR to profile the next N steps",
+                       description="Write a window request into the run folder of a job running under "
+                                   "fsdpdoctor.capture.capture(); every rank profiles the same N steps into "
+                                   "RUN_DIR/window-<first step>/. Works from any shell that sees the folder.")
+    p.add_argument("run_dir", help="the folder given to capture()")
+    p.add_argument("--steps", type=int, default=3, metavar="N", help="steps to profile (default 3)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from fsdpdoctor.capture.series import series_path
+    from fsdpdoctor.capture.windows import MAX_WINDOW_STEPS, TRIGGER_NAME, write_request
+
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise InputError(run_dir, "not a folder (give the folder the job passes to capture())")
+    if not 1 <= args.steps <= MAX_WINDOW_STEPS:
+        raise InputError(None, f"--steps must be 1..{MAX_WINDOW_STEPS}, got {args.steps}")
+    replaced = (run_dir / TRIGGER_NAME).exists()
+    try:
+        path = write_request(run_dir, args.steps)
+    except OSError as exc:
+        raise InputError(run_dir, f"cannot write the request: {exc.strerror or exc}") from None
+    say(f"requested a window of {args.steps} step{'s' if args.steps > 1 else ''}: {path}"
+        + (" (replacing a request not yet taken)" if replaced else ""))
+    try:
+        age = time.time() - series_path(run_dir, 0).stat().st_mtime
+    except OSError:
+        age = None
+    if age is None or age > ALIVE_S:
+        seen = "no step series from rank 0" if age is None else f"rank 0's step series last written {age:.0f} s ago"
+        say(f"note: no running capture seen in this folder ({seen}); the request waits for the next job armed on it")
+    else:
+        say("the job's rank 0 takes it within a second; the traces land in "
+            f"{run_dir}/window-<first step>/ (`fsdpdoctor steps {run_dir}` shows where)")
+    return 0

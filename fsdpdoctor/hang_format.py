@@ -1,0 +1,68 @@
+"""The hang dump format, in one place for its writer (``capture/watch.py``) and its reader
+(``trace/hang.py``): the file names in ``<run>/hang/``, the JSON dump's version and trigger
+vocabulary, and the header line of the C-level faulthandler file. No torch.
+
+A rank's faulthandler file starts with one header line, written when the watchdog arms; the
+C handler appends stacks below it on a fatal signal, SIGTERM or a GIL-held timeout. ``close()``
+removes the file, so a file that still holds only its header means the process ended without
+running any handler or exit code (SIGKILL, the OOM killer) or is frozen: the rank vanished.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+FOLDER = "hang"
+DUMP_VERSION = 1
+
+# why a JSON dump was written (the watchdog's timeout, or an exception leaving the training loop)
+# and what a faulthandler file's stacks say happened
+JsonTrigger = Literal["timeout", "exception"]
+FaultTrigger = Literal["fatal-signal", "sigterm", "gil-timeout"]
+
+
+def dump_name(rank: int) -> str:
+    return f"rank{rank}.json"
+
+
+def faulthandler_name(rank: int) -> str:
+    return f"rank{rank}.faulthandler.txt"
+
+
+def recovered_name(rank: int) -> str:
+    """Where a dump goes when its rank stepped again: not a stall in progress any more."""
+    return f"rank{rank}.recovered.json"
+
+
+DUMP_NAME = re.compile(r"^rank(\d+)\.json$")
+FAULTHANDLER_NAME = re.compile(r"^rank(\d+)\.faulthandler\.txt$")
+
+_HEADER_MARK = "# fsdpdoctor faulthandler"
+_HEADER = re.compile(r"^# fsdpdoctor faulthandler rank=(\d+) last_step=(\d+) timeout_s=([\d.eE+-]+)"
+                     r"(?: unix=([\d.]+))?(?: world_size=(\d+))?")
+
+
+@dataclass(frozen=True)
+class FaultHeader:
+    rank: int
+    last_step: int                    # completed steps when the watchdog last armed: a lower bound
+    timeout_s: float
+    time_unix: float | None = None    # when it armed
+    world_size: int | None = None     # None in files written before the field existed
+
+    def line(self) -> str:
+        unix = f" unix={self.time_unix:.3f}" if self.time_unix is not None else ""
+        world = f" world_size={self.world_size}" if self.world_size is not None else ""
+        return (f"{_HEADER_MARK} rank={self.rank} last_step={self.last_step} timeout_s={self.timeout_s:g}"
+                f"{unix}{world}\n")
+
+
+def parse_header(line: str) -> FaultHeader | None:
+    """The header of a faulthandler file, or None when the line is not one."""
+    m = _HEADER.match(line)
+    if m is None:
+        return None
+    return FaultHeader(int(m.group(1)), int(m.group(2)), float(m.group(3)),
+                       float(m.group(4)) if m.group(4) else None, int(m.group(5)) if m.group(5) else None)

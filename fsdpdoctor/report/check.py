@@ -1,0 +1,58 @@
+"""``fsdpdoctor check``: the gate's decision as text (fitted to the console's width, words kept
+whole) and as the ``--json`` document."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.text import Text
+
+from fsdpdoctor.diagnose.check import CheckResult
+from fsdpdoctor.report.data_quality import lines as data_quality_lines
+from fsdpdoctor.report.diff_view import baseline_line
+
+
+def _line(text: str) -> Text:
+    # continuation lines indented under the text, not under the mark; strings from traces are
+    # plain text, never markup
+    return Text(text, overflow="fold")
+
+
+def render(res: CheckResult, console: Console | None = None) -> None:
+    con = console or Console(highlight=False)
+    failing = set(map(id, res.failing))
+    for f in res.analysis.findings:
+        mark = "FAIL" if id(f) in failing else "ok  "
+        where = f" at {f.source}" if f.source else ""
+        cause = f" [caused by {f.caused_by}]" if f.caused_by else ""
+        con.print(_line(f"{mark} {f.severity:7s} {f.id}: {f.title} ({f.impact_us / 1e3:.1f} ms/step){where}"
+                        f"{cause}"))
+    for b in res.budgets:
+        con.print(_line(f"FAIL budget  {b.text()}"))
+    if res.comparison is not None:
+        con.print(_line(baseline_line(res.comparison)))
+    for q in data_quality_lines(res.analysis.data_quality):
+        con.print(_line(f"data quality: {q}"))
+    against = ""
+    if res.comparison is not None:
+        against = f", {'a significant regression' if res.regressed else 'no regression'} against the baseline"
+    con.print(_line(f"fsdpdoctor check: {'passed' if res.passed else 'FAILED'} ({len(res.failing)} finding(s) at "
+                    f"or above {res.fail_on}, {len(res.budgets)} budget(s) exceeded{against})"))
+
+
+def document(res: CheckResult) -> dict:
+    a = res.analysis
+    return {"passed": res.passed, "fail_on": res.fail_on, "failing": [f.id for f in res.failing],
+            "budgets_exceeded": [b.text() for b in res.budgets],
+            "baseline": None if res.comparison is None else res.comparison.to_dict(),
+            "data_quality": data_quality_lines(a.data_quality),
+            "findings": [f.__dict__ | {"evidence": [e.__dict__ for e in f.evidence]} for f in a.findings]}
+
+
+def render_thresholds(thresholds, console: Console | None = None) -> None:
+    """The threshold table, one threshold per block: name, default and unit on the first line, what
+    it means and where its value comes from wrapped below (a row would not fit 80 columns)."""
+    con = console or Console(highlight=False)
+    for t in thresholds:
+        con.print(Text(f"{t.name} = {t.default:g} {t.unit}".rstrip(), style="bold"))
+        con.print(Text(f"  {t.meaning}"))
+        con.print(Text(f"  source: {t.source}", style="dim"))

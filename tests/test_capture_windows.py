@@ -1,0 +1,357 @@
+"""Capture armed for the whole run: step series, windows on demand and on anomaly, interrupted windows,
+two jobs in one folder. Single process (fast) and the drift reference job under torchrun (slow)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from conftest import requires_torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*argv, timeout=120):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "fsdpdoctor", *map(str, argv)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def step_numbers(path: Path) -> list[int]:
+    doc = json.loads(gzip.open(path).read())
+    return sorted({int(e["name"].split("#")[1]) for e in doc["traceEvents"]
+                   if str(e.get("name", "")).startswith("ProfilerStep#")})
+
+
+def tiny(torch):
+    m = torch.nn.Linear(16, 16)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+
+    def train_step(sleep_s=0.0):
+        m(torch.randn(4, 16)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if sleep_s:
+            time.sleep(sleep_s)
+
+    return m, opt, train_step
+
+
+# ------------------------------------------------------------------ the step series and `steps`
+@requires_torch
+def test_step_series_holds_every_step_and_steps_plots_it(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+    from fsdpdoctor.capture.series import read_series
+
+    m, opt, train_step = tiny(torch)
+    with capture(tmp_path, model=m, fixed_window=False) as cap:
+        for i in cap.batches(range(40)):
+            train_step(0.002 if i < 30 else 0.02)
+            cap.step()
+    s = read_series(tmp_path / "steps" / "rank0.steps")
+    assert s.steps == list(range(40)) and not s.cut
+    # the change at step 30 is in the series, on the right steps
+    assert min(s.duration_s[30:]) > max(s.duration_s[5:30])
+    assert all(w is not None and w >= 0 for w in s.wait_s)
+    assert all(b >= a for a, b in zip(s.start_s, s.start_s[1:]))
+    out = cli("steps", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert max(map(len, out.stdout.splitlines())) <= 80
+    doc = json.loads(cli("steps", tmp_path, "--json").stdout)
+    assert doc["ranks"][0]["steps"] == list(range(40))
+    # a series cut mid-record (killed while writing) keeps its whole records and says so
+    with open(tmp_path / "steps" / "rank0.steps", "ab") as fh:
+        fh.write(b"\x01\x02\x03")
+    cut = read_series(tmp_path / "steps" / "rank0.steps")
+    assert cut.cut and cut.steps == list(range(40))
+    assert "ends inside a record" in cli("steps", tmp_path).stdout
+
+
+def test_steps_and_trigger_refuse_bad_input_in_one_line(tmp_path):
+    for argv in (("steps", tmp_path), ("steps", tmp_path / "nope"), ("trigger", tmp_path / "nope"),
+                 ("trigger", tmp_path, "--steps", "0"), ("analyze", REPO / "traces" / "straggler", "--window", "3")):
+        out = cli(*argv)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, (argv, out.stderr)
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps" / "rank0.steps").write_bytes(b"not a series" * 10)
+    out = cli("steps", tmp_path)
+    assert out.returncode == 2 and "not a step series" in out.stderr
+
+
+# ------------------------------------------------------------------ windows on demand / on anomaly
+@requires_torch
+def test_trigger_and_anomaly_windows_in_one_process(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    m, opt, train_step = tiny(torch)
+    with capture(tmp_path, model=m, optimizer=opt, fixed_window=False, auto=True, window_steps=2) as cap:
+        for i in range(150):
+            train_step(0.004 if i < 100 else 0.02)
+            if i == 10:
+                assert cli("trigger", tmp_path, "--steps", "3").returncode == 0
+            cap.step()
+    wins = sorted(tmp_path.glob("window-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert len(wins) == 2, [p.name for p in wins]
+    demand, anomaly = (json.loads((w / "manifest.json").read_text()) for w in wins)
+    first = demand["window"]["first_step"]
+    assert demand["window"]["trigger"] == "demand" and first > 10
+    assert step_numbers(wins[0] / "rank0.json.gz") == [first, first + 1, first + 2] == demand["profiled_steps"]
+    assert anomaly["window"]["trigger"] == "anomaly" and anomaly["window"]["first_step"] > 100
+    assert "x the median of the" in anomaly["window"]["reason"]
+    assert not (tmp_path / "fsdpdoctor.trigger").exists()
+    # analyze RUN_DIR takes the latest window and lists the other; --window picks one
+    out = cli("analyze", tmp_path, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["job"]["steps"] == anomaly["profiled_steps"]
+    assert any(f"--window" in n and f"window-{first}" in n for n in doc["notes"])
+    doc = json.loads(cli("analyze", tmp_path, "--window", first, "--json").stdout)
+    assert doc["job"]["steps"] == demand["profiled_steps"]
+
+
+@requires_torch
+def test_malformed_trigger_is_set_aside_and_training_goes_on(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    m, opt, train_step = tiny(torch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with capture(tmp_path, model=m, fixed_window=False) as cap:
+            for i in range(150):  # 0.75 s: the trigger file is looked at every half second
+                train_step(0.005)
+                if i == 5:
+                    (tmp_path / "fsdpdoctor.trigger").write_text('{"fsdpdoctor_trigger": 1, "steps": "many"')
+                cap.step()
+    assert cap.step_num == 150 and not list(tmp_path.glob("window-*"))
+    assert (tmp_path / "fsdpdoctor.trigger.rejected").exists()
+    assert sum("fsdpdoctor.trigger ignored" in str(w.message) for w in caught) == 1
+
+
+def test_anomaly_rule_on_noise_and_on_a_change():
+    import random
+
+    from fsdpdoctor.capture.windows import AnomalyRule
+
+    rnd = random.Random(0)
+    rule = AnomalyRule()
+    noisy = [0.05 * (1 + abs(rnd.gauss(0, 0.02))) for _ in range(2000)]
+    for i in range(0, 2000, 7):  # isolated hiccups, 3x, one step each
+        noisy[i] *= 3
+    assert all(rule.feed(k, noisy[k:k + 10]) is None for k in range(0, 2000, 10))
+    reason = rule.feed(2000, [0.15] * 5)
+    assert reason and reason.startswith("steps 2000-2002 took 3.0x the median")
+
+
+# ------------------------------------------------------------------ interrupted windows (#25 item 5)
+@requires_torch
+def test_cut_step_is_partial_in_the_manifest_and_left_out_of_the_analysis(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    _, _, train_step = tiny(torch)
+    with pytest.raises(KeyboardInterrupt):
+        with capture(tmp_path, wait=1, warmup=1, active=4) as cap:
+            for i in range(8):
+                train_step(0.01)
+                cap.step()
+                if i == 3:  # Ctrl-C in the middle of step 4 (the window is steps 2..5)
+                    train_step(0.03)
+                    raise KeyboardInterrupt
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["profiled_steps"] == [2, 3] and manifest["partial_steps"] == [4]
+    assert 4 in step_numbers(tmp_path / "rank0.json.gz")  # the trace has it, cut
+    out = cli("analyze", tmp_path, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["job"]["steps"] == [2, 3]
+    assert any("step 4 cut short" in n for n in doc["data_quality"]["notes"])
+
+
+@requires_torch
+def test_second_sigint_inside_the_export_still_writes_the_trace(tmp_path, monkeypatch):
+    """torchrun delivers SIGINT again while the rank exports: the trace is still written, the job ends
+    with the first KeyboardInterrupt, nothing is raised from inside the capture."""
+    import torch
+    from torch.profiler import profile
+
+    from fsdpdoctor.capture import capture
+
+    real = profile.export_chrome_trace
+
+    def interrupted_export(self, path):
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C lands inside the export
+        return real(self, path)
+
+    monkeypatch.setattr(profile, "export_chrome_trace", interrupted_export)
+    _, _, train_step = tiny(torch)
+    with pytest.raises(KeyboardInterrupt) as info:
+        with capture(tmp_path, wait=1, warmup=1, active=4) as cap:
+            for i in range(8):
+                train_step()
+                cap.step()
+                if i == 3:
+                    raise KeyboardInterrupt("first")
+    assert str(info.value) == "first"
+    assert step_numbers(tmp_path / "rank0.json.gz")[:2] == [2, 3]
+    assert not list(tmp_path.glob(".*partial*"))
+
+
+# ------------------------------------------------------------------ two jobs, one folder (#25 item 6)
+JOB_A = """
+import sys, time
+from fsdpdoctor.capture import capture
+with capture(sys.argv[1], fixed_window=False) as cap:
+    t0 = time.time()
+    while time.time() - t0 < float(sys.argv[2]):
+        time.sleep(0.01)
+        cap.step()
+"""
+
+
+@requires_torch
+def test_second_job_on_a_used_folder_writes_beside_it_with_a_warning(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    _, _, train_step = tiny(torch)
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    job_a = subprocess.Popen([sys.executable, "-c", JOB_A, str(out), "6"], env=env)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (out / "steps" / "rank0.steps").exists():
+            time.sleep(0.1)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with capture(out, wait=0, warmup=1, active=2) as b:
+                for _ in range(4):
+                    train_step()
+                    b.step()
+        assert job_a.poll() is None, "job A ended before job B started: the test proves nothing"
+    finally:
+        job_a.wait(timeout=120)
+    assert b.out_dir == tmp_path / "run-2"
+    assert any("in use by another running job" in str(w.message) and "run-2" in str(w.message) for w in caught)
+    assert step_numbers(tmp_path / "run-2" / "rank0.json.gz") == [1, 2]
+    assert json.loads((tmp_path / "run-2" / "manifest.json").read_text())["profiled_steps"] == [1, 2]
+    assert not (out / "rank0.json.gz").exists()   # job A's folder holds only job A's files
+    # the claims are released at the end: a later job takes the folder as given
+    with capture(out, fixed_window=False) as c:
+        c.step()
+    assert c.out_dir == out
+
+
+@requires_torch
+def test_temp_names_are_per_writer_and_a_full_disk_leaves_none(tmp_path, monkeypatch):
+    import errno
+
+    import torch
+    from torch.profiler import profile
+
+    from fsdpdoctor.capture import capture
+
+    seen = []
+
+    def full(self, path):
+        seen.append(Path(path).name)
+        Path(path).write_bytes(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(profile, "export_chrome_trace", full)
+    _, _, train_step = tiny(torch)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        with capture(tmp_path, wait=0, warmup=1, active=2) as cap:
+            for _ in range(4):
+                train_step()
+                cap.step()
+    assert seen and str(os.getpid()) in seen[0] and seen[0].startswith(".rank0.")
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".") and p.is_file()]
+
+
+# ------------------------------------------------------------------ the drift reference job, 2 ranks
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def drift(out: Path, *args, wait=True):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(REPO / "reference_jobs" / "drift.py"), "--out", str(out), *map(str, args)]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    if not wait:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
+
+
+def check_ok(rc: int, stderr: str, stdout: str):
+    # torch 2.13 + gloo: about 1 run in 20 aborts at interpreter exit with this message, also with no
+    # profiler (see test_capture.py); after rank 0 printed its last line the job's work is all done
+    if rc != 0 and "terminate called without an active exception" in stderr and "steps on 2 ranks" in stdout:
+        return
+    assert rc == 0, "\n".join(ln for ln in stderr.splitlines() if "USDT" not in ln)[-4000:]
+
+
+@requires_torch
+@pytest.mark.slow
+def test_lagging_rank_opens_a_window_that_names_it(tmp_path):
+    out = tmp_path / "run"
+    # a 4x slower step (rank 1 sleeps 3 healthy steps from step 60); min_rise 1.0 so that the load of a
+    # shared test machine (steps 1.5x slower for seconds) does not open a window first
+    # six profiled steps: enough for the straggler rule to tell a rank that is always last from chance
+    proc = drift(out, "--change", "lag", "--change-at", 60, "--min-rise", 1.0, "--window-steps", 6)
+    check_ok(proc.returncode, proc.stderr, proc.stdout)
+    wins = list(out.glob("window-*"))
+    assert len(wins) == 1, proc.stdout
+    manifest = json.loads((wins[0] / "manifest.json").read_text())
+    assert manifest["window"]["trigger"] == "anomaly" and manifest["window"]["first_step"] > 60
+    assert manifest["window"]["reason"].startswith("steps 6")
+    doc = json.loads(cli("analyze", out, "--json").stdout)
+    names = [(f["id"], f.get("ranks")) for f in doc["findings"]]
+    assert ("straggler", [1]) in names, (names, cli("analyze", out).stdout)
+
+
+@requires_torch
+@pytest.mark.slow
+def test_trigger_from_another_process_profiles_the_same_steps_on_both_ranks(tmp_path):
+    out = tmp_path / "run"
+    job = drift(out, "--change", "none", "--no-auto", "--steps", 160, wait=False)
+    try:
+        series = out / "steps" / "rank0.steps"
+        deadline = time.time() + 200
+        while time.time() < deadline and (not series.exists() or series.stat().st_size < 40 + 20 * 20):
+            time.sleep(0.2)
+        assert series.exists(), "the job wrote no step series"
+        trig = cli("trigger", out, "--steps", 4)
+        assert trig.returncode == 0 and "rank 0 takes it" in trig.stdout, trig.stdout + trig.stderr
+        stdout, stderr = job.communicate(timeout=400)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    check_ok(job.returncode, stderr, stdout)
+    wins = list(out.glob("window-*"))
+    assert len(wins) == 1
+    first = int(wins[0].name.split("-")[1])
+    steps = list(range(first, first + 4))
+    assert step_numbers(wins[0] / "rank0.json.gz") == steps == step_numbers(wins[0] / "rank1.json.gz")
+    assert json.loads((wins[0] / "manifest.json").read_text())["profiled_steps"] == steps
