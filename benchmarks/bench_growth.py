@@ -33,7 +33,7 @@ from pathlib import Path
 import msgspec
 
 REPO = Path(__file__).resolve().parents[1]
-CANDIDATES = [REPO.parent / "shared" / "traces-cuda", Path("/work/shared/traces-cuda")]
+CANDIDATES = [Path(os.environ.get("FSDPDOCTOR_SHARED") or REPO.parent / "shared") / "traces-cuda"]
 
 
 def make_ranks(src: Path, dst: Path, n: int) -> None:

@@ -45,7 +45,7 @@ class GRUClassifier(nn.Module):
 
 
 class Sequences(Dataset):
-    """Synthetic sequences; ``delay_s`` per batch once the loader is made slow (set by the loop)."""
+    """Synthetic sequences; ``delay_s`` per batch (spread over its samples) once the loader is made slow."""
 
     delay_s = 0.0
 
@@ -56,8 +56,8 @@ class Sequences(Dataset):
         return self.n
 
     def __getitem__(self, i):
-        if self.delay_s and i % BATCH == 0:
-            time.sleep(self.delay_s)
+        if self.delay_s:
+            time.sleep(self.delay_s / BATCH)
         g = torch.Generator().manual_seed(int(i))
         return torch.randn(SEQ, FEATURES, generator=g), int(torch.randint(CLASSES, (1,), generator=g))
 

@@ -314,12 +314,13 @@ def check_ok(rc: int, stderr: str, stdout: str):
 
 @requires_torch
 @pytest.mark.slow
-def test_lagging_rank_opens_a_window_that_names_it(tmp_path):
+@pytest.mark.parametrize("change,cause", [("lag", ("straggler", [1])), ("loader", ("input-bound", None))])
+def test_change_mid_run_opens_a_window_that_names_it(tmp_path, change, cause):
     out = tmp_path / "run"
-    # a 4x slower step (rank 1 sleeps 3 healthy steps from step 60); min_rise 1.0 so that the load of a
-    # shared test machine (steps 1.5x slower for seconds) does not open a window first
+    # a 4x slower step from step 60 (rank 1 sleeps, or its loader takes, 3 healthy steps); min_rise 1.0 so
+    # that the load of a shared test machine (steps 1.5x slower for seconds) does not open a window first;
     # six profiled steps: enough for the straggler rule to tell a rank that is always last from chance
-    proc = drift(out, "--change", "lag", "--change-at", 60, "--min-rise", 1.0, "--window-steps", 6)
+    proc = drift(out, "--change", change, "--change-at", 60, "--min-rise", 1.0, "--window-steps", 6)
     check_ok(proc.returncode, proc.stderr, proc.stdout)
     wins = list(out.glob("window-*"))
     assert len(wins) == 1, proc.stdout
@@ -327,8 +328,8 @@ def test_lagging_rank_opens_a_window_that_names_it(tmp_path):
     assert manifest["window"]["trigger"] == "anomaly" and manifest["window"]["first_step"] > 60
     assert manifest["window"]["reason"].startswith("steps 6")
     doc = json.loads(cli("analyze", out, "--json").stdout)
-    names = [(f["id"], f.get("ranks")) for f in doc["findings"]]
-    assert ("straggler", [1]) in names, (names, cli("analyze", out).stdout)
+    names = [(f["id"], f.get("ranks") if cause[1] else None) for f in doc["findings"]]
+    assert cause in names, (names, cli("analyze", out).stdout)
 
 
 @requires_torch
@@ -355,3 +356,54 @@ def test_trigger_from_another_process_profiles_the_same_steps_on_both_ranks(tmp_
     steps = list(range(first, first + 4))
     assert step_numbers(wins[0] / "rank0.json.gz") == steps == step_numbers(wins[0] / "rank1.json.gz")
     assert json.loads((wins[0] / "manifest.json").read_text())["profiled_steps"] == steps
+
+
+CTRL_C_JOB = """
+import sys, time, torch, torch.distributed as dist
+from fsdpdoctor.capture import capture
+dist.init_process_group("gloo")
+m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+with capture(sys.argv[1], model=m, optimizer=opt, wait=1, warmup=1, active=40) as cap:
+    for i in range(100):
+        m(torch.randn(32, 64)).sum().backward(); opt.step(); opt.zero_grad()
+        time.sleep(0.1)
+        cap.step()
+        if i == 5:
+            print(f"rank {dist.get_rank()} in window", flush=True)
+"""
+
+
+@requires_torch
+@pytest.mark.slow
+def test_ctrl_c_to_torchrun_inside_the_window(tmp_path):
+    """The terminal's Ctrl-C reaches every process; torchrun then sends the ranks a second SIGINT. Both
+    ranks write the steps recorded so far, the cut step is partial, no traceback runs through the capture."""
+    script = tmp_path / "job.py"
+    script.write_text(CTRL_C_JOB)
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(free_port()), str(script), str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env, start_new_session=True)
+    seen = []
+    try:
+        for line in p.stdout:
+            seen.append(line)
+            if "in window" in line:
+                break
+        time.sleep(1.0)
+        os.killpg(p.pid, signal.SIGINT)
+        seen.append(p.communicate(timeout=180)[0])
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    text = "".join(seen)
+    assert "fsdpdoctor/capture" not in text, text[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    (cut,) = manifest["partial_steps"]
+    assert manifest["profiled_steps"] == list(range(2, cut))
+    for r in (0, 1):
+        assert set(manifest["profiled_steps"]) <= set(step_numbers(out / f"rank{r}.json.gz"))
+    doc = json.loads(cli("analyze", out, "--json").stdout)
+    assert doc["job"]["steps"] == manifest["profiled_steps"]

@@ -13,13 +13,11 @@ import pytest
 
 from fsdpdoctor.diagnose.rules import RULE_IDS
 from fsdpdoctor.pipeline import open_analysis
+from shared_data import PUBLIC, needs_public
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces"
 SCENARIOS = sorted(p.parent.name for p in TRACES.glob("*/expected.json"))
-PUBLIC = next((p for p in (ROOT.parent / "shared" / "traces-public", Path("/work/shared/traces-public"))
-               if p.is_dir()), None)
-needs_public = pytest.mark.skipif(PUBLIC is None, reason="../shared/traces-public is not present")
 
 
 def ids(path, **kw) -> set[str]:

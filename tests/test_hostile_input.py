@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from fsdpdoctor.cli import main
+from shared_data import PUBLIC
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 DDP = TRACES / "ddp_default"
-_PUBLIC = [Path(__file__).resolve().parents[2] / "shared" / "traces-public", Path("/work/shared/traces-public")]
-PUBLIC = next((p for p in _PUBLIC if p.is_dir()), None)
 
 pytestmark = pytest.mark.skipif(not (DDP / "rank0.json.gz").exists(), reason="bundled traces not present")
 

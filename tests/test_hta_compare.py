@@ -13,10 +13,9 @@ import pytest
 
 import fsdpdoctor  # noqa: E402
 from fsdpdoctor.report import hta_compare as hc  # noqa: E402
+from shared_data import PUBLIC  # noqa: E402
 
 _HERE = Path(__file__).resolve()
-PUBLIC = next((p for p in (_HERE.parents[2] / "shared" / "traces-public", Path("/work/shared/traces-public"))
-               if p.is_dir()), None)
 # GPU traces with NCCL kernels and compute kernels on each rank
 NAMES = ["ddp_a100_rank0", "v100_trace_diff_test", "recsys_2_of_128_ranks"]
 

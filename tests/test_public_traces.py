@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 from intervals_ref import merge
+from shared_data import PUBLIC, needs_public
 
-CANDIDATES = [Path(__file__).resolve().parents[2] / "shared" / "traces-public", Path("/work/shared/traces-public")]
-ROOT = next((p for p in CANDIDATES if p.is_dir()), None)
-pytestmark = pytest.mark.skipif(ROOT is None, reason="public traces not found: looked for ../shared/traces-public "
-                                 "and /work/shared/traces-public (they are never copied into the repo)")
+ROOT = PUBLIC
+pytestmark = needs_public
 
 FOLDERS = ["ddp_a100_rank0", "recsys_2_of_128_ranks", "v100_trace_diff_test", "cpu_gloo_only",
            "resnet50_loader_num_workers_0", "resnet50_loader_num_workers_4", "mi300_rccl_ddp_act_checkpoint"]

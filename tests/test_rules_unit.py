@@ -377,3 +377,66 @@ def test_evidence_type_is_the_results_one():
     f = run_rules(RULES, analysis(ranks=1, steps=1, signals=Signals(dataloader=[_loader(0, 0.6)]), wrapping="none",
                                   data_loading_us=60 * MS), resolve(None))[0]
     assert all(isinstance(e, Evidence) for e in f.evidence)
+
+
+def test_low_overlap_is_the_exposed_time_seen_as_overlap_and_moves_with_it():
+    f = _diag(analysis(traits=GPU, backend="nccl", **comm("all_reduce", 30 * MS)))
+    assert f["low-overlap"].caused_by == "exposed-comm-high" and f["exposed-comm-high"].caused_by is None
+    # when the exposed time is the wait for a straggler, both go under the straggler (one level)
+    late = straggler_report(wait_us=50 * MS, own_frame="job.py(5): train")
+    f = _diag(analysis(traits=GPU, backend="nccl", straggler=late, **comm("all_reduce", 60 * MS)))
+    assert f["exposed-comm-high"].caused_by == "straggler" and f["low-overlap"].caused_by == "straggler"
+
+
+def test_mixed_backends_fold_the_communication_not_a_setting_nor_a_sleeper():
+    mixed = [_gloo_setup(0, kernels=0), _gloo_setup(1, kernels=0, backend="nccl")]  # no CUDA tensors
+    ag = collectives(2, 4, "all_gather", "backward", per_step=4, exposed_us=3 * MS)
+    late = straggler_report(wait_us=30 * MS, own_frame="job.py(5): train")
+    f = _diag(analysis(wrapping="fsdp1", prefetch=_fsdp1("none"), collective_events=ag, straggler=late,
+                       signals=Signals(setup=mixed), **comm("all_gather", 60 * MS)))
+    assert f["mixed-backends"].caused_by is None
+    assert f["exposed-comm-high"].caused_by in ("mixed-backends", "straggler")
+    assert f["fsdp1-no-backward-prefetch"].caused_by is None and f["straggler"].caused_by is None
+    slower = straggler_report(wait_us=30 * MS, cause="compute", own_frame=None)
+    f = _diag(analysis(signals=Signals(setup=mixed), straggler=slower, **comm("all_reduce", 60 * MS)))
+    assert f["straggler"].caused_by == "mixed-backends"
+
+
+def test_gpu_idle_waiting_for_a_sleeper_is_the_sleepers_not_the_backends():
+    # rank 0's host blocks 30 ms per step in the all-reduce waiting for rank 1, who sleeps in its own frame
+    waits = Signals(setup=[_gloo_setup(0), _gloo_setup(1)], sleep_sources={1: "job.py(5): train"},
+                    gpu_idle=[_idle("collective_wait", 30 * MS, 0), _idle("collective_wait", 0.0, 1)])
+    late = straggler_report(wait_us=30 * MS, own_frame="job.py(5): train")
+    f = _diag(analysis(traits=GPU, signals=waits, straggler=late, **comm("all_reduce", 15 * MS)))
+    assert f["gpu-idle"].caused_by == "straggler" and "gpu-idle" not in f["cpu-staged-collectives"].consequences
+    # the same idle with no rank late in its own work: gloo staging is what the GPU waits for
+    f = _diag(analysis(traits=GPU, signals=waits, **comm("all_reduce", 15 * MS)))
+    assert f["gpu-idle"].caused_by == "cpu-staged-collectives"
+
+
+def test_a_rank_given_more_work_is_never_the_backends():
+    skew = straggler_report(wait_us=30 * MS, cause="more work", own_frame=None)
+    f = _diag(analysis(signals=Signals(setup=[_gloo_setup(0), _gloo_setup(1)]), straggler=skew,
+                       **comm("all_reduce", 60 * MS)))
+    assert f["straggler"].caused_by is None and "(more work)" in f["straggler"].title
+    assert "length" in f["straggler"].fix
+
+
+def test_every_threshold_a_rule_reads_is_declared_in_its_source():
+    """A rule reading an undeclared threshold in a branch no test reaches would stop the diagnosis: read
+    the sources instead. Helpers beside the rules read no thresholds (they run under any rule)."""
+    import inspect
+    import re
+
+    from fsdpdoctor.diagnose.rules import RULE_MODULES, rules_of
+
+    read = re.compile(r"""ctx\.th\[["']([a-z_]+)["']\]""")
+    for module in RULE_MODULES:
+        rules = {r.fn.__name__: r for r in rules_of(module)}
+        for name, obj in vars(module).items():
+            fn = obj.fn if name in rules else obj
+            if not inspect.isfunction(fn) or fn.__module__ != module.__name__:
+                continue
+            names = set(read.findall(inspect.getsource(fn)))
+            allowed = set(rules[name].thresholds) if name in rules else set()
+            assert names <= allowed, f"{module.__name__}.{name} reads {names - allowed} undeclared"

@@ -23,12 +23,11 @@ from fsdpdoctor.results import DialectTraits
 from fsdpdoctor.pipeline import open_analysis
 
 from conftest import requires_torch
+from shared_data import PUBLIC
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = REPO / "traces"
 RUNS = ["straggler", "fsdp2_default", "ddp_default", "fsdp1_backward_pre", "host_sync"]
-CANDIDATES = [Path(__file__).resolve().parents[2] / "shared" / "traces-public", Path("/work/shared/traces-public")]
-PUBLIC = next((p for p in CANDIDATES if p.is_dir()), None)
 
 
 def doc(path, **kw) -> dict:

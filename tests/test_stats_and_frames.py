@@ -77,11 +77,12 @@ def test_enclosing_by_its_index_is_the_definition():
     from pathlib import Path
 
     from fsdpdoctor.analysis.context import RankContext
+    from fsdpdoctor.analysis.dialects import detect
     from fsdpdoctor.trace.loader import load_file
     from fsdpdoctor.trace.table import CPU_OP, PYFUNC
 
     t = load_file(Path(__file__).resolve().parents[1] / "traces" / "straggler" / "rank1.json.gz")
-    ctx = RankContext(t)
+    ctx = RankContext(t, detect(t))
     rng = np.random.default_rng(3)
     frames = t.rows_named(lambda n: True, cat=PYFUNC)           # sorted by start
     ops = np.nonzero(np.isin(t.cat, (CPU_OP, PYFUNC)))[0]        # in file order, many equal starts
@@ -99,6 +100,7 @@ def test_enclosing_by_its_index_breaks_ties_as_the_definition(tmp_path):
     import json
 
     from fsdpdoctor.analysis.context import RankContext
+    from fsdpdoctor.analysis.dialects import detect
     from fsdpdoctor.trace.loader import load_file
 
     rng = np.random.default_rng(5)
@@ -107,7 +109,7 @@ def test_enclosing_by_its_index_breaks_ties_as_the_definition(tmp_path):
     p = tmp_path / "rank0.json"
     p.write_text(json.dumps({"traceEvents": ev}))
     t = load_file(p)
-    ctx = RankContext(t)
+    ctx = RankContext(t, detect(t))
     rows = np.arange(len(t.ts))
     for rows in (rows, rng.permutation(rows)):
         for track in range(len(t.tracks) + 1):

@@ -26,11 +26,12 @@ from fsdpdoctor.tui.app import FsdpDoctorApp, display_name  # noqa: E402
 from fsdpdoctor.tui.findings import FindingList, FindingsPane, FixText, matches  # noqa: E402
 from fsdpdoctor.tui.screens import ErrorScreen, HelpScreen, LoadingScreen, RankPicker  # noqa: E402
 from fsdpdoctor.tui.tables import VimTable  # noqa: E402
+from shared_data import PUBLIC_DIR, SHARED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "traces"
 STRAGGLER = TRACES / "straggler"
-PUBLIC = Path("/work/shared/traces-public/recsys_2_of_128_ranks")
+RECSYS = PUBLIC_DIR / "recsys_2_of_128_ranks"
 
 needs_straggler = pytest.mark.skipif(not (STRAGGLER / "rank0.json.gz").exists(),
                                      reason="bundled trace traces/straggler not present")
@@ -428,15 +429,15 @@ def test_display_name_never_absolute(tmp_path):
     assert display_name(tmp_path / "run7") == "run7"
 
 
-@pytest.mark.skipif(not PUBLIC.exists(), reason="public traces not mounted")
+@pytest.mark.skipif(not RECSYS.exists(), reason="public traces not present (../shared or $FSDPDOCTOR_SHARED)")
 @timed
 async def test_public_trace_128_rank_job():
-    app = FsdpDoctorApp(PUBLIC)
+    app = FsdpDoctorApp(RECSYS)
     async with app.run_test(size=(120, 40)) as pilot:
         await loaded(app, pilot)
         text = dump(app)
         assert "world 128" in text and "recsys_2_of_128_ranks" in text
-        assert "/work/shared" not in text
+        assert str(SHARED) not in text
         await pilot.press("3")
         await pilot.pause()
         assert "all_to_all" in dump(app)

@@ -11,6 +11,7 @@ import numpy as np
 
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.results import Collective
+from fsdpdoctor.trace.vocabulary import KERNEL_LIBRARIES
 
 _COLLECTIVE_NAME_KIND = {
     "_allgather_base": "all_gather", "all_gather": "all_gather", "allgather": "all_gather",
@@ -28,7 +29,7 @@ _COLLECTIVE_NAME_KIND = {
     "batch_isend_irecv": "p2p", "sendrecv": "p2p",
     "gather": "other", "scatter": "other", "reduce": "other",
 }
-_KERNEL_RE = re.compile(r"^(?:nccl|rccl)(?:Dev|SymkDev)?Kernel_([A-Za-z]+)", re.I)
+_KERNEL_RE = re.compile(rf"^(?:{'|'.join(KERNEL_LIBRARIES)})(?:Dev|SymkDev)?Kernel_([A-Za-z]+)", re.I)
 _KERNEL_KIND = {"allgather": "all_gather", "reducescatter": "reduce_scatter", "allreduce": "all_reduce",
                 "broadcast": "broadcast", "reduce": "other", "sendrecv": "p2p", "send": "p2p", "recv": "p2p",
                 "alltoall": "all_to_all"}
@@ -36,8 +37,6 @@ _DTYPE_BYTES = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2
                 "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "char": 1, "bool": 1, "uint8": 1,
                 "int8": 1, "short": 2, "int16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
                 "unsigned char": 1, "signed char": 1, "c10::bfloat16": 2, "c10::half": 2}
-NOT_COLLECTIVE_OPS = ("c10d::wait", "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor")
-C10D_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
 
 
 def kind_from_collective_name(name: str | None) -> str | None:
@@ -62,8 +61,7 @@ def kind_from_kernel(name: str) -> str | None:
 
 
 def is_comm_kernel(name: str) -> bool:
-    low = name[:6].lower()
-    return low.startswith("nccl") or low.startswith("rccl")
+    return name[:6].lower().startswith(KERNEL_LIBRARIES)
 
 
 # Communication kernels of libraries other than NCCL/RCCL. Their names are the only description the

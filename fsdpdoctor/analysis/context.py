@@ -12,8 +12,8 @@ import numpy as np
 
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, PYFUNC, RUNTIME, RankTrace, distinct
+from fsdpdoctor.trace.vocabulary import STEP_NAME
 
-STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__")
 OPTIMIZER_PREFIX = "Optimizer.step#"
 BACKWARD_MARKERS = ("autograd::engine::evaluate_function:", "FSDP::root_post_backward_callback")
@@ -85,21 +85,12 @@ def is_user_frame(name: str) -> bool:
 class RankContext:
     """Lazily computed indexes over one ``RankTrace``."""
 
-    def __init__(self, trace: RankTrace, dialect=None):
+    def __init__(self, trace: RankTrace, dialect):
         self.t = trace
         self.end = trace.ts + trace.dur
         self._by_track: dict[int, tuple] = {}  # enclosing(): id(rows) -> (rows, its per-track index)
         self.notes: list[str] = []   # what the dialect could not classify or took on weaker evidence
-        if dialect is None:
-            from fsdpdoctor.analysis.dialects import detect  # dialects build on this module
-
-            dialect = detect(trace)
-        self.dialect_impl = dialect   # the ``Dialect`` that reads this rank
-
-    @property
-    def dialect(self) -> str:
-        """The dialect's family, "gpu" or "cpu" (``JobInfo.dialect``); branch on ``traits`` instead."""
-        return self.dialect_impl.family
+        self.dialect_impl = dialect   # the ``Dialect`` that reads this rank (``dialects.detect``)
 
     @property
     def traits(self):
@@ -108,7 +99,7 @@ class RankContext:
     # -- threads -------------------------------------------------------
     @cached_property
     def step_rows(self) -> np.ndarray:
-        rows = self.t.rows_named(lambda n: STEP_RE.match(n) is not None, cat=(ANNOTATION, CPU_OP))
+        rows = self.t.rows_named(lambda n: STEP_NAME.match(n) is not None, cat=(ANNOTATION, CPU_OP))
         if len(rows) == 0:
             return rows
         # keep one event per step number (some traces repeat them)

@@ -30,6 +30,7 @@ from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.stats import median
 from fsdpdoctor.results import IDLE_CAUSES, GpuIdle, GpuIdleStep
 from fsdpdoctor.trace.table import CPU_OP, DEVICE_CATEGORIES, PYFUNC, RUNTIME
+from fsdpdoctor.trace.vocabulary import COMM_OPS
 
 # A host thread that launches work runs a torch op every few tens of microseconds; a stretch of
 # 1 ms with no op at all is Python doing something else (between two ops of even a tiny model,
@@ -41,7 +42,6 @@ QUEUE_EMPTY_US = 50.0
 # Host time the profiler adds per recorded Python frame with with_stack=True: measured 200k calls of
 # a trivial Python function under torch.profiler (torch 2.13, CPU): 0.10 us/call without, 0.59 with.
 STACK_EVENT_COST_US = 0.5
-_COMM_OPS = ("c10d::", "_c10d_functional::", "c10d_functional::", "record_param_comms")
 _CAUSE_ORDER = ("data_loading", "collective_wait", "host_sync", "other", "launch")  # the first that holds
 _MAX_SOURCE_PIECES = 150  # longest idle pieces per cause looked up for a user frame (each lookup scans the frames)
 
@@ -113,7 +113,7 @@ def _cause_sets(ctx: RankContext, dev: np.ndarray) -> dict[str, np.ndarray]:
     # old traces record ProfilerStep#N as an op: it spans the step and says nothing about launching
     ops = ops[~np.isin(ops, ctx.step_rows)] if len(ctx.step_rows) else ops
     op_set = ctx.set_of(ops)
-    comm_ids = t.ids_with_prefix(_COMM_OPS)
+    comm_ids = t.ids_with_prefix(COMM_OPS)
     comm = ops[np.isin(t.name_id[ops], comm_ids)]
     collective = iv.union(ctx.set_of(comm) if len(comm) else iv.EMPTY, ctx.wait_set)
     # a sync drains the queue: its cost lasts until the device runs something again

@@ -21,7 +21,7 @@ from fsdpdoctor.results import (
 from fsdpdoctor.trace.identity import RankIdentity
 
 # Bump whenever what analyze_rank computes changes: older summaries are then rebuilt from the traces.
-ANALYSIS_VERSION = "4"
+ANALYSIS_VERSION = "5"
 SUMMARY_SUFFIX = ".summary.msgpack"
 
 

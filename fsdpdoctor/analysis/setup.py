@@ -11,6 +11,7 @@ from fsdpdoctor.analysis.breakdown import StepWindow
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.results import Collective, PrefetchStatus, RankSetup
 from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, KERNEL
+from fsdpdoctor.trace.vocabulary import GLOO_ANNOTATION
 
 SINGLE_RANK = "n/a (world size 1)"
 
@@ -34,7 +35,7 @@ def rank_setup(ctx: RankContext, windows: list[StepWindow], colls: list[Collecti
     return RankSetup(rank=t.rank, world_size=t.world_size, backend=backend, pg_backends=pg_backends,
                      default_pg_backend=default_backend,
                      device_kernels=int(np.count_nonzero(t.cat == KERNEL)),
-                     gloo_spans=int(len(t.rows_with_prefix("gloo:"))),
+                     gloo_spans=int(len(t.rows_with_prefix(GLOO_ANNOTATION))),
                      collectives=len(colls),
                      collective_kinds=sorted({c.kind for c in colls}),
                      has_backward=bool(len(bwd)), wrapper=wrapper)

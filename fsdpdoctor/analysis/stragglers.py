@@ -40,7 +40,8 @@ from fsdpdoctor.analysis.context import RankContext, is_user_frame
 from fsdpdoctor.analysis.rankresult import WorkCounts
 from fsdpdoctor.analysis.stats import median
 from fsdpdoctor.results import ClockReport, Collective, RankSummary, StragglerReport
-from fsdpdoctor.trace.table import CPU_OP, KERNEL, PYFUNC, SHAPED_OPS
+from fsdpdoctor.trace.table import CPU_OP, KERNEL, PYFUNC
+from fsdpdoctor.trace.vocabulary import SHAPED_OPS
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution -> its standard deviation
 

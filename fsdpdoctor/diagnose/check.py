@@ -35,9 +35,11 @@ class BudgetBreach:
 class CheckResult:
     analysis: Analysis
     fail_on: Severity
+    findings: list[Finding]          # the analysis' findings, then those of the run's hang dumps
     failing: list[Finding]           # findings at or above ``fail_on``
     budgets: list[BudgetBreach] = field(default_factory=list)
     comparison: Comparison | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def regressed(self) -> bool:
@@ -69,5 +71,10 @@ def budget_breaches(a: Analysis, limits: dict[Budget, float]) -> list[BudgetBrea
 
 
 def check(a: Analysis, fail_on: Severity = "warning", budgets: dict[Budget, float] | None = None,
-          comparison: Comparison | None = None) -> CheckResult:
-    return CheckResult(a, fail_on, at_or_above(a.findings, fail_on), budget_breaches(a, budgets or {}), comparison)
+          comparison: Comparison | None = None, hang: list[Finding] | None = None,
+          notes: list[str] | None = None) -> CheckResult:
+    """The gate on ``a``; ``hang``: the findings of the run's hang dumps (diagnose/hang.py), gated
+    like any other finding."""
+    findings = [*a.findings, *(hang or [])]
+    return CheckResult(a, fail_on, findings, at_or_above(findings, fail_on), budget_breaches(a, budgets or {}),
+                       comparison, list(notes or []))

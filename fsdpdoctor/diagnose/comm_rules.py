@@ -8,7 +8,8 @@ from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct, size
 
 
-@rule(ids=("exposed-comm-high", "low-overlap"), thresholds=("exposed_comm_frac", "exposed_comm_frac_sync", "overlap_low_frac"))
+@rule(ids=("exposed-comm-high", "low-overlap"),
+      thresholds=("exposed_comm_frac", "exposed_comm_frac_sync", "overlap_low_frac"))
 def exposed_comm(ctx: RuleContext) -> list[Finding]:
     m = ctx.a.mean
     if not m or m.comm_us <= 0 or m.compute_us + m.optimizer_us <= 0:
@@ -90,7 +91,8 @@ def _comm_fix(ctx: RuleContext, kind: str) -> str:
     return "Overlap communication with compute or reduce its volume"
 
 
-@rule(ids=("latency-bound-collectives", "low-bus-bandwidth"), thresholds=("small_message_bytes", "latency_bound_per_step", "low_busbw_gbps"))
+@rule(ids=("latency-bound-collectives", "low-bus-bandwidth"),
+      thresholds=("small_message_bytes", "latency_bound_per_step", "low_busbw_gbps"))
 def message_sizes(ctx: RuleContext) -> list[Finding]:
     out = []
     nrs = rank_steps(ctx)

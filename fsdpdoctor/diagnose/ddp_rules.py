@@ -16,7 +16,9 @@ def _grad_dtype_bytes(ctx: RuleContext) -> int:
     return 2 if any(k in str(dtype) for k in ("16", "half")) else 8 if "64" in str(dtype) else 4
 
 
-@rule(ids=("ddp-single-bucket", "ddp-tiny-buckets", "ddp-find-unused-unneeded", "grad-accum-without-no-sync"), thresholds=("ddp_single_bucket_overlap", "small_message_bytes", "ddp_tiny_buckets_per_backward", "ddp_tiny_bucket_bytes"))
+@rule(ids=("ddp-single-bucket", "ddp-tiny-buckets", "ddp-find-unused-unneeded", "grad-accum-without-no-sync"),
+      thresholds=("ddp_single_bucket_overlap", "small_message_bytes", "ddp_tiny_buckets_per_backward",
+                  "ddp_tiny_bucket_bytes"))
 def ddp_rules(ctx: RuleContext) -> list[Finding]:
     d = ctx.a.signals.ddp if ctx.a.signals else None
     if d is None:

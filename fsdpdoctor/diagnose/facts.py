@@ -86,11 +86,13 @@ def straggler_wait_mean_us(ctx: RuleContext) -> float:
 
 def straggler_in_own_frames(ctx: RuleContext) -> bool:
     """The straggler's lateness lies in its own work (a sleep, compute, I/O or logging frame only it runs,
-    or a measured cause other than 'the same work, slower'): no backend or wrapper fix removes it."""
+    more work in its steps, or a measured cause other than 'the same work, slower'): no backend or
+    wrapper fix removes it."""
     s = ctx.a.straggler
     if not straggler_verdict(ctx):
         return False
-    return own_work_frame(s) is not None or (s.cause or "") in ("sleep", "data loading", "host sync", "idle")
+    return own_work_frame(s) is not None or (s.cause or "") in ("more work", "sleep", "data loading", "host sync",
+                                                                 "idle")
 
 
 # ------------------------------------------------------------------ what idles the GPU

@@ -22,7 +22,8 @@ def fsdp1_backward_prefetch(ctx: RuleContext) -> list[Finding]:
     bwd_ag = [c for c in ctx.a.collective_events if c.kind == "all_gather" and c.phase == "backward"]
     nsteps = rank_steps(ctx)
     exposed = sum(c.exposed_us for c in bwd_ag) / nsteps
-    configured = ctx.wrap.get("backward_prefetch", "unknown (no manifest)") if ctx.a.job.wrapping_source == "manifest" else "unknown (no manifest)"
+    configured = (ctx.wrap.get("backward_prefetch", "unknown (no manifest)") if ctx.a.job.wrapping_source == "manifest"
+                  else "unknown (no manifest)")
     ev = [Evidence(f"{p.backward_prefetched} of {p.backward_all_gathers} backward all-gathers were issued by a "
                    f"prefetch ({p.backward_on_demand} on demand in _pre_backward_hook)"),
           Evidence(f"configured backward_prefetch: {configured}"),

@@ -7,7 +7,8 @@ would go away with the fix.
 
 from __future__ import annotations
 
-from fsdpdoctor.diagnose.facts import NO_BACKEND as _NO_BACKEND, cuda_gloo as _cuda_gloo, cuda_over_gloo, dominant_idle_cause
+from fsdpdoctor.diagnose.facts import NO_BACKEND as _NO_BACKEND, cuda_gloo as _cuda_gloo
+from fsdpdoctor.diagnose.facts import cuda_over_gloo, dominant_idle_cause
 from fsdpdoctor.diagnose.facts import idle_waits_on_straggler
 from fsdpdoctor.diagnose.facts import setups as _setups, straggler_in_own_frames, straggler_wait_mean_us
 from fsdpdoctor.diagnose.framework import RuleContext, rule
@@ -50,7 +51,8 @@ def cpu_staged_collectives(ctx: RuleContext) -> list[Finding]:
     # the host blocked in a collective) whatever the backend: a backend fix gives none of it back
     waiting = straggler_wait_mean_us(ctx) if straggler_in_own_frames(ctx) else 0.0
     impact = max(max(m.exposed_comm_us if m else 0.0, blocked) - waiting, 0.0)
-    extra = ["gpu-idle"] if dominant_idle_cause(ctx) == "collective_wait" and not idle_waits_on_straggler(ctx) else []
+    waits_here = dominant_idle_cause(ctx) == "collective_wait" and not idle_waits_on_straggler(ctx)
+    extra = ["gpu-idle"] if waits_here else []
     ev = [Evidence(f"rank {s.rank}: backend {s.backend or '?'}"
                    + (f", process groups {', '.join(s.pg_backends)}" if s.pg_backends else "")
                    + f", {s.device_kernels} device kernels, {s.gloo_spans} gloo spans", rank=s.rank)

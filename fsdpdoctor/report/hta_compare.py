@@ -41,8 +41,8 @@ import warnings
 from pathlib import Path
 
 from fsdpdoctor.results import Analysis, RankSummary
+from fsdpdoctor.trace.vocabulary import STEP_NAME
 
-_STEP_RE = re.compile(r"^ProfilerStep#\d+$")
 INSTALL_HINT = ("--compare-hta: HTA is not installed; `pip install traceinsight` "
                 "(or `pip install 'fsdpdoctor[hta]'`) is needed")
 
@@ -91,7 +91,7 @@ def last_profiler_step_start(path: Path, host_only: bool | None = None) -> float
     if host_only is None:
         host_only = _host_only_step_cut()
     t = load_file(path)
-    rows = t.rows_named(lambda n: _STEP_RE.match(n) is not None)
+    rows = t.rows_named(lambda n: STEP_NAME.match(n) is not None)
     if host_only:
         device_tracks = set(t.device_tracks())
         rows = rows[[int(t.cat[r]) not in (*DEVICE_CATEGORIES, GPU_ANNOTATION) and int(t.track[r]) not in device_tracks

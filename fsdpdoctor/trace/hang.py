@@ -305,13 +305,18 @@ def load_hang_dumps(run_dir: str | Path) -> HangDumps:
     return HangDumps(run_dir=str(root), dumps=dumps, world_size=world, vanished=vanished)
 
 
-def hang_note(path: str | Path) -> str | None:
-    """The note ``analyze`` adds when the run folder holds hang dumps."""
+def has_hang_dumps(path: str | Path) -> bool:
+    """The run folder holds the watchdog's dumps (``hang/rank<N>.json`` or faulthandler files)."""
     folder = Path(path) / FOLDER
     try:
-        if folder.is_dir() and any(DUMP_NAME.match(p.name) or FH_NAME.match(p.name) for p in folder.iterdir()):
-            return (f"{folder} holds hang dumps from the watchdog: run `fsdpdoctor hang {path}` for which rank "
-                    "stopped, where and why")
+        return folder.is_dir() and any(DUMP_NAME.match(p.name) or FH_NAME.match(p.name) for p in folder.iterdir())
     except OSError:
+        return False
+
+
+def hang_note(path: str | Path) -> str | None:
+    """The note ``analyze`` adds when the run folder holds hang dumps."""
+    if not has_hang_dumps(path):
         return None
-    return None
+    return (f"{Path(path) / FOLDER} holds hang dumps from the watchdog: run `fsdpdoctor hang {path}` for which rank "
+            "stopped, where and why")

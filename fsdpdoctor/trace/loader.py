@@ -21,13 +21,11 @@ import fsdpdoctor.trace.split as split
 from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.events import CorrArgs, corr_args, decode_trace, is_blank, raw_args
 from fsdpdoctor.trace.io import gzip_size, inflate, is_gzip, missing_reason, read_bytes, read_raw
+from fsdpdoctor.trace.vocabulary import STEP_NAME, keeps_args
 from fsdpdoctor.trace.table import (
-    DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, SHAPED_OPS, RankTrace, Track, category_code, distinct,
+    DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, RankTrace, Track, category_code, distinct,
 )
 
-# Names whose args we keep: everything communication-related, and the input shapes of model-level ops.
-_KEEP_ARGS = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms|nccl:|gloo:|nccl|rccl)"
-                        r"|^(?:" + "|".join(re.escape(n) for n in SHAPED_OPS) + r")$", re.I)
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)
 
 Progress = Callable[[str, int, int], None]  # (file name, files done, files total)
@@ -36,11 +34,6 @@ Progress = Callable[[str, int, int], None]  # (file name, files done, files tota
 def rank_from_filename(path: Path) -> int | None:
     m = _RANK_IN_NAME.search(path.name)
     return int(m.group(1)) if m and len(m.group(1)) < 10 else None
-
-
-def reads_args(name, cat) -> bool:
-    """Whether ``_build`` decodes this complete event's ``args`` (the sanitizer checks exactly those)."""
-    return bool(_KEEP_ARGS.match(name)) or category_code(cat) in (KERNEL, RUNTIME, MEMCPY, MEMSET)
 
 
 # what a malformed event raises in ``_build``: a list as name, text as ts, args that are not an object...
@@ -206,7 +199,7 @@ def _columns_fast(events: list):
     if ts.shape != (n,) or dur.shape != (n,) or not (np.isfinite(ts).all() and np.isfinite(dur).all()):
         return None
     cat = np.array([category_code(c) for c in cat_values], dtype=np.int8)[cat_ix] if n else np.empty(0, np.int8)
-    keep_name = np.fromiter((bool(_KEEP_ARGS.match(nm)) for nm in names), bool, len(names))
+    keep_name = np.fromiter((keeps_args(nm) for nm in names), bool, len(names))
     corr = np.full(n, -1, dtype=np.int64)
     args: dict[int, dict] = {}
     keep_rows = np.nonzero(keep_name[nid])[0] if n else np.empty(0, np.int64)
@@ -272,7 +265,7 @@ def _columns_per_event(events: list):
             code = category_code(e.cat if isinstance(e.cat, str) or e.cat is None else str(e.cat))
             a = cid = None
             nid = name_index.get(name)
-            keep = keep_name.get(nid) if nid is not None else bool(_KEEP_ARGS.match(name))
+            keep = keep_name.get(nid) if nid is not None else keeps_args(name)
             if keep:
                 a = raw_args(e.args)
                 cid = a.get("correlation", -1)
@@ -380,11 +373,8 @@ def input_files(path: Path, dq: DataQuality) -> tuple[dict | None, list[Path]]:
     return manifest, files
 
 
-_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
-
-
 def _steps_of(t: RankTrace) -> set[int]:
-    return {int(m.group(1)) for m in map(_STEP_NAME.match, t.names) if m}
+    return {int(m.group(1)) for m in map(STEP_NAME.match, t.names) if m}
 
 
 def _merge_cycles(traces: list[RankTrace], manifest: dict | None) -> list[RankTrace]:

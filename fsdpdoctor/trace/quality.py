@@ -37,6 +37,7 @@ import numpy as np
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import RankDataQuality
 from fsdpdoctor.trace.table import ANNOTATION, CATEGORY_NAMES, CPU_OP, RankTrace, category_code
+from fsdpdoctor.trace.vocabulary import STEP_NAME, is_comm_name, reads_args
 
 # A profiler clock is an int64 count of nanoseconds: no real start or duration exceeds 2^63 ns.
 MAX_CLOCK_US = 2.0 ** 63 / 1e3
@@ -51,14 +52,7 @@ REACH_FACTOR = 10.0
 # cannot be judged against them).
 MIN_EVENTS_FOR_REACH = 50
 
-_COMM_NAME = re.compile(r"^(c10d::|_c10d_functional::|c10d_functional::|record_param_comms|nccl:|gloo:)|nccl|rccl",
-                        re.I)
-_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 _SCALARS = (int, float, str)
-
-
-def is_comm_name(name: str) -> bool:
-    return bool(_COMM_NAME.search(name))
 
 
 def _kind(name: Any, cat: Any) -> str:
@@ -152,7 +146,6 @@ def sanitize(events: list, drops: Drops) -> list:
     """The events whose fields have the types the loader reads; the others counted in ``drops``.
 
     Only run when the fast path met a malformed event: it decodes ``args`` where the loader would."""
-    from fsdpdoctor.trace.loader import reads_args  # the loader decides whose args it reads
 
     out = []
     for e in events:
@@ -327,7 +320,7 @@ def _reach_outliers(ts: np.ndarray, end: np.ndarray, ok: np.ndarray) -> np.ndarr
 
 def _bad_steps(t: RankTrace, end: np.ndarray, keep: np.ndarray) -> dict[str, np.ndarray]:
     """ProfilerStep annotations out of order or overlapping the next step on the same thread."""
-    ids = {i: int(m.group(1)) for i, m in ((i, _STEP_NAME.match(n)) for i, n in enumerate(t.names)) if m}
+    ids = {i: int(m.group(1)) for i, m in ((i, STEP_NAME.match(n)) for i, n in enumerate(t.names)) if m}
     if not ids:
         return {}
     rows = np.nonzero(np.isin(t.name_id, list(ids)) & np.isin(t.cat, (ANNOTATION, CPU_OP)) & keep)[0]
@@ -392,7 +385,7 @@ def _filter(t: RankTrace, keep: np.ndarray) -> RankTrace:
 
 
 def _step_time(t: RankTrace) -> tuple[np.ndarray, np.ndarray]:
-    ids = [i for i, n in enumerate(t.names) if _STEP_NAME.match(n)]
+    ids = [i for i, n in enumerate(t.names) if STEP_NAME.match(n)]
     rows = np.nonzero(np.isin(t.name_id, ids) & np.isin(t.cat, (ANNOTATION, CPU_OP)))[0] if ids else []
     if len(rows):
         return t.ts[rows], t.ts[rows] + t.dur[rows]

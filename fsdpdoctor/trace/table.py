@@ -31,11 +31,6 @@ _CATEGORY_CODES = {
     "gpu_user_annotation": GPU_ANNOTATION,
 }
 DEVICE_CATEGORIES = (KERNEL, MEMCPY, MEMSET)
-# Model-level ops whose recorded input shapes (``Input Dims``, record_shapes=True) measure how much
-# work a step gives a rank: longer sequences, larger images or batches grow their first input.
-SHAPED_OPS = ("aten::linear", "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::embedding", "aten::lstm",
-              "aten::gru", "aten::rnn_tanh", "aten::rnn_relu", "aten::matmul", "aten::bmm",
-              "aten::scaled_dot_product_attention", "aten::layer_norm")
 # _rows_of_ids: up to this many names, their rows come from the per-name index (a slice per name)
 _INDEXED_IDS_MAX = 64
 
@@ -107,11 +102,6 @@ class RankTrace:
     @property
     def n_events(self) -> int:
         return len(self.ts)
-
-    @property
-    def dialect(self) -> str:
-        """"gpu" when the trace holds device kernels, else "cpu"."""
-        return "gpu" if bool(np.any(self.cat == KERNEL)) else "cpu"
 
     def ids_of(self, predicate) -> np.ndarray:
         """Name ids whose string satisfies ``predicate`` (evaluated once per distinct name)."""

@@ -15,17 +15,18 @@ import numpy as np
 
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.collectives import (
-    C10D_PREFIXES, NOT_COLLECTIVE_OPS, dtype_bytes, is_comm_kernel, is_flop_heavy, kind_from_collective_name,
-    kind_from_kernel, kind_from_op, kind_from_words, other_library_comm, to_int,
+    dtype_bytes, is_comm_kernel, is_flop_heavy, kind_from_collective_name, kind_from_kernel, kind_from_op,
+    kind_from_words, other_library_comm, to_int,
 )
 from fsdpdoctor.analysis.context import RankContext
-from fsdpdoctor.analysis.dialects.gloo_cpu import extract_spans
 from fsdpdoctor.analysis.dialects.base import (
     CollectiveRecord, StepWindow, Timelines, comm_by_kind_and_phase, cycle_index, host_step_windows,
 )
+from fsdpdoctor.analysis.dialects.host_spans import extract_spans
 from fsdpdoctor.analysis.stats import member
 from fsdpdoctor.results import Collective, DialectTraits
 from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, RankTrace
+from fsdpdoctor.trace.vocabulary import C10D_PREFIXES, NCCL_ANNOTATION, NOT_COLLECTIVE_OPS, PARAM_COMMS
 
 
 class NcclGpu:
@@ -152,9 +153,9 @@ def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
     rows = kernels[is_comm | with_meta]
     if len(rows) == 0:
         return []
-    param_rows = t.rows_named(lambda n: n == "record_param_comms", cat=CPU_OP)
+    param_rows = t.rows_named(lambda n: n == PARAM_COMMS, cat=CPU_OP)
     op_rows = t.rows_named(lambda n: n.startswith(C10D_PREFIXES) and not n.startswith(NOT_COLLECTIVE_OPS), cat=CPU_OP)
-    nccl_ann = t.rows_with_prefix("nccl:", cat=(ANNOTATION, CPU_OP))
+    nccl_ann = t.rows_with_prefix(NCCL_ANNOTATION, cat=(ANNOTATION, CPU_OP))
     out = []
     for r, launch in zip(rows.tolist(), ctx.launch_rows(rows).tolist()):  # kernel, its launching runtime call
         kname = t.name(r)

@@ -340,22 +340,22 @@ class Analysis:
     def from_json(cls, text: str | bytes) -> "Analysis":
         return cls.from_dict(json.loads(text))
 
-    # pandas views (fsdpdoctor/api.py; pandas is imported only when one is asked for)
+    # pandas views (results/frames.py; pandas is imported only when one is asked for)
     def steps_df(self):
         """rank x step x component: ``rank, step, component, us, share, step_us``."""
-        from fsdpdoctor.api import steps_df
+        from fsdpdoctor.results.frames import steps_df
         return steps_df(self)
 
     def collectives_df(self, events: bool = False):
-        from fsdpdoctor.api import collectives_df
+        from fsdpdoctor.results.frames import collectives_df
         return collectives_df(self, events=events)
 
     def ranks_df(self):
-        from fsdpdoctor.api import ranks_df
+        from fsdpdoctor.results.frames import ranks_df
         return ranks_df(self)
 
     def findings_df(self):
-        from fsdpdoctor.api import findings_df
+        from fsdpdoctor.results.frames import findings_df
         return findings_df(self)
 
 

@@ -1,0 +1,57 @@
+"""The trace vocabulary: the event names torch.profiler, torch.distributed and the communication
+libraries write, by which a step or a communication event is recognised.
+
+Every module that recognises one by name takes the name from here; a dialect
+(``analysis/dialects``) adds its own library's names (gloo's worker spans, NCCL's kernels) on top.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fsdpdoctor.trace.table import KERNEL, MEMCPY, MEMSET, RUNTIME, category_code
+
+# torch.profiler's annotation of step N (``prof.step()``)
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+
+# torch.distributed's host ops: c10d's (eager) and the functional collectives' (traced, DTensor)
+C10D_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
+# the profiler's record of one collective call's parameters (sizes, dtype, process group)
+PARAM_COMMS = "record_param_comms"
+COMM_OPS = C10D_PREFIXES + (PARAM_COMMS,)
+# ops named like collectives that only wait for one
+NOT_COLLECTIVE_OPS = ("c10d::wait", "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor")
+# the communication libraries' own annotations (``nccl:all_reduce``, ``gloo:all_gather``)
+NCCL_ANNOTATION, GLOO_ANNOTATION = "nccl:", "gloo:"
+LIBRARY_ANNOTATIONS = (NCCL_ANNOTATION, GLOO_ANNOTATION)
+# device communication kernels are named after their library (``ncclDevKernel_...``, ``rcclKernel...``)
+KERNEL_LIBRARIES = ("nccl", "rccl")
+# Model-level ops whose recorded input shapes (``Input Dims``, record_shapes=True) measure how much
+# work a step gives a rank: longer sequences, larger images or batches grow their first input.
+SHAPED_OPS = ("aten::linear", "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::embedding", "aten::lstm",
+              "aten::gru", "aten::rnn_tanh", "aten::rnn_relu", "aten::matmul", "aten::bmm",
+              "aten::scaled_dot_product_attention", "aten::layer_norm")
+
+_ALTERNATIVES = "|".join(map(re.escape, COMM_OPS + LIBRARY_ANNOTATIONS))
+# names whose ``args`` the loader keeps, in any case: everything that starts like communication
+# (sizes, dtypes, groups, sequence numbers), and the model-level ops (their input shapes)
+_KEEP_ARGS = re.compile(rf"^({_ALTERNATIVES}|{'|'.join(KERNEL_LIBRARIES)})"
+                        rf"|^(?:{'|'.join(map(re.escape, SHAPED_OPS))})$", re.I)
+# a communication event: starts like a host op or an annotation, or names a library anywhere
+_COMM_NAME = re.compile(rf"^({_ALTERNATIVES})|{'|'.join(KERNEL_LIBRARIES)}", re.I)
+
+
+def keeps_args(name: str) -> bool:
+    """Whether the loader keeps the ``args`` of events of this name (communication metadata, shapes)."""
+    return _KEEP_ARGS.match(name) is not None
+
+
+def reads_args(name, cat) -> bool:
+    """Whether the loader decodes this complete event's ``args`` (the sanitizer checks exactly those):
+    communication metadata, and the correlation id of device and runtime events."""
+    return keeps_args(name) or category_code(cat) in (KERNEL, RUNTIME, MEMCPY, MEMSET)
+
+
+def is_comm_name(name: str) -> bool:
+    """Whether an event of this name is communication (an op, an annotation or a kernel)."""
+    return _COMM_NAME.search(name) is not None
