@@ -323,14 +323,15 @@ class Capture:
         if self._started:
             return self
         self._started = True
-        if self._watch is not None:
-            self._watch.start()
         try:
             self.rank, self.world_size, self._has_pg = _rank_world()
         except Exception as exc:  # pragma: no cover
             _warn(f"rank {self.rank}: cannot determine rank ({exc}); assuming rank 0 of 1")
         self._gather_hosts()
         self._arm()
+        if self._watch is not None:
+            self._watch.out_dir = self.out_dir  # the folder this job writes to (see _arm)
+            self._watch.start()
         if self.ranks is not None and self.rank not in self.ranks:
             return self  # not profiled: no profiler at all
         track_fsdp2_prefetch_calls()
@@ -577,6 +578,8 @@ class Capture:
                 key = self._folder_key()
                 if self._store.check([key]):
                     self.out_dir = Path(self._store.get(key).decode())
+                    if self._watch is not None:
+                        self._watch.out_dir = self.out_dir
                     self._folder_known = True
                     return
             except Exception:
