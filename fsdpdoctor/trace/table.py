@@ -84,7 +84,9 @@ class RankTrace:
     format: str              # "kineto" or "event-list"
     rank_source: str         # "distributedInfo", "file name" or "default"
     distributed_info: dict = field(default_factory=dict)
-    memory_events: list[dict] = field(default_factory=list)   # the [memory] instants, Chrome form
+    # the allocator samples ([memory] instants): (phase, ts, raw args, MemoryArgs); as the profiler
+    # wrote them: loader.allocator_samples
+    memory_events: list[tuple] = field(default_factory=list)
     unreadable_events: int = 0   # complete events skipped because a field could not be read (ill-typed)
     quality: "RankDataQuality | None" = None   # what trace/quality.py dropped from this file
     base_time_ns: int | None = None            # baseTimeNanoseconds: ts + base = wall clock (job identity)
