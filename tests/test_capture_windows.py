@@ -468,3 +468,14 @@ async def test_tui_moves_between_the_windows_of_a_run(tmp_path):
         await app.workers.wait_for_complete()
         await pilot.pause()
         assert Path(str(app.analysis.source)).name == "window-300"
+
+
+def test_a_run_with_only_its_step_series_points_at_steps_and_trigger(tmp_path):
+    from fsdpdoctor.capture.series import SeriesWriter, encode_records, series_path
+
+    w = SeriesWriter(series_path(tmp_path, 0), 0, 1, time.time_ns())
+    w.append(encode_records(0, [10_000_000, 20_000_000], 0, 0, {}))
+    w.close()
+    out = cli("analyze", tmp_path)
+    assert out.returncode == 2 and "fsdpdoctor steps" in out.stderr and len(out.stderr.splitlines()) == 1
+    assert cli("steps", tmp_path).returncode == 0

@@ -83,6 +83,9 @@ def resolve_window(path: Path, window: int | None) -> tuple[Path, str | None]:
     if not subs:
         if window is not None:
             raise InputError(path, "--window needs a run folder with window-<step> folders (none here)")
+        if wins == [] and path.is_dir() and (path / "steps").is_dir():
+            raise InputError(path, f"no profiled window yet, only the step series: `fsdpdoctor steps {path}` shows "
+                                   f"it, `fsdpdoctor trigger {path}` asks the running job for a window")
         return path, None
     if window is None:
         chosen = wins[-1]
