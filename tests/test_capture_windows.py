@@ -479,3 +479,26 @@ def test_a_run_with_only_its_step_series_points_at_steps_and_trigger(tmp_path):
     out = cli("analyze", tmp_path)
     assert out.returncode == 2 and "fsdpdoctor steps" in out.stderr and len(out.stderr.splitlines()) == 1
     assert cli("steps", tmp_path).returncode == 0
+
+
+def test_a_full_disk_leaves_no_summary_temp_file(tmp_path, monkeypatch):
+    import errno
+    import shutil
+
+    from fsdpdoctor.cli import main
+
+    trace = TRACES / "straggler" / "rank0.json.gz"
+    if not trace.exists():
+        pytest.skip("bundled traces not present")
+    shutil.copy(trace, tmp_path / "rank0.json.gz")
+    real = Path.write_bytes
+
+    def full(self, data):
+        if self.name.endswith(".tmp"):
+            real(self, data[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    main(["summarize", str(tmp_path / "rank0.json.gz"), "--quiet", "--no-progress", "--jobs", "1"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json.gz"]

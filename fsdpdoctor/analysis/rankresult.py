@@ -163,10 +163,14 @@ def summary_path(trace_path: Path) -> Path:
 
 
 def write(r: RankResult, path: Path) -> None:
-    """Atomic: a reader never sees half a summary."""
+    """Atomic: a reader never sees half a summary; a failed write (a full disk) leaves no temp file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(encode(r))
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(encode(r))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_current(trace_path: Path) -> RankResult | None:
