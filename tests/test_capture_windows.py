@@ -502,3 +502,18 @@ def test_a_full_disk_leaves_no_summary_temp_file(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "write_bytes", full)
     main(["summarize", str(tmp_path / "rank0.json.gz"), "--quiet", "--no-progress", "--jobs", "1"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json.gz"]
+
+
+@pytest.mark.skipif(not (TRACES / "straggler" / "rank0.json.gz").exists(), reason="bundled traces not present")
+def test_a_window_the_job_died_in_is_named_and_skipped(tmp_path):
+    import shutil
+
+    shutil.copytree(TRACES / "straggler", tmp_path / "window-20")
+    (tmp_path / "window-90").mkdir()   # killed while exporting: only a temp file of its writer
+    (tmp_path / "window-90" / ".rank0.123.abcd1234.partial.json.gz").write_bytes(b"\x1f\x8b")
+    out = cli("analyze", tmp_path, "--json")
+    assert out.returncode == 0, out.stderr
+    note = json.loads(out.stdout)["notes"][0]
+    assert "window-20" in note and "without a trace (the job ended first): window-90" in note
+    out = cli("analyze", tmp_path, "--window", 90)
+    assert out.returncode == 2 and "holds no trace" in out.stderr
