@@ -837,7 +837,11 @@ class Capture:
             argv = ["summarize", str(path), "--quiet", "--no-progress", "--jobs", "1"]
             if self._param_dtype:
                 argv += ["--param-dtype", str(self._param_dtype)]
-            code = f"import os,sys; os.nice(10); from fsdpdoctor.cli import main; sys.exit(main({argv!r}))"
+            # the child imports this very fsdpdoctor: ``-c`` would put the job's working folder first on
+            # the path, where a folder named fsdpdoctor (a checkout) would be imported instead
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            code = (f"import os,sys; sys.path[:] = [{root!r}] + [p for p in sys.path if p not in ('', '.')]; "
+                    f"os.nice(10); from fsdpdoctor.cli import main; sys.exit(main({argv!r}))")
             subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
         except Exception as exc:

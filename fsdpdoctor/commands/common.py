@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import contextmanager
 
@@ -75,6 +76,8 @@ def progress_bar(enabled: bool):
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from fsdpdoctor.trace.io import showing_bytes
+
     with Progress(TextColumn("loading {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task("traces", total=None)
@@ -82,19 +85,25 @@ def progress_bar(enabled: bool):
         def cb(name: str, done: int, total: int) -> None:
             prog.update(task, description=name or "done", completed=done, total=total)
 
-        yield cb
+        def read(name: str, done: int, total: int) -> None:  # within one large trace: how far it is read
+            prog.update(task, description=f"{name} ({done / 2**20:,.0f} of {total / 2**20:,.0f} MiB read)")
+
+        with showing_bytes(read):
+            yield cb
 
 
 def run_analysis(args):
     from fsdpdoctor.pipeline import open_analysis
-    from fsdpdoctor.trace.hang import hang_note
 
     with progress_bar(not args.no_progress) as cb:
         analysis = open_analysis(args.path, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps),
                                  window=getattr(args, "window", None),
                                 thresholds=parse_thresholds(args), progress=cb, **engine_kwargs(args))
-    if note := hang_note(args.path):
-        analysis.notes.append(note)
+    if os.path.isdir(os.path.join(args.path, "hang")):  # the dump reader loads only where there may be dumps
+        from fsdpdoctor.trace.hang import hang_note
+
+        if note := hang_note(args.path):
+            analysis.notes.append(note)
     return analysis
 
 

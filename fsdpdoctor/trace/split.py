@@ -27,7 +27,7 @@ import numpy as np
 
 from fsdpdoctor.engines.forking import can_fork, forked_shares
 from fsdpdoctor.trace.events import _events_decoder, decode_trace
-from fsdpdoctor.trace.io import GZIP_ERRORS, inflater
+from fsdpdoctor.trace.io import GZIP_ERRORS, bytes_read, inflater
 
 # JSON per piece decoded in this process: small enough that a piece's events stay in cache, large
 # enough that the per-piece costs (a copy, a decode call, a join) stay small; the analysis of the
@@ -41,10 +41,12 @@ _STREAM_CHUNK = 4 * PIECE_BYTES     # inflated at a time by ``stream_columns``
 # slower (v100 118 -> 114-118 ms, ResNet 89 -> 81-83 ms); on the 9.8 MB ddp_a100 trace it was ~3 ms
 # slower in a fresh process (46 -> 48 ms), and 4 MiB of peak is not worth that
 STREAM_MIN_BYTES = 16 << 20
-# below this much JSON, forking and joining cost about what a second core saves: on 2 vCPUs a 9.8 MB
-# trace analysed in two forked shares took 45-61 ms against 49-55 ms in one process (medians of two
-# runs of 9-15); at 17 MB from 25 % less (H100 FSDP2) to 6 % more (MI300), at 33 MB 17 % less
-SPLIT_MIN_BYTES = 16 << 20
+# below this much JSON, a second core is not worth its CPU: a forked share decodes as slowly as this
+# process does and adds the fork, the transfer of its columns and two processes' contention. On the
+# 24-33 MB public traces the whole `analyze --json` process took 35-45 ms more CPU in forked shares
+# (v100 0.32 -> 0.36 s, ResNet 0.27 -> 0.30 s, medians of 7 on 2 vCPUs) for at most 17 % of the
+# load's wall time on an idle machine (none on a busy one); from 64 MB the saving is over 0.1 s
+SPLIT_MIN_BYTES = 64 << 20
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _KEY = b'"traceEvents"'
 _OPEN = re.compile(rb"\s*:\s*\[")
@@ -98,15 +100,17 @@ def cut_points(data: bytes, start: int, end: int, pieces: int) -> list[tuple[int
     return ranges
 
 
-def _piece_columns(data: bytes, begin: int, end: int, columns):
+def _piece_columns(data: bytes, begin: int, end: int, columns, path=""):
     """The columns of the events in ``data[begin:end]``, decoded in pieces of about ``PIECE_BYTES``
-    one after the other; None when some piece is not a clean run of readable events."""
+    one after the other; None when some piece is not a clean run of readable events. Progress is told
+    in bytes of the whole file, at the pace of this range (the shares of one file go at one pace)."""
     parts = []
     for b, e in cut_points(data, begin - 1, end, max(1, (end - begin) // PIECE_BYTES)):
         part = _one_piece(memoryview(data)[b:e], columns)
         if part is None:
             return None
         parts.append(part)
+        bytes_read(path, (e - begin) * len(data) // (end - begin), len(data))
     return parts[0] if len(parts) == 1 else join_columns(parts)
 
 
@@ -135,6 +139,7 @@ def stream_columns(raw: bytes, path, columns):
         while True:
             out = d.decompress(rest, _STREAM_CHUNK)
             rest = d.unconsumed_tail
+            bytes_read(path, len(raw) - len(rest), len(raw))
             if pos > len(pending) // 2:  # drop what was decoded, now and then (a copy of the rest)
                 del pending[:pos]
                 pos = 0
@@ -212,9 +217,9 @@ def decode_columns(data: bytes, path, workers: int, columns):
         return None
     ranges = cut_points(data, start, end, workers)
     if len(ranges) < 2:
-        got = _piece_columns(data, start + 1, end, columns)
+        got = _piece_columns(data, start + 1, end, columns, path)
         return None if got is None else (meta, got)
-    parts = forked_shares([lambda b=b, e=e: _piece_columns(data, b, e, columns) for b, e in ranges])
+    parts = forked_shares([lambda b=b, e=e: _piece_columns(data, b, e, columns, path) for b, e in ranges])
     if any(p is None for p in parts):  # a failed share (``_one_piece`` refuses unreadable events too)
         return None
     return meta, join_columns(parts)
