@@ -406,10 +406,10 @@ def _merge_cycles(traces: list[RankTrace], manifest: dict | None) -> list[RankTr
     cycles = (manifest or {}).get("cycle_files") if isinstance((manifest or {}).get("cycle_files"), dict) else None
     out = []
     for rank, group in by_rank.items():
-        if len(group) == 1 or any(t.rank_source == "default" for t in group):
+        if len(group) == 1:
             out.extend(group)
             continue
-        if cycles is not None:
+        if cycles is not None and not any(t.rank_source == "default" for t in group):
             listed = set(cycles.get(str(rank), []))
             same_job = listed and all(t.path.name in listed for t in group)
         else:
@@ -464,4 +464,9 @@ def merge_rank_traces(parts: list[RankTrace]) -> RankTrace:
         memory_events=[e for t in parts for e in t.memory_events],
         has_stacks=any(t.has_stacks for t in parts), format=first.format, rank_source=first.rank_source,
         distributed_info=first.distributed_info, quality=quality.merged([t.quality for t in parts]),
-        base_time_ns=first.base_time_ns, unreadable_events=sum(t.unreadable_events for t in parts))
+        base_time_ns=first.base_time_ns, unreadable_events=sum(t.unreadable_events for t in parts),
+        cycles=sorted(span for t in parts for span in (t.cycles or [_span(t)]) if span is not None))
+
+
+def _span(t: RankTrace) -> tuple[float, float] | None:
+    return (float(t.ts.min()), float((t.ts + t.dur).max())) if t.n_events else None

@@ -90,6 +90,9 @@ class RankTrace:
     unreadable_events: int = 0   # complete events skipped because a field could not be read (ill-typed)
     quality: "RankDataQuality | None" = None   # what trace/quality.py dropped from this file
     base_time_ns: int | None = None            # baseTimeNanoseconds: ts + base = wall clock (job identity)
+    # profiler cycles joined into this table (one file each): (first start, last end) per cycle, in time order;
+    # empty for one file. A step never spans two of them: the time between cycles was not recorded
+    cycles: list[tuple[float, float]] = field(default_factory=list)
     _sorted_names: tuple | None = field(default=None, repr=False, compare=False)  # ids_with_prefix's index
     _ids_by_cat: dict | None = field(default=None, repr=False, compare=False)      # ids_in_categories' cache
     _rows_by_id: tuple | None = field(default=None, repr=False, compare=False)     # _rows_of_ids' index
