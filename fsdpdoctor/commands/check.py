@@ -5,6 +5,7 @@ from __future__ import annotations
 from fsdpdoctor.commands.base import add_analysis_flags, print_json
 from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds, run_analysis
 from fsdpdoctor.errors import InputError
+from fsdpdoctor.trace.io import check_output, write_atomic
 
 
 def _percent(v: str) -> float:
@@ -47,6 +48,8 @@ def run(args) -> int:
     limits = {budget: _percent(limit) for budget, limit in (("exposed_comm", args.max_exposed_comm),
                                                            ("data_loading", args.max_data_loading),
                                                            ("idle", args.max_idle)) if limit is not None}
+    if args.junit:
+        check_output(args.junit, [args.path])
     a = run_analysis(args)
     hang, notes = _hang(args)
     res = check(a, args.fail_on, limits, _baseline(args, a) if args.baseline else None, hang, notes)
@@ -64,8 +67,7 @@ def run(args) -> int:
         from fsdpdoctor.report.junit import to_junit
 
         try:
-            with open(args.junit, "w") as fh:
-                fh.write(to_junit(a, res.failing, RULE_IDS + (HANG_IDS if hang else [])))
+            write_atomic(args.junit, to_junit(a, res.failing, RULE_IDS + (HANG_IDS if hang else [])))
         except OSError as exc:
             raise InputError(args.junit, f"cannot write JUnit file: {exc.strerror or exc}") from None
     return 0 if res.passed else 1

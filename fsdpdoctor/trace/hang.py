@@ -17,6 +17,7 @@ from pathlib import Path
 from fsdpdoctor.hang_format import (DUMP_NAME, DUMP_VERSION, FAULTHANDLER_NAME, FOLDER, FaultHeader,
                                             parse_header)
 from fsdpdoctor.errors import InputError
+from fsdpdoctor.trace.io import DOCUMENT_MAX, read_raw, read_text
 
 FH_NAME = FAULTHANDLER_NAME
 FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[([^\]]*)\])? \(most recent call first\):")
@@ -161,9 +162,7 @@ def _fr_entry(e, path: Path) -> FrEntry:
 
 def read_json_dump(path: Path) -> RankDump:
     try:
-        doc = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+        doc = json.loads(read_raw(path, DOCUMENT_MAX))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(path, f"not valid JSON ({exc})") from None
     if not isinstance(doc, dict) or "fsdpdoctor_hang" not in doc:
@@ -221,10 +220,7 @@ def read_faulthandler(path: Path) -> RankDump | None:
 
 def read_faulthandler_file(path: Path) -> tuple[FaultHeader, RankDump | None]:
     """A faulthandler file's header, and its stacks as a dump (None when it holds only the header)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+    text = read_text(path)
     lines = text.splitlines()
     head = parse_header(lines[0]) if lines else None
     if head is None:
@@ -299,8 +295,8 @@ def load_hang_dumps(run_dir: str | Path) -> HangDumps:
     manifest = root / "manifest.json"
     if world is None and manifest.is_file():
         try:
-            world = int(json.loads(manifest.read_text()).get("world_size"))
-        except (ValueError, TypeError, AttributeError, OSError):
+            world = int(json.loads(read_raw(manifest, DOCUMENT_MAX)).get("world_size"))
+        except (ValueError, TypeError, AttributeError, OSError, InputError):
             world = None
     return HangDumps(run_dir=str(root), dumps=dumps, world_size=world, vanished=vanished)
 
