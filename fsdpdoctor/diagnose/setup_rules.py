@@ -94,7 +94,9 @@ def ranks_never_communicate(ctx: RuleContext) -> list[Finding]:
     # parallelism, where one replica needs no gradient reduction: not claimed.
     kinds = {k for s in setups for k in s.collective_kinds}
     silent = sum(s.collectives for s in setups) == 0 or (not wrapped and kinds <= {"broadcast", "barrier"})
-    if not (no_pg or silent):
+    # communication of any kind (NCCL, or another library's kernels: DeepEP, NVSHMEM...) with no process
+    # group is still communication: only silence is claimed
+    if not silent:
         return []
     # a wrapper that never synchronised in the window may be accumulating under no_sync(): less sure
     unsure = silent and not no_pg and bool(wrapped)
