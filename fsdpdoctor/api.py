@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fsdpdoctor.pipeline import open_analysis
 from fsdpdoctor.results import Analysis
+from fsdpdoctor.trace.io import write_atomic
 from fsdpdoctor.results.frames import collectives_df, findings_df, ranks_df, step_table_df, steps_df
 
 
@@ -26,7 +27,7 @@ def analyze(path: str | Path, *, ranks: list[int] | None = None, steps: set[int]
 
 
 def save_json(a: Analysis, path: str | Path, include_events: bool = False) -> None:
-    Path(path).write_text(a.to_json(include_events=include_events))
+    write_atomic(path, a.to_json(include_events=include_events))
 
 
 __all__ = ["analyze", "steps_df", "step_table_df",

@@ -9,6 +9,7 @@ The main process only ever holds the ranks' compact results (unless the tables a
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
@@ -27,6 +28,7 @@ from fsdpdoctor.engines import make_engine
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import Analysis, DataQuality
 import fsdpdoctor.trace.identity as identity
+from fsdpdoctor.trace.io import read_raw, shown
 from fsdpdoctor.trace.loader import Progress, _merge_cycles, _trace_files, input_files, load_file, rank_from_filename
 from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.table import RankTrace
@@ -99,7 +101,7 @@ def is_analysis_json(path: str | Path) -> bool:
 
 def _read_saved(path: Path, ranks: list[int] | None, steps: set[int] | None) -> Analysis:
     try:
-        a = Analysis.from_json(path.read_bytes())
+        a = Analysis.from_json(read_raw(path))
     except (ValueError, TypeError) as exc:  # msgspec.ValidationError is a ValueError
         raise InputError(str(path), f"not a readable fsdpdoctor --json document: {exc}") from None
     if ranks is not None:
@@ -208,8 +210,38 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
     """(manifest, every rank's ``RankResult``, the ranks' tables if ``keep_tables``): from current
     summaries where allowed, else from the per-rank step mapped by an engine.
 
-    What the loader could not trust (manifest, files, dropped events, duplicates) goes into ``quality``."""
+    What the loader could not trust (manifest, files, dropped events, duplicates) goes into ``quality``,
+    and which ranks' figures come from summaries. When the checks across ranks refuse a folder in which
+    some ranks were read from summaries, every rank is read again from its trace: the traces decide."""
     dq = quality if quality is not None else DataQuality()
+    kw = dict(ranks=ranks, steps=steps, progress=progress, dask=dask, workers=workers,
+              write_summaries=write_summaries, summary_dir=summary_dir, param_dtype=param_dtype,
+              keep_tables=keep_tables)
+    used: list[Path] = []
+    try:
+        return _rank_results(path, use_summaries=use_summaries, dq=dq, used=used, **kw)
+    except _SummariesDisagree as exc:
+        refused = str(exc)
+    for f in dataclasses.fields(dq):  # start again: nothing the first reading noted stands
+        setattr(dq, f.name, getattr(DataQuality(), f.name))
+    out = _rank_results(path, use_summaries=False, dq=dq, used=[], **kw)
+    dq.notes.append(f"{_names(used)} disagreed with the other ranks ({refused}): every rank was read again "
+                    "from its trace")
+    return out
+
+
+class _SummariesDisagree(Exception):
+    """The checks across ranks refused a folder in which some ranks were read from summaries."""
+
+
+def _names(files: list[Path], most: int = 3) -> str:
+    listed = ", ".join(shown(f.name) for f in files[:most])
+    return listed + (f" and {len(files) - most} more" if len(files) > most else "")
+
+
+def _rank_results(path: Path, *, ranks, steps, progress, dask, workers, use_summaries, write_summaries, summary_dir,
+                  param_dtype, keep_tables, dq: DataQuality,
+                  used: list[Path]) -> tuple[dict | None, list[RankResult], list[RankTrace]]:
     if path.is_dir() and not _trace_files(path, []) and not write_summaries:
         summaries = sorted(p for p in path.glob("*" + rankresult.SUMMARY_SUFFIX) if not p.name.startswith("."))
         if summaries:  # summaries copied away from their traces: nothing to check them against
@@ -229,13 +261,22 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
     dtype = param_dtype or model_dtype(manifest)
     results: list[RankResult] = []
     todo: list[RankUnit] = []
+    given: dict[str, str] = {}  # absolute path sent to a worker -> the path as given here
     for files in groups:
         if use_summaries and steps is None and len(files) == 1 and not write_summaries:
-            r = rankresult.read_current(files[0])
+            r, why = rankresult.read_current(files[0])
             if r is not None and r.param_dtype == dtype:
-                r.summary.file = str(files[0])  # the path as given now, as a re-read would report it
+                r.summary.file = shown(files[0])  # the path as given now, as a re-read would report it
                 results.append(r)
+                used.append(rankresult.summary_path(files[0]))
                 continue
+            if why:
+                dq.notes.append(f"{shown(rankresult.summary_path(files[0]).name)} not used ({why}): rank figures "
+                                f"re-derived from {shown(files[0].name)}")
+        if dask:  # a worker's working folder is not ours
+            given.update({shown(os.path.abspath(f)): shown(f) for f in files})
+            files = [Path(os.path.abspath(f)) for f in files]
+            summary_dir = Path(os.path.abspath(summary_dir)) if summary_dir else None
         todo.append(RankUnit(files=tuple(str(f) for f in files), steps=tuple(sorted(steps)) if steps else None,
                              param_dtype=dtype, write_summary=write_summaries,
                              summary_dir=str(summary_dir) if summary_dir else None,
@@ -248,22 +289,51 @@ def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] 
         report = _Reporter(progress, len(groups), len(results))
         try:
             for unit, outputs in engine.map(rank_step, todo):
-                for out in outputs:
-                    results.append(rankresult.decode(out.result))
-                    if out.tables is not None:
-                        tables[id(results[-1])] = out.tables
+                for r, t in _checked(unit, outputs, given):
+                    results.append(r)
+                    if t is not None:
+                        tables[id(r)] = t
                 report(Path(unit.files[0]).name)
         finally:
             engine.close()
         report.done()
-    manifest, results = _one_job(path, results, ranks, manifest, dq, "trace")
+    if used:
+        dq.notes.append(f"figures of {len(used)} rank(s) read from {_names(used)}, made from these very traces "
+                        "(--no-summaries re-reads the traces)")
+    try:
+        manifest, results = _one_job(path, results, ranks, manifest, dq, "trace")
+    except InputError as exc:
+        if not used:
+            raise
+        raise _SummariesDisagree(exc.problem if exc.path == str(path) else str(exc)) from None
     return manifest, results, [tables[id(r)] for r in results if id(r) in tables]
 
 
+def _checked(unit: RankUnit, outputs, given: dict[str, str]) -> list[tuple[RankResult, RankTrace | None]]:
+    """A worker's answer, checked before use (a Dask worker may be another machine): a list of
+    ``RankOutput`` whose results decode to ``RankResult``s, tables only where asked for. Files are
+    named as given here, not as a worker was sent them (absolute)."""
+    if not isinstance(outputs, list) or not all(type(o) is RankOutput and type(o.result) is bytes and
+                                                (o.tables is None or (unit.keep_tables and type(o.tables) is RankTrace))
+                                                for o in outputs):
+        raise InputError(unit.label, f"a worker sent back {type(outputs).__name__}, not rank summaries")
+    try:
+        results = [rankresult.decode(o.result) for o in outputs]
+    except rankresult.BadSummary as exc:
+        raise InputError(unit.label, f"a worker sent back {exc}") from None
+    for r in results:
+        r.summary.file = given.get(r.summary.file, r.summary.file)
+        if r.quality is not None:
+            r.quality.file = given.get(r.quality.file, r.quality.file)
+    return [(r, o.tables) for r, o in zip(results, outputs)]
+
+
 def _one_job(path: Path, results: list[RankResult], ranks: list[int] | None, manifest: dict | None,
-             dq: DataQuality, what: str) -> tuple[dict | None, list[RankResult]]:
-    """The job's ranks (refused if they are not one job's), those asked for, by rank, with their data quality."""
-    results, manifest = _check_one_job(path, results, manifest, dq)
+             dq: DataQuality, what: str, names: list[str] | None = None) -> tuple[dict | None, list[RankResult]]:
+    """The job's ranks (refused if they are not one job's), those asked for, by rank, with their data quality.
+
+    ``names``: the files the checks name for each result (default: its trace)."""
+    results, manifest = _check_one_job(path, results, manifest, dq, names)
     if ranks is not None:
         results = [r for r in results if r.rank in set(ranks)]
         if not results:
@@ -276,17 +346,22 @@ def _one_job(path: Path, results: list[RankResult], ranks: list[int] | None, man
 
 def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None, manifest: dict | None,
                     dq: DataQuality) -> tuple[dict | None, list[RankResult]]:
+    """A folder of summaries alone: nothing to re-derive them from, so one that is not intact is refused."""
     out = []
     for f in files:
         try:
-            r = rankresult.decode(f.read_bytes())
-        except (OSError, ValueError) as exc:
-            raise InputError(f, f"unreadable summary ({str(exc)[:80]})") from None
+            r = rankresult.read_file(f)
+        except (InputError, rankresult.BadSummary) as exc:
+            why = exc.problem if isinstance(exc, InputError) else str(exc)
+            raise InputError(f, f"unusable summary ({why}): rebuild it with `fsdpdoctor summarize` on the "
+                                "traces") from None
         if r.analysis_version != rankresult.ANALYSIS_VERSION:
             raise InputError(f, f"summary of analysis version {r.analysis_version}, this is "
                                 f"{rankresult.ANALYSIS_VERSION}: rebuild it with `fsdpdoctor summarize` on the traces")
         out.append(r)
-    return _one_job(path, out, ranks, manifest, dq, "summary")
+    dq.notes.append(f"figures of every rank read from summaries alone, with no trace to check them against: "
+                    f"{_names(files)}")
+    return _one_job(path, out, ranks, manifest, dq, "summary", names=[shown(f) for f in files])
 
 
 def _check_writable(groups: list[list[Path]], summary_dir: Path | None) -> None:
@@ -296,6 +371,11 @@ def _check_writable(groups: list[list[Path]], summary_dir: Path | None) -> None:
         mode = stat.S_IMODE(os.stat(d).st_mode)
         if not mode & 0o222 or not os.access(d, os.W_OK):
             raise InputError(d, "folder is read-only: write the summaries elsewhere with --out DIR")
+
+
+def _pace(n: int, seconds: float) -> str:
+    """How fast ranks are analysed, in the unit that reads well: ranks a second, or seconds a rank."""
+    return f"{n / seconds:.1f} ranks/s" if n >= seconds else f"{seconds / n:.1f} s per rank"
 
 
 class _Reporter:
@@ -318,8 +398,8 @@ class _Reporter:
         now = time.monotonic()
         if now - self.t0 > self.QUIET_S and now - self.last > self.QUIET_S:
             self.last = now
-            rate = (self.n) / (now - self.t0)
-            print(f"fsdpdoctor: {self.n}/{self.total} ranks analysed ({name}; {rate:.1f} ranks/s)", file=sys.stderr)
+            print(f"fsdpdoctor: {self.n}/{self.total} ranks analysed ({name}; {_pace(self.n, now - self.t0)})",
+                  file=sys.stderr)
 
     def done(self) -> None:
         if self.progress:
@@ -327,10 +407,11 @@ class _Reporter:
 
 
 def _check_one_job(source: Path, results: list[RankResult], manifest: dict | None,
-                   dq: DataQuality) -> tuple[list[RankResult], dict | None]:
+                   dq: DataQuality, names: list[str] | None = None) -> tuple[list[RankResult], dict | None]:
     """Ranks in one folder must belong to one job (``trace.identity``); identical copies are read once."""
+    names = names or [r.summary.file for r in results]
     members = [identity.Member(rank=r.rank, rank_source=r.rank_source, world_size=r.world_size, backend=r.backend,
-                               file=r.summary.file, identity=r.identity or identity.RankIdentity(host=r.host))
-               for r in results]
+                               file=name, identity=r.identity or identity.RankIdentity(host=r.host))
+               for r, name in zip(results, names)]
     keep, manifest = identity.check_one_job(source, members, manifest, dq)
     return [results[i] for i in keep], manifest

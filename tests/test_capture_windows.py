@@ -97,9 +97,12 @@ def test_trigger_and_anomaly_windows_in_one_process(tmp_path):
     from fsdpdoctor.capture import capture
 
     m, opt, train_step = tiny(torch)
-    with capture(tmp_path, model=m, optimizer=opt, fixed_window=False, auto=True, window_steps=2) as cap:
+    # min_rise=2: only steps 3x slower count, so that the load of a shared test machine on 10 ms steps does
+    # not open a window before the 6x change at step 100
+    with capture(tmp_path, model=m, optimizer=opt, fixed_window=False, auto=True, window_steps=2,
+                 min_rise=2.0) as cap:
         for i in range(150):
-            train_step(0.004 if i < 100 else 0.02)
+            train_step(0.01 if i < 100 else 0.06)
             if i == 10:
                 assert cli("trigger", tmp_path, "--steps", "3").returncode == 0
             cap.step()
@@ -407,3 +410,61 @@ def test_ctrl_c_to_torchrun_inside_the_window(tmp_path):
         assert set(manifest["profiled_steps"]) <= set(step_numbers(out / f"rank{r}.json.gz"))
     doc = json.loads(cli("analyze", out, "--json").stdout)
     assert doc["job"]["steps"] == manifest["profiled_steps"]
+
+
+@requires_torch
+def test_full_disk_for_the_step_series_warns_once_and_training_goes_on(tmp_path):
+    import torch
+
+    from fsdpdoctor.capture import capture
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "steps" / "rank0.steps").symlink_to("/dev/full")  # every write: ENOSPC
+    _, _, train_step = tiny(torch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with capture(tmp_path, fixed_window=False) as cap:
+            for _ in range(120):
+                train_step(0.01)
+                cap.step()
+    assert cap.step_num == 120
+    assert sum("cannot write the step series" in str(w.message) for w in caught) == 1
+    assert not [p for p in tmp_path.rglob(".*") if p.is_file()]
+
+
+# ------------------------------------------------------------------ the TUI moves between windows
+TRACES = REPO / "traces"
+
+
+@pytest.mark.skipif(not (TRACES / "straggler" / "rank0.json.gz").exists(), reason="bundled traces not present")
+@pytest.mark.asyncio
+async def test_tui_moves_between_the_windows_of_a_run(tmp_path):
+    import shutil
+
+    pytest.importorskip("textual")
+    from fsdpdoctor.tui.app import FsdpDoctorApp
+
+    run = tmp_path / "run"
+    shutil.copytree(TRACES / "straggler", run / "window-20")
+    shutil.copytree(TRACES / "fsdp1_no_backward_prefetch", run / "window-300")
+    for w in ("window-20", "window-300"):
+        (run / w / "expected.json").unlink(missing_ok=True)
+    app = FsdpDoctorApp(run)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert Path(str(app.analysis.source)).name == "window-300"   # the latest first
+        await pilot.press("left_square_bracket")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.error is None and Path(str(app.analysis.source)).name == "window-20"
+        assert "window-20" in app.label
+        await pilot.press("left_square_bracket")   # already the first: stays
+        await pilot.pause()
+        assert Path(str(app.analysis.source)).name == "window-20"
+        await pilot.press("right_square_bracket")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert Path(str(app.analysis.source)).name == "window-300"

@@ -89,3 +89,16 @@ def test_the_gloo_cuda_run_is_what_its_builder_makes(tmp_path):
     mine = [(g.id, g.severity, g.caused_by) for g in analyze_path(built).findings]
     bundled = [(g.id, g.severity, g.caused_by) for g in analyze_path(TRACES / "cuda_gloo_sleeper").findings]
     assert mine == bundled
+
+
+@needs
+def test_one_step_of_one_rank_is_at_most_a_warning_on_a_recording():
+    """traces/cuda/dataloader_slow: one H100 rank, loading ~59 % of the step: an error over its 3 steps,
+    a warning (saying why) when one step is analysed."""
+    run = TRACES / "cuda" / "dataloader_slow"
+    assert _by_id(analyze_path(run))["input-bound"].severity == "error"
+    one = analyze_path(run, steps={3})
+    assert len(one.job.steps) == 1 and len(one.ranks) == 1
+    f = _by_id(one)["input-bound"]
+    assert f.severity == "warning" and any("2 steps or 2 ranks" in e.text for e in f.evidence)
+    assert all(g.severity != "error" for g in one.findings)

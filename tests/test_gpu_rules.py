@@ -568,3 +568,22 @@ def test_pipeline_parallel_p2p_is_not_called_silent(tmp_path):
     a = open_analysis(tmp_path)
     assert a.signals.setup[0].collective_kinds == ["p2p"]
     assert finding(a, "ranks-never-communicate") is None
+
+
+def test_host_sync_bubble_is_device_idle_counted_once(tmp_path):
+    """Three .item() syncs before the next launch share one bubble; a sync that returns while another
+    stream still runs leaves no bubble there. Per step: kernel [0, 100) on stream 7, syncs ending at
+    150, 250, 350, next kernel at 500: one bubble [150, 500) = 350 us, not one per sync.
+    A kernel on stream 8 runs [300, 400): the device is idle 250 of those 350 us."""
+    tr = Trace()
+    for i, n in enumerate((1, 2, 3)):
+        s = i * 1000.0
+        tr.step(n, s, 999)
+        tr.launch(s + 1, s, 100)
+        for end in (150, 250, 350):
+            tr.x("aten::_local_scalar_dense", "cpu_op", s + end - 20, 20)
+        tr.launch(s + 490, s + 500, 100)
+        tr.x("void other_stream_kernel()", "kernel", s + 300, 100, tid=8, pid=0)
+    a = open_analysis(tr.write(tmp_path))
+    h = a.signals.host_syncs[0]
+    assert h.count == 9 and h.bubble_us == pytest.approx(3 * 250.0)

@@ -14,6 +14,7 @@ import pytest
 
 from fsdpdoctor.analysis.hang import analyze_hang, is_library, user_frame
 from fsdpdoctor.cli import main
+from fsdpdoctor.diagnose.hang import diagnose_hang
 from fsdpdoctor.trace.hang import Frame, load_hang_dumps, read_faulthandler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,9 +51,12 @@ def check_verdict(rep, exp: dict) -> None:
 @pytest.mark.parametrize("run", HANG_RUNS, ids=[p.name for p in HANG_RUNS])
 def test_bundled_dumps_verdict(run):
     exp = json.loads((run / "expected.json").read_text())["hang"]
-    rep = analyze_hang(load_hang_dumps(run))
+    rep = diagnose_hang(analyze_hang(load_hang_dumps(run)))
     check_verdict(rep, exp)
-    assert rep.verdicts[0].fix
+    # the verdicts as findings, one each, on the one severity scale: a hang costs the whole step
+    assert [f.id for f in rep.findings] == [f"hang-{v.cause}" for v in rep.verdicts]
+    f = rep.findings[0]
+    assert f.fix and f.severity == "error" and f.impact_frac == 1.0 and f.ranks == rep.verdicts[0].ranks
 
 
 def test_bundled_scenarios_all_present():
@@ -262,7 +266,7 @@ async def test_tui_shows_verdict_and_ranks():
 
     from fsdpdoctor.tui.hang_app import HangApp, HangHelpScreen
 
-    rep = analyze_hang(load_hang_dumps(TRACES / "hang_loader"))
+    rep = diagnose_hang(analyze_hang(load_hang_dumps(TRACES / "hang_loader")))
     app = HangApp(rep)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
@@ -566,3 +570,42 @@ def test_watch_says_when_flight_recorder_was_set_late(tmp_path, monkeypatch):
             assert fr["entries"][-1]["profiling_name"].endswith("all_reduce")
     finally:
         dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- a hang as a finding
+def test_check_gates_on_a_hang_like_on_any_finding(tmp_path, capsys):
+    """`check RUN` where RUN holds hang dumps: the verdict is a finding on the same scale, in the
+    text, the JSON and the JUnit report."""
+    run = TRACES / "hang_loader"
+    junit = tmp_path / "check.xml"
+    assert main(["check", str(run), "--json", "--no-progress"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert "hang-data-loader" in doc["failing"]
+    (f,) = [f for f in doc["findings"] if f["id"].startswith("hang-")]
+    assert f["severity"] == "error" and f["ranks"] == [1] and f["impact_frac"] == 1.0 and "read_shard" in f["source"]
+    # the bar applies as to any finding: at --fail-on error the hang still fails the check
+    assert main(["check", str(run), "--no-progress", "--fail-on", "error", "--junit", str(junit)]) == 1
+    assert 'name="hang-data-loader"' in junit.read_text() and 'type="error"' in junit.read_text()
+    out = " ".join(capsys.readouterr().out.split())
+    assert "FAIL error hang-data-loader: a rank is stuck in its data loader (100% of the step)" in out
+
+
+def test_check_names_unreadable_hang_dumps_and_still_checks_the_traces(tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(TRACES / "ddp_default", run)
+    (run / "hang").mkdir()
+    (run / "hang" / "rank0.json").write_text("{not json")
+    assert main(["check", str(run), "--no-progress", "--json"]) in (0, 1)
+    doc = json.loads(capsys.readouterr().out)
+    assert not any(f["id"].startswith("hang-") for f in doc["findings"])
+    assert len(doc["notes"]) == 1 and "hang dumps could not be read" in doc["notes"][0]
+
+
+def test_hang_json_findings_replace_the_fix_in_verdicts(capsys):
+    assert main(["hang", str(TRACES / "hang_skip_collective"), "--json", "--no-trend"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "fix" not in doc["verdicts"][0]
+    assert [f["id"] for f in doc["findings"]] == [f"hang-{v['cause']}" for v in doc["verdicts"]]
+    assert doc["findings"][0]["fix"].startswith("Make the collective unconditional")

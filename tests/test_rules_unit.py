@@ -420,3 +420,23 @@ def test_a_rank_given_more_work_is_never_the_backends():
                        **comm("all_reduce", 60 * MS)))
     assert f["straggler"].caused_by is None and "(more work)" in f["straggler"].title
     assert "length" in f["straggler"].fix
+
+
+def test_every_threshold_a_rule_reads_is_declared_in_its_source():
+    """A rule reading an undeclared threshold in a branch no test reaches would stop the diagnosis: read
+    the sources instead. Helpers beside the rules read no thresholds (they run under any rule)."""
+    import inspect
+    import re
+
+    from fsdpdoctor.diagnose.rules import RULE_MODULES, rules_of
+
+    read = re.compile(r"""ctx\.th\[["']([a-z_]+)["']\]""")
+    for module in RULE_MODULES:
+        rules = {r.fn.__name__: r for r in rules_of(module)}
+        for name, obj in vars(module).items():
+            fn = obj.fn if name in rules else obj
+            if not inspect.isfunction(fn) or fn.__module__ != module.__name__:
+                continue
+            names = set(read.findall(inspect.getsource(fn)))
+            allowed = set(rules[name].thresholds) if name in rules else set()
+            assert names <= allowed, f"{module.__name__}.{name} reads {names - allowed} undeclared"

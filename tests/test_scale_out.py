@@ -128,26 +128,37 @@ def _summarize(path: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_summaries_give_the_same_analysis_as_traces(run, tmp_path):
+def test_summaries_give_the_same_analysis_as_traces(run, tmp_path, monkeypatch):
     folder = tmp_path / run
     shutil.copytree(TRACES / run, folder)
     full = doc(folder, use_summaries=False)
     assert _summarize(folder, "-q").returncode == 0
     assert sorted(p.name for p in folder.glob("*.summary.msgpack")) == ["rank0.summary.msgpack",
                                                                          "rank1.summary.msgpack"]
-    # prove the traces are not read: make them unreadable (root ignores modes, so move them aside
-    # and leave same-size, same-mtime stand-ins that are not JSON)
-    for t in folder.glob("rank*.json.gz"):
-        st = t.stat()
-        t.write_bytes(b"\0" * st.st_size)
-        os.utime(t, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert doc(folder) == full
+    # prove the traces are not parsed: any reading of one fails the test
+    from fsdpdoctor.trace import loader
+
+    def no_parsing(*a, **k):
+        raise AssertionError("a trace was parsed although its summary is current")
+
+    monkeypatch.setattr(loader, "load_file", no_parsing)
+    got = doc(folder)
+    # the report says where the figures come from, and nothing else differs
+    assert got["data_quality"].pop("notes") == [
+        "figures of 2 rank(s) read from rank0.summary.msgpack, rank1.summary.msgpack, made from these very "
+        "traces (--no-summaries re-reads the traces)"]
+    full["data_quality"].pop("notes")
+    assert got == full
     # only the summaries (and the manifest), far from the traces
     alone = tmp_path / "alone"
     alone.mkdir()
     for f in list(folder.glob("*.summary.msgpack")) + [folder / "manifest.json"]:
         shutil.copy(f, alone)
-    assert doc(alone) == full
+    got = doc(alone)
+    assert got["data_quality"].pop("notes") == [
+        "figures of every rank read from summaries alone, with no trace to check them against: "
+        "rank0.summary.msgpack, rank1.summary.msgpack"]
+    assert got == full
 
 
 def test_a_changed_trace_makes_its_summary_stale(tmp_path):
@@ -199,7 +210,12 @@ def test_capture_writes_a_summary_beside_the_trace(tmp_path):
     while not summary.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert summary.exists(), "the background summary was not written"
-    assert doc(out) == doc(out, use_summaries=False)
+    from_summary, from_trace = doc(out), doc(out, use_summaries=False)
+    assert from_summary["data_quality"].pop("notes") == [
+        "figures of 1 rank(s) read from rank0.summary.msgpack, made from these very traces "
+        "(--no-summaries re-reads the traces)"]
+    assert from_trace["data_quality"].pop("notes") == []
+    assert from_summary == from_trace
 
 
 # ------------------------------------------------------------------ layers

@@ -33,6 +33,7 @@ from fsdpdoctor.results import (
     Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals,
 )
 from fsdpdoctor.trace.identity import of as identity_of
+from fsdpdoctor.trace.io import shown
 from fsdpdoctor.trace.table import RankTrace
 
 
@@ -54,7 +55,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
         rank=trace.rank, rank_source=trace.rank_source, files=stamps, dialect=dialect.name, family=dialect.family,
         traits=dialect.traits, world_size=trace.world_size, backend=trace.backend, host=trace.host,
         device=trace.device_name, has_stacks=trace.has_stacks, steps_filter=sorted(steps) if steps is not None else None,
-        windows=[], summary=RankSummary(rank=trace.rank, file=str(trace.path), dialect=dialect.family, steps=[],
+        windows=[], summary=RankSummary(rank=trace.rank, file=shown(trace.path), dialect=dialect.family, steps=[],
                                         mean=None, host=trace.host, device=trace.device_name),
         collectives=[], dialect_note=dialect.note, notes=notes, param_dtype=param_dtype,
         quality=trace.quality, identity=identity_of(trace))
@@ -204,7 +205,7 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     if len(results) == 1 and (world_size or 1) > 1:
         notes.append(f"only rank {results[0].rank} of {world_size} is in the input: straggler analysis needs "
                      "several ranks")
-    return Analysis(source=str(source), job=job, ranks=summaries, mean=overall,
+    return Analysis(source=shown(source), job=job, ranks=summaries, mean=overall,
                     collectives=collective_stats(all_colls, sum(len(v) for v in steps_by_rank.values())),
                     prefetch=prefetch, straggler=strag, notes=notes, collective_events=all_colls, signals=sig,
                     clock=clock)

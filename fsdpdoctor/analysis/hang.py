@@ -147,85 +147,93 @@ def analyze_hang(dumps: HangDumps, trend: Trend | None = None, thresholds: dict[
     fr_ranks = {r: d for r, d in dumps.dumps.items() if d.kind == "json" and (d.fr_entries or d.fr_status)}
     groups = sorted({e.group for d in fr_ranks.values() for e in d.fr_entries} |
                     {g for d in fr_ranks.values() for g in d.fr_status}, key=lambda g: (len(g), g))
-    notes: list[str] = []
-    for d in dumps.dumps.values():
-        if d.kind == "json" and not d.fr_entries and (d.fr_note or d.fr_error):
-            notes.append(f"rank {d.rank}: no flight-recorder entries ({d.fr_note or d.fr_error})")
-
-    # -- per-rank state
-    states: dict[int, RankState] = {}
-    for r in everyone:
-        d = dumps.dumps.get(r)
-        if d is None:
-            states[r] = RankState(r, None, None, None, "unknown", None, None, note=_vanished_note(dumps, r))
-            continue
-        act, fr, lib = activity(d, busy)
-        cur = None
-        if d.fr_entries:
-            last = d.fr_entries[-1]
-            cur = {"group": last.group, "label": labels.get(last.group, last.group), "seq": last.seq,
-                   "op": last.op, "sizes": last.input_sizes}
-        exc = f"{d.exception['type']}: {d.exception['message'].splitlines()[0] if d.exception['message'] else ''}" \
-            if d.exception else None
-        note = None
-        if d.kind == "faulthandler":
-            note = {"fatal-signal": f"died of a fatal signal ({d.fatal})", "sigterm": "was sent SIGTERM (stacks only)",
-                    "gil-timeout": "its Python watchdog could not run: a thread held the GIL"}.get(d.trigger)
-        states[r] = RankState(r, d.kind, d.trigger, d.last_step, act, fr, lib, cur, exc, note)
-
-    # -- per group: the frontier, who entered, who never did
-    divergences: list[GroupDivergence] = []
-    mismatches: list[Mismatch] = []
-    for g in groups:
-        mem = members.get(g) or everyone
-        enq = {r: _enqueued(d, g) for r, d in fr_ranks.items() if r in mem}
-        enq = {r: s for r, s in enq.items() if s is not None}
-        comp = {r: d.fr_status[g].last_completed for r, d in fr_ranks.items()
-                if g in d.fr_status and d.fr_status[g].last_completed is not None and r in enq}
-        if enq:
-            frontier = max(enq.values())
-            entered = sorted(r for r, s in enq.items() if s >= frontier)
-            never = sorted(r for r, s in enq.items() if s < frontier)
-            unknown = sorted(r for r in mem if r not in enq)
-            # the collective they diverge on: the first one a lagging rank never entered (with NCCL the
-            # others may have enqueued several more before blocking), else the frontier itself
-            first = min(enq[r] for r in never) + 1 if never else frontier
-            entry = next((e for r in entered for e in reversed(fr_ranks[r].fr_entries)
-                          if e.group == g and e.seq == first), None)
-            if never or (unknown and any(states[r].current and states[r].current["group"] == g
-                                         and states[r].current["seq"] == frontier for r in entered)):
-                divergences.append(GroupDivergence(
-                    g, labels.get(g, g), mem, first, entry.op if entry else "?", entry.input_sizes if entry else [],
-                    _issue_site(entry) if entry else None, entered, never, unknown, enq, comp))
-        # same seq, different collective: a desync
-        by_seq: dict[int, dict[int, FrEntry]] = {}
-        for r, d in fr_ranks.items():
-            for e in d.fr_entries:
-                if e.group == g and not e.is_p2p:
-                    by_seq.setdefault(e.seq, {})[r] = e
-        for seq in sorted(by_seq):
-            es = by_seq[seq]
-            if len(es) < 2 or len({e.signature() for e in es.values()}) < 2:
-                continue
-            counts = Counter(e.signature() for e in es.values())
-            top = counts.most_common()
-            odd = sorted(r for r, e in es.items() if top[0][1] == top[-1][1] or e.signature() != top[0][0])
-            if top[0][1] == top[-1][1]:
-                # a tie (e.g. 2 ranks): a rank whose collective comes from a call site it never used
-                # before issued something new (a barrier only it calls, an extra collective)
-                new = [r for r in odd if _new_site(fr_ranks[r], es[r])]
-                if new and len(new) < len(odd):
-                    odd = new
-            sites = {r: (s.where() if (s := _issue_site(e)) else "?") for r, e in es.items()}
-            mismatches.append(Mismatch(g, labels.get(g, g), seq, {r: _sig(e) for r, e in sorted(es.items())}, odd, sites))
-            break
-
-    verdicts = _verdicts(dumps, states, divergences, mismatches, silent, labels)
+    notes = [f"rank {d.rank}: no flight-recorder entries ({d.fr_note or d.fr_error})" for d in dumps.dumps.values()
+             if d.kind == "json" and not d.fr_entries and (d.fr_note or d.fr_error)]
+    states = {r: _rank_state(dumps, r, labels, busy) for r in everyone}
+    divergences = [d for g in groups if (d := _divergence(g, members.get(g) or everyone, fr_ranks, states, labels))]
+    mismatches = [m for g in groups if (m := _first_mismatch(g, fr_ranks, labels))]
+    verdicts = _verdicts(dumps, states, divergences, mismatches, silent)
     if trend is not None and trend.available and verdicts:
         lag = set(verdicts[0].ranks)
         trend.lagging_was_straggler = trend.straggler in lag if trend.straggler is not None else False
     return HangReport(dumps.run_dir, world, sorted(dumps.dumps), silent, [states[r] for r in everyone],
                       divergences, mismatches, verdicts, trend, notes)
+
+
+FAULT_NOTES = {"sigterm": "was sent SIGTERM (stacks only)",
+               "gil-timeout": "its Python watchdog could not run: a thread held the GIL"}
+
+
+def _rank_state(dumps: HangDumps, r: int, labels: dict[str, str], busy: float) -> RankState:
+    d = dumps.dumps.get(r)
+    if d is None:
+        return RankState(r, None, None, None, "unknown", None, None, note=_vanished_note(dumps, r))
+    act, fr, lib = activity(d, busy)
+    cur = None
+    if d.fr_entries:
+        last = d.fr_entries[-1]
+        cur = {"group": last.group, "label": labels.get(last.group, last.group), "seq": last.seq,
+               "op": last.op, "sizes": last.input_sizes}
+    exc = None
+    if d.exception:
+        msg = d.exception["message"]
+        exc = f"{d.exception['type']}: {msg.splitlines()[0] if msg else ''}"
+    note = None
+    if d.kind == "faulthandler":
+        note = f"died of a fatal signal ({d.fatal})" if d.trigger == "fatal-signal" else FAULT_NOTES.get(d.trigger)
+    return RankState(r, d.kind, d.trigger, d.last_step, act, fr, lib, cur, exc, note)
+
+
+def _divergence(g: str, mem: list[int], fr_ranks: dict[int, RankDump], states: dict[int, RankState],
+                labels: dict[str, str]) -> GroupDivergence | None:
+    """The group's frontier, who entered it and who never did; None when they all agree."""
+    enq = {r: _enqueued(d, g) for r, d in fr_ranks.items() if r in mem}
+    enq = {r: s for r, s in enq.items() if s is not None}
+    if not enq:
+        return None
+    comp = {r: d.fr_status[g].last_completed for r, d in fr_ranks.items()
+            if g in d.fr_status and d.fr_status[g].last_completed is not None and r in enq}
+    frontier = max(enq.values())
+    entered = sorted(r for r, s in enq.items() if s >= frontier)
+    never = sorted(r for r, s in enq.items() if s < frontier)
+    unknown = sorted(r for r in mem if r not in enq)
+    waiting = any(states[r].current and states[r].current["group"] == g and states[r].current["seq"] == frontier
+                  for r in entered)
+    if not never and not (unknown and waiting):
+        return None
+    # the collective they diverge on: the first one a lagging rank never entered (with NCCL the
+    # others may have enqueued several more before blocking), else the frontier itself
+    first = min(enq[r] for r in never) + 1 if never else frontier
+    entry = next((e for r in entered for e in reversed(fr_ranks[r].fr_entries) if e.group == g and e.seq == first),
+                 None)
+    return GroupDivergence(g, labels.get(g, g), mem, first, entry.op if entry else "?",
+                           entry.input_sizes if entry else [], _issue_site(entry) if entry else None,
+                           entered, never, unknown, enq, comp)
+
+
+def _first_mismatch(g: str, fr_ranks: dict[int, RankDump], labels: dict[str, str]) -> Mismatch | None:
+    """The first sequence number of the group at which the ranks issued different collectives."""
+    by_seq: dict[int, dict[int, FrEntry]] = {}
+    for r, d in fr_ranks.items():
+        for e in d.fr_entries:
+            if e.group == g and not e.is_p2p:
+                by_seq.setdefault(e.seq, {})[r] = e
+    for seq in sorted(by_seq):
+        es = by_seq[seq]
+        if len(es) < 2 or len({e.signature() for e in es.values()}) < 2:
+            continue
+        top = Counter(e.signature() for e in es.values()).most_common()
+        tie = top[0][1] == top[-1][1]
+        odd = sorted(r for r, e in es.items() if tie or e.signature() != top[0][0])
+        if tie:
+            # a tie (e.g. 2 ranks): a rank whose collective comes from a call site it never used
+            # before issued something new (a barrier only it calls, an extra collective)
+            new = [r for r in odd if _new_site(fr_ranks[r], es[r])]
+            if new and len(new) < len(odd):
+                odd = new
+        sites = {r: (s.where() if (s := _issue_site(e)) else "?") for r, e in es.items()}
+        return Mismatch(g, labels.get(g, g), seq, {r: _sig(e) for r, e in sorted(es.items())}, odd, sites)
+    return None
 
 
 def _vanished_note(dumps: HangDumps, rank: int) -> str:
@@ -252,11 +260,30 @@ def _is_comm_error(exc: dict | None) -> bool:
 
 
 def _verdicts(dumps: HangDumps, states: dict[int, RankState], divs: list[GroupDivergence],
-              mismatches: list[Mismatch], silent: list[int], labels: dict[str, str]) -> list[Verdict]:
-    out: list[Verdict] = []
+              mismatches: list[Mismatch], silent: list[int]) -> list[Verdict]:
+    """The causes, strongest evidence first: a desync explains everything after it; then a rank's
+    own error, a fatal signal, per divergent group the ranks that never entered and why, the ranks
+    that vanished; with no divergence at all, where the stalled ranks are."""
     done: set[int] = set()
+    out = _desync_verdicts(dumps, mismatches, done)
+    out += _crash_verdicts(dumps, done)
+    out += _fatal_signal_verdicts(dumps, states, done)
+    for g in divs:
+        out += _divergence_verdicts(g, divs, states, done)
+    out += [Verdict("no-dump", [r], None, None, None, None, None, f"rank {r} {states[r].note}")
+            for r in silent if r not in done]
+    if not out:
+        out = _stall_verdicts(states)
+    # one verdict per cause and ranks (a cycle is seen from both of its groups)
+    merged: list[Verdict] = []
+    for v in out:
+        if not any(m.cause == v.cause and m.ranks == v.ranks for m in merged):
+            merged.append(v)
+    return merged
 
-    # 1. a desync explains everything after it
+
+def _desync_verdicts(dumps: HangDumps, mismatches: list[Mismatch], done: set[int]) -> list[Verdict]:
+    out = []
     for m in mismatches:
         sites = "; ".join(f"rank {r}: {m.by_rank[r]} from {m.sites.get(r, '?')}" for r in m.by_rank)
         frame = None
@@ -269,28 +296,35 @@ def _verdicts(dumps: HangDumps, states: dict[int, RankState], divs: list[GroupDi
         if odd_op == "barrier" and others and "barrier" not in others:
             what = (f"rank(s) {', '.join(map(str, m.odd_ranks))} call a barrier the others do not (they issued "
                     f"{', '.join(others)})")
-        out.append(Verdict(
-            "desync", m.odd_ranks, m.group, m.label, m.seq, odd_op, frame,
-            f"desync on group {m.label} at collective #{m.seq}: {what} ({sites})", FIXES["desync"], [sites]))
+        out.append(Verdict("desync", m.odd_ranks, m.group, m.label, m.seq, odd_op, frame,
+                           f"desync on group {m.label} at collective #{m.seq}: {what} ({sites})", [sites]))
         done |= set(m.odd_ranks)
+    return out
 
-    # 2. a rank that raised an error of its own (not a peer's failure)
+
+def _crash_verdicts(dumps: HangDumps, done: set[int]) -> list[Verdict]:
+    """A rank that raised an error of its own (not a peer's failure seen from there)."""
+    out = []
     for r, d in sorted(dumps.dumps.items()):
         if d.exception and not _is_comm_error(d.exception) and r not in done:
             f, _ = user_frame(d.exception["frames"])
             out.append(Verdict("crashed", [r], None, None, None, None, f,
-                               f"rank {r} raised {d.exception['type']}: {d.exception['message'][:200]} in {_where(f)}",
-                               FIXES["crashed"]))
+                               f"rank {r} raised {d.exception['type']}: {d.exception['message'][:200]} in {_where(f)}"))
             done.add(r)
+    return out
 
-    # 3. a rank that died of a fatal signal inside a collective while another rank was in a different one
+
+def _fatal_signal_verdicts(dumps: HangDumps, states: dict[int, RankState], done: set[int]) -> list[Verdict]:
+    """A rank that died of a fatal signal: inside a collective while another rank was in a
+    different one, a desync (gloo's size check aborts); else an abort."""
+    out = []
     for r, d in sorted(dumps.dumps.items()):
         if d.kind != "faulthandler" or d.trigger != "fatal-signal" or r in done:
             continue
         st = states[r]
-        others = [s for s in states.values() if s.rank != r and s.current]
         here = st.frame
-        diff = [s for s in others if st.activity == "collective" and s.current and here is not None]
+        diff = [s for s in states.values() if s.rank != r and s.current] \
+            if st.activity == "collective" and here is not None else []
         if diff:
             ranks = sorted({r, *(s.rank for s in diff)})
             ev = [f"rank {r}: {st.library or 'collective'} called from {_where(here)} when it aborted ({d.fatal})"]
@@ -303,144 +337,113 @@ def _verdicts(dumps: HangDumps, states: dict[int, RankState], divs: list[GroupDi
                                f"rank {r} aborted ({d.fatal}) inside {st.library or 'a collective'} from "
                                f"{_where(here)} while rank(s) {', '.join(str(s.rank) for s in diff)} were in a "
                                f"different collective: the ranks disagree on the collective sequence "
-                               f"(gloo's size check aborts the process)", FIXES["desync"], ev))
+                               f"(gloo's size check aborts the process)", ev))
         else:
             out.append(Verdict("aborted", [r], None, None, None, None, here,
-                               f"rank {r} died of a fatal signal ({d.fatal}) in {_where(here)}", FIXES["aborted"]))
+                               f"rank {r} died of a fatal signal ({d.fatal}) in {_where(here)}"))
         done.update(out[-1].ranks)
+    return out
 
-    # 4. per divergent group: who never entered, and why
-    for g in divs:
-        lagging = [r for r in g.never_entered + g.unknown if r not in done]
-        entered_steps = [states[r].last_step for r in g.entered if states[r].last_step is not None]
-        for r in lagging:
-            st = states[r]
-            coll = f"{g.op} {g.sizes} (collective #{g.seq} of group {g.label})"
-            waiters = ", ".join(map(str, g.entered))
-            if st.dump is None:
-                out.append(Verdict("no-dump", [r], g.group, g.label, g.seq, g.op, g.issued_at,
-                                   f"rank {r} vanished (no dump); rank(s) {waiters} wait for it in {coll}, issued at "
-                                   f"{_where(g.issued_at)}", FIXES["no-dump"]))
-                done.add(r)
-                continue
-            # is r itself waiting in another group's frontier the others never entered? a cycle
-            other = next((h for h in divs if h is not g and r in h.entered and
-                          set(h.never_entered) & set(g.entered)), None)
-            if other is not None:
-                # a cycle: r waits in `other`, which the ranks waiting in g never entered. If the ranks
-                # are at different steps, the one ahead skipped the collective of the group it is behind in
-                peers = sorted(set(other.never_entered) & set(g.entered))
-                peer_steps = [states[q].last_step for q in peers if states[q].last_step is not None]
-                mine = st.last_step
-                if mine is not None and peer_steps and mine != max(peer_steps):
-                    if mine > max(peer_steps):
-                        skipper, skipped, waiting_in, others = [r], g, other, peers
-                    else:
-                        skipper = [q for q in peers if states[q].last_step == max(peer_steps)]
-                        skipped, waiting_in, others = other, g, [r]
-                    sk_step = states[skipper[0]].last_step
-                    ot_step = max(states[q].last_step or 0 for q in others)
-                    who = ", ".join(map(str, skipper))
-                    out.append(Verdict(
-                        "skipped-collective", skipper, skipped.group, skipped.label, skipped.seq, skipped.op,
-                        skipped.issued_at,
-                        f"rank {who} skipped {skipped.op} {skipped.sizes} (collective #{skipped.seq} of group "
-                        f"{skipped.label}) that rank(s) {', '.join(map(str, skipped.entered))} issued at "
-                        f"{_where(skipped.issued_at)}: it went on to step {sk_step} (the others are at step {ot_step}) "
-                        f"and now waits in {waiting_in.op} #{waiting_in.seq} of group {waiting_in.label} at "
-                        f"{_where(waiting_in.issued_at)}",
-                        FIXES["skipped-collective"],
-                        [f"rank {who} completed {sk_step} steps, rank(s) {', '.join(map(str, others))} {ot_step}"]))
-                    done.update([r, *peers])
-                else:
-                    pair = sorted({r, *peers})
-                    out.append(Verdict(
-                        "collective-order", pair, g.group, g.label, g.seq, g.op, g.issued_at or other.issued_at,
-                        f"ranks wait on each other in different groups: rank(s) {waiters} in {coll} from "
-                        f"{_where(g.issued_at)}; rank {r} in {other.op} #{other.seq} of group {other.label} from "
-                        f"{_where(other.issued_at)}: the ranks issue collectives on these groups in different orders",
-                        FIXES["collective-order"]))
-                    done.update(pair)
-                continue
-            cause: Cause
-            if st.dump == "faulthandler" and st.trigger == "gil-timeout":
-                cause = "gil-held"
-            elif st.dump == "faulthandler" and st.trigger == "fatal-signal":
-                cause = "aborted"
-            else:
-                cause = {"data-loader": "data-loader", "checkpoint": "checkpoint", "busy-loop": "busy-loop",
-                         "blocked": "blocked"}.get(st.activity, "user-code")
-            what = {"data-loader": "is blocked in its data loader", "checkpoint": "is still saving/loading a checkpoint",
-                    "busy-loop": "is looping", "blocked": "is blocked (sleep, lock, queue or a blocking call)",
-                    "gil-held": "holds the GIL (its watchdog thread could not run)", "aborted": "died",
-                    "user-code": "is running its own code"}[cause]
-            code = f": `{st.frame.code}`" if st.frame and st.frame.code else ""
-            out.append(Verdict(
-                cause, [r], g.group, g.label, g.seq, g.op, st.frame,
-                f"rank {r} never entered {coll}; it {what} in {_where(st.frame)}{code}; rank(s) {waiters} wait "
-                f"inside it (issued at {_where(g.issued_at)})", FIXES[cause]))
+
+def _coll(g: GroupDivergence) -> str:
+    return f"{g.op} {g.sizes} (collective #{g.seq} of group {g.label})"
+
+
+def _divergence_verdicts(g: GroupDivergence, divs: list[GroupDivergence], states: dict[int, RankState],
+                         done: set[int]) -> list[Verdict]:
+    """Per rank of a divergent group that never entered its collective: vanished, caught in a
+    cycle with another group, or doing something else (its activity)."""
+    out = []
+    for r in [r for r in g.never_entered + g.unknown if r not in done]:
+        if states[r].dump is None:
+            out.append(Verdict("no-dump", [r], g.group, g.label, g.seq, g.op, g.issued_at,
+                               f"rank {r} vanished (no dump); rank(s) {', '.join(map(str, g.entered))} wait for it "
+                               f"in {_coll(g)}, issued at {_where(g.issued_at)}"))
             done.add(r)
-
-    # 5. silent ranks not explained above
-    for r in silent:
-        if r not in done:
-            out.append(Verdict("no-dump", [r], None, None, None, None, None,
-                               f"rank {r} {states[r].note}", FIXES["no-dump"]))
-    # 6. no divergence at all: every rank stalled at the same collective point, so what they do
-    # instead is the answer (all ranks in the loader: a shared filesystem; all looping)
-    if not out:
-        stalled: dict[tuple, list[int]] = {}
-        for s in states.values():
-            if s.dump and s.activity not in ("collective", "backward", "unknown"):
-                key = (s.activity, s.frame.where() if s.frame else None)
-                stalled.setdefault(key, []).append(s.rank)
-        for (act, _), ranks in stalled.items():
-            st = states[ranks[0]]
-            cause: Cause = {"data-loader": "data-loader", "checkpoint": "checkpoint", "busy-loop": "busy-loop",
-                            "blocked": "blocked"}.get(act, "user-code")
-            out.append(Verdict(cause, sorted(ranks), None, None, None, None, st.frame,
-                               f"no collective divergence: rank(s) {', '.join(map(str, sorted(ranks)))} stalled "
-                               f"outside any collective, in {_where(st.frame)} ({act})", FIXES[cause]))
-    # merge verdicts that name the same ranks and cause (a cycle seen from both groups)
-    merged: list[Verdict] = []
-    for v in out:
-        if not any(m.cause == v.cause and m.ranks == v.ranks for m in merged):
-            merged.append(v)
-    return merged
+            continue
+        # is r itself waiting in another group's frontier the others never entered? a cycle
+        other = next((h for h in divs if h is not g and r in h.entered and set(h.never_entered) & set(g.entered)),
+                     None)
+        if other is None:
+            out.append(_lagging_verdict(r, g, states))
+            done.add(r)
+        else:
+            out.append(_cycle_verdict(r, g, other, states))
+            done.update({r, *(set(other.never_entered) & set(g.entered))})
+    return out
 
 
-FIXES: dict[str, str] = {
-    "desync": "Every rank of a group must issue the same collectives, with the same sizes, in the same order: look "
-              "for rank- or data-dependent branches around collectives (a rank that skips or adds one, uneven batch "
-              "counts, tensors of different shapes). TORCH_DISTRIBUTED_DEBUG=DETAIL checks each collective as it is "
-              "issued and names the first mismatch.",
-    "crashed": "Fix the error this rank raised; the other ranks' errors (connection reset, timeouts) are its "
-               "consequences.",
-    "aborted": "The rank's process aborted (fatal signal): read its stderr for the C++ error; with gloo a size check "
-               "failing means the ranks disagree on a collective.",
-    "skipped-collective": "Make the collective unconditional on every rank of its group: move the rank- or "
-                          "data-dependent condition inside it (all-reduce a zero or a flag instead of skipping).",
-    "collective-order": "Issue collectives on different process groups in one fixed order on every rank (a "
-                        "rank-dependent order deadlocks: each rank waits in a group the other has not reached).",
-    "no-dump": "This rank left no dump: it died (OOM killer, segfault, SIGKILL: check its log and `dmesg`) or is "
-               "frozen below Python (driver, kernel, hardware). The other ranks wait for it; restart from the last "
-               "checkpoint and investigate the node.",
-    "data-loader": "Find out why the read blocks (a stalled filesystem or network read, a dead loader worker); give "
-                   "the read a timeout, use DataLoader(num_workers>0, timeout=...) so a stuck read raises instead of "
-                   "hanging, and make every rank see the same number of batches (DistributedSampler(drop_last=True)).",
-    "checkpoint": "This rank is still saving (or loading) a checkpoint while the others wait in a collective: save "
-                  "collectively (torch.distributed.checkpoint, every rank) or asynchronously (dcp.async_save), or "
-                  "have the others wait at a barrier whose timeout covers the save.",
-    "busy-loop": "This rank loops without reaching the next collective: check the loop's exit condition (it may "
-                 "depend on rank-local data, e.g. an uneven number of batches).",
-    "blocked": "This rank waits on something outside the collective (a sleep, a lock, a queue, a subprocess, a "
-               "network call): make that wait bounded, or make it happen on every rank.",
-    "gil-held": "A thread held the GIL for the whole timeout (a C extension that does not release it): the "
-                "faulthandler stack shows where; release the GIL in that extension or move the call out of the "
-                "training process.",
-    "user-code": "This rank is in its own code, not in a collective: the shown frame is where it is; make sure "
-                 "every rank reaches the next collective (no rank-dependent early exit or extra work).",
-}
+def _cycle_verdict(r: int, g: GroupDivergence, other: GroupDivergence, states: dict[int, RankState]) -> Verdict:
+    """r waits in ``other``, which the ranks waiting in ``g`` never entered. At different steps,
+    the rank ahead skipped the collective of the group it is behind in; at the same step, the
+    ranks issue the two groups' collectives in different orders."""
+    peers = sorted(set(other.never_entered) & set(g.entered))
+    peer_steps = [states[q].last_step for q in peers if states[q].last_step is not None]
+    mine = states[r].last_step
+    if mine is None or not peer_steps or mine == max(peer_steps):
+        return Verdict(
+            "collective-order", sorted({r, *peers}), g.group, g.label, g.seq, g.op, g.issued_at or other.issued_at,
+            f"ranks wait on each other in different groups: rank(s) {', '.join(map(str, g.entered))} in {_coll(g)} "
+            f"from {_where(g.issued_at)}; rank {r} in {other.op} #{other.seq} of group {other.label} from "
+            f"{_where(other.issued_at)}: the ranks issue collectives on these groups in different orders")
+    if mine > max(peer_steps):
+        skipper, skipped, waiting_in, others = [r], g, other, peers
+    else:
+        skipper = [q for q in peers if states[q].last_step == max(peer_steps)]
+        skipped, waiting_in, others = other, g, [r]
+    sk_step = states[skipper[0]].last_step
+    ot_step = max(states[q].last_step or 0 for q in others)
+    who = ", ".join(map(str, skipper))
+    return Verdict(
+        "skipped-collective", skipper, skipped.group, skipped.label, skipped.seq, skipped.op, skipped.issued_at,
+        f"rank {who} skipped {skipped.op} {skipped.sizes} (collective #{skipped.seq} of group {skipped.label}) that "
+        f"rank(s) {', '.join(map(str, skipped.entered))} issued at {_where(skipped.issued_at)}: it went on to step "
+        f"{sk_step} (the others are at step {ot_step}) and now waits in {waiting_in.op} #{waiting_in.seq} of group "
+        f"{waiting_in.label} at {_where(waiting_in.issued_at)}",
+        [f"rank {who} completed {sk_step} steps, rank(s) {', '.join(map(str, others))} {ot_step}"])
+
+
+# what a rank that never entered the collective is doing instead, as a cause and in words
+ACTIVITY_CAUSE: dict[str, Cause] = {"data-loader": "data-loader", "checkpoint": "checkpoint",
+                                    "busy-loop": "busy-loop", "blocked": "blocked"}
+DOING = {"data-loader": "is blocked in its data loader", "checkpoint": "is still saving/loading a checkpoint",
+         "busy-loop": "is looping", "blocked": "is blocked (sleep, lock, queue or a blocking call)",
+         "gil-held": "holds the GIL (its watchdog thread could not run)", "aborted": "died",
+         "user-code": "is running its own code"}
+
+
+def _lagging_cause(st: RankState) -> Cause:
+    if st.dump == "faulthandler" and st.trigger == "gil-timeout":
+        return "gil-held"
+    if st.dump == "faulthandler" and st.trigger == "fatal-signal":
+        return "aborted"
+    return ACTIVITY_CAUSE.get(st.activity, "user-code")
+
+
+def _lagging_verdict(r: int, g: GroupDivergence, states: dict[int, RankState]) -> Verdict:
+    st = states[r]
+    cause = _lagging_cause(st)
+    code = f": `{st.frame.code}`" if st.frame and st.frame.code else ""
+    return Verdict(
+        cause, [r], g.group, g.label, g.seq, g.op, st.frame,
+        f"rank {r} never entered {_coll(g)}; it {DOING[cause]} in {_where(st.frame)}{code}; rank(s) "
+        f"{', '.join(map(str, g.entered))} wait inside it (issued at {_where(g.issued_at)})")
+
+
+def _stall_verdicts(states: dict[int, RankState]) -> list[Verdict]:
+    """No divergence at all: every rank stalled at the same collective point, so what they do
+    instead is the answer (all ranks in the loader: a shared filesystem; all looping)."""
+    stalled: dict[tuple, list[int]] = {}
+    for s in states.values():
+        if s.dump and s.activity not in ("collective", "backward", "unknown"):
+            stalled.setdefault((s.activity, s.frame.where() if s.frame else None), []).append(s.rank)
+    out = []
+    for (act, _), ranks in stalled.items():
+        st = states[ranks[0]]
+        out.append(Verdict(ACTIVITY_CAUSE.get(act, "user-code"), sorted(ranks), None, None, None, None, st.frame,
+                           f"no collective divergence: rank(s) {', '.join(map(str, sorted(ranks)))} stalled "
+                           f"outside any collective, in {_where(st.frame)} ({act})"))
+    return out
 
 
 def trend_from_analysis(analysis) -> Trend:

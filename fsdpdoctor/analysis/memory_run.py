@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fsdpdoctor.analysis import memory as mem
 from fsdpdoctor.results.memory import MemoryReport  # noqa: F401 - importable from here as before
+from fsdpdoctor.trace.io import within
 
 
 def _read_trace(path: Path) -> dict:
@@ -18,15 +19,23 @@ def _read_trace(path: Path) -> dict:
     return {"traceEvents": load_file(path).memory_events}
 
 
-def rank_files(folder: Path, manifest: dict) -> dict[int, Path]:
+def rank_files(folder: Path, manifest: dict, notes: list[str] | None = None) -> dict[int, Path]:
+    """Each rank's trace: as the manifest lists it (only names inside the run folder: a manifest is
+    content, not a command line; the others are named in ``notes``), else by file name."""
     files = manifest.get("files")
     out: dict[int, Path] = {}
     if isinstance(files, dict) and files:
         for k, v in files.items():
             try:
-                out[int(k)] = folder / str(v)
+                rank = int(k)
             except ValueError:
                 continue
+            inside = within(folder, str(v))
+            if inside is None:
+                if notes is not None:
+                    notes.append(f"rank {rank}: manifest names {str(v)!r}, outside the run folder: not read")
+            else:
+                out[rank] = inside
         return out
     for p in sorted(folder.glob("rank*.json*")):
         stem = p.name[4:].split(".", 1)[0]
@@ -44,7 +53,7 @@ def measured(folder: Path, manifest: dict, devices: dict[str, str]) -> tuple[lis
         return [], notes
     rows = []
     kinds_seen = set()
-    for rank, path in sorted(rank_files(folder, manifest).items()):
+    for rank, path in sorted(rank_files(folder, manifest, notes).items()):
         if not path.is_file():
             notes.append(f"rank {rank}: trace {path.name} missing")
             continue

@@ -4,12 +4,15 @@
 every collective with its process group, sequence number, issue/start/end and size,
 host syncs, data-loader facts, prefetch and DDP counts), so the reduce never sees a
 rank's event tables. It is msgspec-encoded to ``<trace>.summary.msgpack`` beside the
-trace, stamped with the trace's size and mtime and ``ANALYSIS_VERSION``.
+trace, with a hash of its content, stamped with the trace's identity (``TraceStamp``) and
+``ANALYSIS_VERSION``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 from pathlib import Path
 
 import msgspec
@@ -18,45 +21,65 @@ from fsdpdoctor.results import (
     Collective, DataLoaderInfo, DialectTraits, GpuIdle, HostSync, OffloadInfo, RankDataQuality, RankSetup, RankSummary,
     RecomputeInfo,
 )
+from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.identity import RankIdentity
+from fsdpdoctor.trace.io import read_raw, shown, write_atomic
 
 # Bump whenever what analyze_rank computes changes: older summaries are then rebuilt from the traces.
-ANALYSIS_VERSION = "4"
+ANALYSIS_VERSION = "5"
 SUMMARY_SUFFIX = ".summary.msgpack"
 
 
 class TraceStamp(msgspec.Struct, frozen=True):
-    """Identity of a trace file a summary was made from, checked without parsing it: size, plus
-    mtime or the file's last 16 bytes (a gzip member ends with the CRC32 and length of its content,
-    so a copy that did not keep the mtime is still recognised)."""
+    """Identity of a trace file a summary was made from, checked without parsing it: its size and a
+    digest of its first and last ``_SAMPLE`` bytes. The head holds the trace's own metadata (base time,
+    distributed info) and the first events, so a summary of another recording does not match even when
+    size and mtime were made to; a gzip file ends with the CRC32 and length of its whole content, so
+    any change to a gzip trace changes the digest and a copy that did not keep the mtime still
+    matches. A plain JSON file's middle is not sampled: its mtime must match as well."""
 
     path: str
     size: int
     mtime_ns: int
-    tail: str = ""
+    sample: str = ""
 
     @classmethod
     def of(cls, path: Path) -> "TraceStamp":
         st = os.stat(path)
-        return cls(path=str(path), size=st.st_size, mtime_ns=st.st_mtime_ns, tail=_tail(path, st.st_size))
+        return cls(path=shown(path), size=st.st_size, mtime_ns=st.st_mtime_ns, sample=_sample(path, st.st_size)[0])
 
     def current(self, path: Path) -> bool:
         try:
             st = os.stat(path)
         except OSError:
             return False
-        if st.st_size != self.size:
+        if st.st_size != self.size or not self.sample:
             return False
-        return st.st_mtime_ns == self.mtime_ns or (bool(self.tail) and _tail(path, st.st_size) == self.tail)
+        sample, gzip = _sample(path, st.st_size)
+        return sample == self.sample and (st.st_mtime_ns == self.mtime_ns or gzip)
 
 
-def _tail(path: Path, size: int) -> str:
+_SAMPLE = 64 << 10  # two reads per trace, whatever its size: nothing next to parsing it
+
+
+def _sample(path: Path, size: int) -> tuple[str, bool]:
+    """(digest of the size, first and last ``_SAMPLE`` bytes, whether the file is gzip data)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(size.to_bytes(8, "little"))
     try:
-        with open(path, "rb") as f:
-            f.seek(max(size - 16, 0))
-            return f.read(16).hex()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO named as a trace must not wait for a writer
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return "", False
+            head = os.pread(fd, _SAMPLE, 0)
+            tail = os.pread(fd, _SAMPLE, max(size - _SAMPLE, 0))
+        finally:
+            os.close(fd)
     except OSError:
-        return ""
+        return "", False
+    h.update(head)
+    h.update(tail)
+    return h.hexdigest(), head[:2] == b"\x1f\x8b"
 
 
 class Window(msgspec.Struct, array_like=True):
@@ -143,13 +166,51 @@ class RankResult(msgspec.Struct):
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(RankResult)
 
+# A summary file: this line, the SHA-256 of the rest, then the msgpack-encoded RankResult. The hash
+# tells any damage (a flipped bit, a cut) from a summary; the stamps inside tell which trace it is of.
+MAGIC = b"fsdpdoctor rank summary 1\n"
+_HASH = 32
+# the largest summary read: one ~100-byte record per collective, so ~1 M collectives in one rank's
+# window (the largest trace here, 1 GB, has ~30 k); far below what would exhaust memory
+SUMMARY_MAX = 256 << 20
+
+
+class BadSummary(ValueError):
+    """A summary file that cannot be trusted, with why in words."""
+
 
 def encode(r: RankResult) -> bytes:
+    """The msgpack of a result (what the map sends back; ``pack`` makes a summary file of it)."""
     return _encoder.encode(r)
 
 
 def decode(data: bytes) -> RankResult:
-    return _decoder.decode(data)
+    """A result the map sent back: msgpack of a ``RankResult``, checked against its type."""
+    try:
+        return _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, ValueError, TypeError) as exc:
+        raise BadSummary(f"not a rank summary ({str(exc)[:80]})") from None
+
+
+def pack(r: RankResult) -> bytes:
+    body = encode(r)
+    return MAGIC + hashlib.sha256(body).digest() + body
+
+
+def unpack(data: bytes) -> RankResult:
+    """The result in a summary file's bytes; ``BadSummary`` when they are not exactly what ``pack`` wrote."""
+    if not data.startswith(MAGIC):
+        raise BadSummary("not a summary this version of fsdpdoctor writes")
+    digest, body = data[len(MAGIC):len(MAGIC) + _HASH], data[len(MAGIC) + _HASH:]
+    if hashlib.sha256(body).digest() != digest:
+        raise BadSummary("damaged (its content does not match its hash)")
+    return decode(body)
+
+
+def read_file(path: Path) -> RankResult:
+    """A summary file, through the one reading helper: a regular file (never a link: summaries are
+    written as files) of at most ``SUMMARY_MAX`` bytes, intact. ``InputError`` or ``BadSummary``."""
+    return unpack(read_raw(path, SUMMARY_MAX, follow_links=False))
 
 
 def summary_path(trace_path: Path) -> Path:
@@ -163,21 +224,24 @@ def summary_path(trace_path: Path) -> Path:
 
 
 def write(r: RankResult, path: Path) -> None:
-    """Atomic: a reader never sees half a summary."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(encode(r))
-    os.replace(tmp, path)
+    """Atomic, under a name of this writer's own: a reader never sees half a summary."""
+    write_atomic(path, pack(r))
 
 
-def read_current(trace_path: Path) -> RankResult | None:
-    """The summary beside ``trace_path`` if it was made from this very file by this analysis version."""
+def read_current(trace_path: Path) -> tuple[RankResult | None, str | None]:
+    """(the summary beside ``trace_path`` if it was made from this very file by this analysis version,
+    why it was not used): (None, None) when there is no summary."""
     sp = summary_path(trace_path)
+    if not os.path.lexists(sp):
+        return None, None
     try:
-        r = decode(sp.read_bytes())
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    if r.analysis_version != ANALYSIS_VERSION or r.steps_filter is not None or len(r.files) != 1:
-        return None
-    if Path(r.files[0].path).name != trace_path.name or not r.files[0].current(trace_path):
-        return None
-    return r
+        r = read_file(sp)
+    except (InputError, BadSummary) as exc:
+        return None, exc.problem if isinstance(exc, InputError) else str(exc)
+    if r.analysis_version != ANALYSIS_VERSION:
+        return None, f"made by analysis version {r.analysis_version}, this is {ANALYSIS_VERSION}"
+    if r.steps_filter is not None or len(r.files) != 1:
+        return None, "made for some steps or several files"
+    if Path(r.files[0].path).name != shown(trace_path.name) or not r.files[0].current(trace_path):
+        return None, f"made from another file than this {trace_path.name}, or from an earlier version of it"
+    return r, None

@@ -58,7 +58,9 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
     out = []
     # on GPU the cost of a sync is the bubble after it: the device queue is empty until the host
     # launches again, so measure from the sync's end to the next device activity
-    dev_starts = np.sort(t.ts[np.isin(t.cat, DEVICE_CATEGORIES)])
+    dev = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
+    dev_starts = np.sort(t.ts[dev])
+    dev_busy = iv.as_set(t.ts[dev], t.ts[dev] + t.dur[dev]) if len(dev) else iv.EMPTY
     for (name, src), rows in groups.items():
         steps = sorted({s for s in (_step_of(windows, float(t.ts[r])) for r in rows) if s is not None})
         bubble = 0.0
@@ -68,8 +70,13 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
             ok = nxt < len(dev_starts)
             # idle until the next device activity, but not past the end of the sync's own step
             step_end = np.array([next((w.end for w in windows if w.start <= e < w.end), e) for e in ends[ok]])
-            gaps = np.minimum(dev_starts[nxt[ok]], np.maximum(step_end, ends[ok])) - ends[ok]
-            bubble = float(np.sum(np.maximum(gaps, 0.0)))
+            until = np.minimum(dev_starts[nxt[ok]], np.maximum(step_end, ends[ok]))
+            # several syncs before the next launch share one bubble, and a stream still running when a
+            # sync returns (it waited on another stream) is no bubble: the union of the gaps, minus
+            # device activity, counted once
+            keep = until > ends[ok]
+            gaps = iv.as_set(ends[ok][keep], until[keep]) if keep.any() else iv.EMPTY
+            bubble = iv.total(iv.subtract(gaps, dev_busy)) if len(gaps) else 0.0
         out.append(HostSync(rank=t.rank, name=name, count=len(rows), total_us=float(t.dur[rows].sum()),
                             steps=steps, source=src, bubble_us=bubble))
     out.sort(key=lambda h: -h.count)

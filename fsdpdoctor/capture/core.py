@@ -323,14 +323,15 @@ class Capture:
         if self._started:
             return self
         self._started = True
-        if self._watch is not None:
-            self._watch.start()
         try:
             self.rank, self.world_size, self._has_pg = _rank_world()
         except Exception as exc:  # pragma: no cover
             _warn(f"rank {self.rank}: cannot determine rank ({exc}); assuming rank 0 of 1")
         self._gather_hosts()
         self._arm()
+        if self._watch is not None:
+            self._watch.out_dir = self.out_dir  # the folder this job writes to (see _arm)
+            self._watch.start()
         if self.ranks is not None and self.rank not in self.ranks:
             return self  # not profiled: no profiler at all
         track_fsdp2_prefetch_calls()
@@ -577,6 +578,8 @@ class Capture:
                 key = self._folder_key()
                 if self._store.check([key]):
                     self.out_dir = Path(self._store.get(key).decode())
+                    if self._watch is not None:
+                        self._watch.out_dir = self.out_dir
                     self._folder_known = True
                     return
             except Exception:
@@ -834,7 +837,11 @@ class Capture:
             argv = ["summarize", str(path), "--quiet", "--no-progress", "--jobs", "1"]
             if self._param_dtype:
                 argv += ["--param-dtype", str(self._param_dtype)]
-            code = f"import os,sys; os.nice(10); from fsdpdoctor.cli import main; sys.exit(main({argv!r}))"
+            # the child imports this very fsdpdoctor: ``-c`` would put the job's working folder first on
+            # the path, where a folder named fsdpdoctor (a checkout) would be imported instead
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            code = (f"import os,sys; sys.path[:] = [{root!r}] + [p for p in sys.path if p not in ('', '.')]; "
+                    f"os.nice(10); from fsdpdoctor.cli import main; sys.exit(main({argv!r}))")
             subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
         except Exception as exc:

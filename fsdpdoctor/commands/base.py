@@ -46,7 +46,8 @@ def add_engine(p: argparse.ArgumentParser, summaries: bool = True) -> None:
     """--dask, --jobs and (where a verb reads summaries) --no-summaries."""
     p.add_argument("--dask", metavar="ADDRESS",
                    help="analyse the ranks on a Dask cluster (scheduler address, or 'local' for a LocalCluster); "
-                        "the workers must see the traces at the same path (docs/scale-out.md)")
+                        "the workers must see the traces at the same path (docs/scale-out.md). The cluster is "
+                        "trusted with code execution in this process (docs/trust.md)")
     p.add_argument("--jobs", "-j", type=int, metavar="N",
                    help="worker processes on this machine (default: one per core; 1: in this process)")
     if summaries:

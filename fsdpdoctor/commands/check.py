@@ -6,6 +6,7 @@ from fsdpdoctor.commands.base import add_analysis_flags, print_json
 from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds, run_analysis
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import SEVERITIES
+from fsdpdoctor.trace.io import check_output, write_atomic
 
 
 def _percent(v: str) -> float:
@@ -48,8 +49,11 @@ def run(args) -> int:
     limits = {budget: _percent(limit) for budget, limit in (("exposed_comm", args.max_exposed_comm),
                                                            ("data_loading", args.max_data_loading),
                                                            ("idle", args.max_idle)) if limit is not None}
+    if args.junit:
+        check_output(args.junit, [args.path])
     a = run_analysis(args)
-    res = check(a, args.fail_on, limits, _baseline(args, a) if args.baseline else None)
+    hang, notes = _hang(args)
+    res = check(a, args.fail_on, limits, _baseline(args, a) if args.baseline else None, hang, notes)
     if args.json:
         from fsdpdoctor.report.check import document
 
@@ -59,15 +63,30 @@ def run(args) -> int:
 
         render(res)
     if args.junit:
+        from fsdpdoctor.diagnose.hang import HANG_IDS
         from fsdpdoctor.diagnose.rules import RULE_IDS
         from fsdpdoctor.report.junit import to_junit
 
         try:
-            with open(args.junit, "w") as fh:
-                fh.write(to_junit(a, res.failing, RULE_IDS))
+            write_atomic(args.junit, to_junit(a, res.failing, RULE_IDS + (HANG_IDS if hang else [])))
         except OSError as exc:
             raise InputError(args.junit, f"cannot write JUnit file: {exc.strerror or exc}") from None
     return 0 if res.passed else 1
+
+
+def _hang(args) -> tuple[list, list[str]]:
+    """The findings of the run's hang dumps, gated like the others; dumps that cannot be read are
+    named in a note (the traces were checked)."""
+    from fsdpdoctor.trace.hang import has_hang_dumps
+
+    if not has_hang_dumps(args.path):
+        return [], []
+    from fsdpdoctor.commands.hang import build_report
+
+    try:
+        return build_report(args.path, trend=False, thresholds=parse_thresholds(args)).findings, []
+    except InputError as exc:
+        return [], [f"the hang dumps could not be read ({exc})"]
 
 
 def _baseline(args, a):

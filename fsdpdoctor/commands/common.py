@@ -75,6 +75,8 @@ def progress_bar(enabled: bool):
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from fsdpdoctor.trace.io import showing_bytes
+
     with Progress(TextColumn("loading {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task("traces", total=None)
@@ -82,7 +84,11 @@ def progress_bar(enabled: bool):
         def cb(name: str, done: int, total: int) -> None:
             prog.update(task, description=name or "done", completed=done, total=total)
 
-        yield cb
+        def read(name: str, done: int, total: int) -> None:  # within one large trace: how far it is read
+            prog.update(task, description=f"{name} ({done / 2**20:,.0f} of {total / 2**20:,.0f} MiB read)")
+
+        with showing_bytes(read):
+            yield cb
 
 
 def run_analysis(args):

@@ -7,6 +7,7 @@ from fsdpdoctor.commands.common import (
     add_selection_args, engine_kwargs, parse_ranks, parse_steps, parse_thresholds, progress_bar,
 )
 from fsdpdoctor.errors import InputError
+from fsdpdoctor.trace.io import check_output
 
 
 def register(sub) -> None:
@@ -25,6 +26,7 @@ def run(args) -> int:
     from fsdpdoctor.pipeline import open_analysis
     from fsdpdoctor.report.perfetto import write
 
+    check_output(args.perfetto, [args.path])
     engine = engine_kwargs(args)
     selection = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=parse_thresholds(args))
     with progress_bar(not args.no_progress) as cb:

@@ -38,9 +38,10 @@ def build_report(path: str, trend: bool = True, thresholds: dict[str, float] | N
             from fsdpdoctor.analysis.hang import Trend
 
             tr = Trend(False, summary=f"the profiled traces could not be read ({exc})")
+    from fsdpdoctor.diagnose.hang import diagnose_hang
     from fsdpdoctor.diagnose.thresholds import resolve
 
-    return analyze_hang(dumps, tr, resolve(thresholds))
+    return diagnose_hang(analyze_hang(dumps, tr, resolve(thresholds)), thresholds)
 
 
 def run(args) -> int:

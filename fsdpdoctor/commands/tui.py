@@ -15,6 +15,8 @@ def register(sub) -> None:
                        description="Open the terminal UI on a trace file or a folder of per-rank traces.")
     add_selection_args(p)
     p.add_argument("--light", action="store_true", help="start with the light theme (t toggles)")
+    p.add_argument("--window", type=int, metavar="STEP",
+                   help="a run folder with windows: start on the window at STEP (default the latest; [ and ] move)")
     p.set_defaults(func=open_tui)
 
 
@@ -35,6 +37,7 @@ def open_tui(args) -> int:
 
     app = FsdpDoctorApp(path, ranks=ranks, steps=steps, thresholds=thresholds,
                         light=bool(getattr(args, "light", False)), engine=engine)
+    app.window = getattr(args, "window", None)
     rc = app.run()
     if app.error:
         # the error screen showed it; repeat it on the terminal the user returns to

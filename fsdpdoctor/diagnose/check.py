@@ -32,5 +32,10 @@ def budget_breaches(a: Analysis, limits: dict[Budget, float]) -> list[BudgetBrea
 
 
 def check(a: Analysis, fail_on: Severity = "warning", budgets: dict[Budget, float] | None = None,
-          comparison: Comparison | None = None) -> CheckResult:
-    return CheckResult(a, fail_on, at_or_above(a.findings, fail_on), budget_breaches(a, budgets or {}), comparison)
+          comparison: Comparison | None = None, hang: list[Finding] | None = None,
+          notes: list[str] | None = None) -> CheckResult:
+    """The gate on ``a``; ``hang``: the findings of the run's hang dumps (diagnose/hang.py), gated
+    like any other finding."""
+    findings = [*a.findings, *(hang or [])]
+    return CheckResult(a, fail_on, findings, at_or_above(findings, fail_on), budget_breaches(a, budgets or {}),
+                       comparison, list(notes or []))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fsdpdoctor.errors import InputError
+from fsdpdoctor.trace.io import read_text
 
 
 @dataclass(frozen=True)
@@ -154,10 +155,7 @@ def parse_assignment(item: str) -> tuple[str, float]:
 
 def load_overrides(path: str | Path) -> dict[str, float]:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(path, f"cannot read config: {exc.strerror or exc}") from None
+    text = read_text(path)
     try:
         if path.suffix == ".toml":
             import tomllib

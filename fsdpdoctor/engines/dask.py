@@ -11,7 +11,11 @@ from fsdpdoctor.errors import InputError
 
 class DaskEngine:
     """The map as tasks on a Dask cluster: ``address`` of a running scheduler, or "local"
-    for a LocalCluster on this machine (one single-threaded worker process per core)."""
+    for a LocalCluster on this machine (one single-threaded worker process per core).
+
+    Trust: Dask sends results back with pickle, so a worker of the cluster can run code in this
+    process (docs/trust.md): name only a cluster you would let run code as you. The caller sends
+    paths a worker can open wherever it runs (absolute) and checks what comes back before use."""
 
     def __init__(self, address: str):
         try:

@@ -17,21 +17,30 @@ def _line(text: str) -> Text:
     return Text(text, overflow="fold")
 
 
+def impact_text(f) -> str:
+    """The time a fix saves per step; a finding whose time is unknown but whose share is (a hang
+    stops the whole step) shows the share."""
+    if not f.impact_us and f.impact_frac:
+        return f"{100 * f.impact_frac:.0f}% of the step"
+    return f"{f.impact_us / 1e3:.1f} ms/step"
+
+
 def render(res: CheckResult, console: Console | None = None) -> None:
     con = console or Console(highlight=False)
     failing = set(map(id, res.failing))
-    for f in res.analysis.findings:
+    for f in res.findings:
         mark = "FAIL" if id(f) in failing else "ok  "
         where = f" at {f.source}" if f.source else ""
         cause = f" [caused by {f.caused_by}]" if f.caused_by else ""
-        con.print(_line(f"{mark} {f.severity:7s} {f.id}: {f.title} ({f.impact_us / 1e3:.1f} ms/step){where}"
-                        f"{cause}"))
+        con.print(_line(f"{mark} {f.severity:7s} {f.id}: {f.title} ({impact_text(f)}){where}{cause}"))
     for b in res.budgets:
         con.print(_line(f"FAIL budget  {b.text()}"))
     if res.comparison is not None:
         con.print(_line(baseline_line(res.comparison)))
     for q in data_quality_lines(res.analysis.data_quality):
         con.print(_line(f"data quality: {q}"))
+    for n in res.notes:
+        con.print(_line(f"note: {n}"))
     against = ""
     if res.comparison is not None:
         against = f", {'a significant regression' if res.regressed else 'no regression'} against the baseline"
@@ -45,7 +54,8 @@ def document(res: CheckResult) -> dict:
             "budgets_exceeded": [b.text() for b in res.budgets],
             "baseline": None if res.comparison is None else res.comparison.to_dict(),
             "data_quality": data_quality_lines(a.data_quality),
-            "findings": [f.__dict__ | {"evidence": [e.__dict__ for e in f.evidence]} for f in a.findings]}
+            "findings": [f.__dict__ | {"evidence": [e.__dict__ for e in f.evidence]} for f in res.findings],
+            **({"notes": res.notes} if res.notes else {})}
 
 
 def render_thresholds(thresholds, console: Console | None = None) -> None:

@@ -9,22 +9,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from fsdpdoctor.analysis.hang import HangReport, RankState
-
-CAUSE_TITLE = {
-    "desync": "desync: the ranks disagree on a collective",
-    "crashed": "a rank crashed",
-    "aborted": "a rank aborted",
-    "skipped-collective": "a rank skipped a collective",
-    "collective-order": "collectives issued in different orders",
-    "no-dump": "a rank vanished: no dump (dead or hard-stuck)",
-    "data-loader": "a rank is stuck in its data loader",
-    "checkpoint": "a rank is stuck in a checkpoint save/load",
-    "busy-loop": "a rank is looping outside the collectives",
-    "blocked": "a rank is blocked outside the collectives",
-    "gil-held": "a rank holds the GIL",
-    "user-code": "a rank is in its own code",
-}
-
+from fsdpdoctor.report.format import SEVERITY_STYLE
 
 def frame_text(f) -> str:
     if f is None:
@@ -75,17 +60,18 @@ def render(rep: HangReport, console: Console | None = None) -> None:
     if not rep.verdicts:
         con.print("[green]no divergence found[/]: every rank with a dump reached the same collectives "
                   "(a slow step rather than a hang, or the stalled rank wrote no dump)")
-    for i, v in enumerate(rep.verdicts):
+    for i, (v, f) in enumerate(zip(rep.verdicts, rep.findings)):
         head = "[bold red]verdict[/]" if i == 0 else "[yellow]also[/]"
-        con.print(f"\n{head} [bold]{CAUSE_TITLE.get(v.cause, v.cause)}[/] [dim]({v.cause})[/] "
-                  f"rank(s) {', '.join(map(str, v.ranks))}")
-        _indented(con, escape(v.summary))
+        style = SEVERITY_STYLE.get(f.severity, "")
+        con.print(f"\n{head} [{style}]{f.severity}[/] [bold]{escape(f.title)}[/] [dim]({f.id})[/] "
+                  f"rank(s) {', '.join(map(str, f.ranks))}")
+        _indented(con, escape(f.summary))
         if v.frame is not None:
             code = f"  [dim]{escape(v.frame.code)}[/]" if v.frame.code else ""
             _indented(con, f"[bold]frame:[/] {escape(frame_text(v.frame))}{code}")
-        for e in v.evidence:
-            _indented(con, f"[dim]{escape(e)}[/]")
-        _indented(con, f"[bold]fix:[/] {escape(v.fix)}")
+        for e in f.evidence:
+            _indented(con, f"[dim]{escape(e.text)}[/]")
+        _indented(con, f"[bold]fix:[/] {escape(f.fix)}")
     con.print()
     con.print(Text("Ranks", style="bold"))
     for line in rank_lines(rep):

@@ -22,11 +22,13 @@ one track per finding that concerns the rank, then the original threads and stre
 
 from __future__ import annotations
 
+import io
 import json
 from collections import defaultdict
 
 from fsdpdoctor.analysis.clock import to_reference
 from fsdpdoctor.results import Analysis, Collective, Finding
+from fsdpdoctor.trace.io import write_atomic
 from fsdpdoctor.trace.table import CATEGORY_NAMES, RankTrace
 
 TID_STEPS = 1
@@ -238,6 +240,12 @@ def write(a: Analysis, path, traces: list[RankTrace] | None = None) -> int:
                             "reference_rank": a.clock.reference_rank,
                             "offsets_us": {str(r.rank): r.offset_us for r in a.clock.ranks},
                             "uncertainty_us": {str(r.rank): r.uncertainty_us for r in a.clock.ranks}}}}
-    with open(path, "w") as fh:
-        json.dump(doc, fh, separators=(",", ":"), default=str)
+
+    def dump(fh) -> None:  # streamed, as the events may be most of a run
+        text = io.TextIOWrapper(fh, encoding="utf-8")
+        json.dump(doc, text, separators=(",", ":"), default=str)
+        text.flush()
+        text.detach()
+
+    write_atomic(path, dump)
     return len(ev)

@@ -32,9 +32,11 @@ class BudgetBreach:
 class CheckResult:
     analysis: Analysis
     fail_on: Severity
+    findings: list[Finding]          # the analysis' findings, then those of the run's hang dumps
     failing: list[Finding]           # findings at or above ``fail_on``
     budgets: list[BudgetBreach] = field(default_factory=list)
     comparison: Comparison | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def regressed(self) -> bool:

@@ -1,6 +1,7 @@
 """The hang report (``fsdpdoctor hang``): each rank's state, the process groups' divergences and
-mismatches, the verdicts, and the trend of the profiled steps before the hang. Built by
-``analysis/hang.py`` from the dumps (``trace/hang.py``)."""
+mismatches, the verdicts (and the same verdicts as findings, on the one severity scale), and the
+trend of the profiled steps before the hang. Built by ``analysis/hang.py`` from the dumps
+(``trace/hang.py``), judged by ``diagnose/hang.py``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fsdpdoctor.hang_format import Frame
+from fsdpdoctor.results.analysis import Finding
 
 # what stopped the job (a verdict's cause) and what a rank was doing when it was dumped
 Cause = Literal["desync", "crashed", "aborted", "skipped-collective", "collective-order", "no-dump",
@@ -59,7 +61,7 @@ class Mismatch:
 
 @dataclass
 class HangVerdict:
-    """Why the job hangs: a cause, the ranks it names, where, and what to do."""
+    """Why the job hangs: a cause, the ranks it names, where (its fix is the finding's)."""
 
     cause: Cause
     ranks: list[int]                 # the lagging / culprit ranks
@@ -68,8 +70,7 @@ class HangVerdict:
     seq: int | None
     op: str | None
     frame: Frame | None
-    summary: str
-    fix: str
+    summary: str                     # the evidence in one sentence (the fix is the finding's: diagnose/hang.py)
     evidence: list[str] = field(default_factory=list)
 
 
@@ -94,6 +95,9 @@ class HangReport:
     verdicts: list[HangVerdict]
     trend: Trend | None = None
     notes: list[str] = field(default_factory=list)
+    # the verdicts as findings, one each in the same order, on the severity scale of every other
+    # finding (diagnose/hang.py fills them)
+    findings: list[Finding] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"fsdpdoctor_hang_report": 1, **dataclasses.asdict(self)}

@@ -17,6 +17,7 @@ from pathlib import Path
 from fsdpdoctor.hang_format import (DUMP_NAME, DUMP_VERSION, FAULTHANDLER_NAME, FOLDER, FaultHeader, Frame,
                                    parse_header)
 from fsdpdoctor.errors import InputError
+from fsdpdoctor.trace.io import DOCUMENT_MAX, read_raw, read_text
 
 FH_NAME = FAULTHANDLER_NAME
 FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[([^\]]*)\])? \(most recent call first\):")
@@ -150,9 +151,7 @@ def _fr_entry(e, path: Path) -> FrEntry:
 
 def read_json_dump(path: Path) -> RankDump:
     try:
-        doc = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+        doc = json.loads(read_raw(path, DOCUMENT_MAX))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(path, f"not valid JSON ({exc})") from None
     if not isinstance(doc, dict) or "fsdpdoctor_hang" not in doc:
@@ -210,10 +209,7 @@ def read_faulthandler(path: Path) -> RankDump | None:
 
 def read_faulthandler_file(path: Path) -> tuple[FaultHeader, RankDump | None]:
     """A faulthandler file's header, and its stacks as a dump (None when it holds only the header)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+    text = read_text(path)
     lines = text.splitlines()
     head = parse_header(lines[0]) if lines else None
     if head is None:
@@ -288,19 +284,24 @@ def load_hang_dumps(run_dir: str | Path) -> HangDumps:
     manifest = root / "manifest.json"
     if world is None and manifest.is_file():
         try:
-            world = int(json.loads(manifest.read_text()).get("world_size"))
-        except (ValueError, TypeError, AttributeError, OSError):
+            world = int(json.loads(read_raw(manifest, DOCUMENT_MAX)).get("world_size"))
+        except (ValueError, TypeError, AttributeError, OSError, InputError):
             world = None
     return HangDumps(run_dir=str(root), dumps=dumps, world_size=world, vanished=vanished)
 
 
-def hang_note(path: str | Path) -> str | None:
-    """The note ``analyze`` adds when the run folder holds hang dumps."""
+def has_hang_dumps(path: str | Path) -> bool:
+    """The run folder holds the watchdog's dumps (``hang/rank<N>.json`` or faulthandler files)."""
     folder = Path(path) / FOLDER
     try:
-        if folder.is_dir() and any(DUMP_NAME.match(p.name) or FH_NAME.match(p.name) for p in folder.iterdir()):
-            return (f"{folder} holds hang dumps from the watchdog: run `fsdpdoctor hang {path}` for which rank "
-                    "stopped, where and why")
+        return folder.is_dir() and any(DUMP_NAME.match(p.name) or FH_NAME.match(p.name) for p in folder.iterdir())
     except OSError:
+        return False
+
+
+def hang_note(path: str | Path) -> str | None:
+    """The note ``analyze`` adds when the run folder holds hang dumps."""
+    if not has_hang_dumps(path):
         return None
-    return None
+    return (f"{Path(path) / FOLDER} holds hang dumps from the watchdog: run `fsdpdoctor hang {path}` for which rank "
+            "stopped, where and why")

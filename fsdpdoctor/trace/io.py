@@ -5,8 +5,12 @@ from __future__ import annotations
 import errno
 import gzip
 import os
+import secrets
+import stat
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 from fsdpdoctor.errors import InputError
 
@@ -75,16 +79,84 @@ def inflate(raw: bytes, path: Path) -> bytes:
     return raw
 
 
-def read_raw(path: Path) -> bytes:
-    """The bytes of a file as they are on disk (read-only)."""
-    if not path.exists():
-        raise InputError(path, missing_reason(path))
-    if not path.is_file():
-        raise InputError(path, "not a regular file")
+# The largest JSON document (manifest, hang dump, thresholds file) read whole: far above any written here
+# (a flight recorder of 2,000 entries with stacks is ~2 MB), far below what would exhaust memory.
+DOCUMENT_MAX = 64 << 20
+
+
+def read_raw(path: Path, limit: int | None = None, follow_links: bool = True) -> bytes:
+    """The bytes of a regular file as they are on disk (read-only): the one way this package opens a file.
+
+    A named pipe, a device, a socket or a folder is refused before it is opened (a FIFO waits for a
+    writer forever, ``/dev/zero`` never ends), and so is a file over ``limit`` bytes; with
+    ``follow_links`` False, so is a symbolic link (files only this package writes are never links)."""
     try:
-        return path.read_bytes()
+        st = os.stat(path) if follow_links else os.lstat(path)
+    except OSError:
+        raise InputError(path, missing_reason(path)) from None
+    _check_kind(path, st, limit)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    if not follow_links:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        _check_kind(path, os.fstat(fd), limit)  # what was opened, had the name been swapped since the stat
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read() if limit is None else fh.read(limit + 1)
+    except OSError as exc:
+        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if limit is not None and len(data) > limit:
+        raise InputError(path, f"larger than {limit >> 20} MiB: not a file this tool wrote or reads")
+    return data
+
+
+def _check_kind(path: Path, st: os.stat_result, limit: int | None) -> None:
+    if stat.S_ISLNK(st.st_mode):
+        raise InputError(path, "a symbolic link: not followed (this file is only ever written as a regular file)")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(path, f"not a regular file ({file_kind(st.st_mode)})")
+    if limit is not None and st.st_size > limit:
+        raise InputError(path, f"larger than {limit >> 20} MiB: not a file this tool wrote or reads")
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    for test, what in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a device"),
+                       (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def read_text(path: Path, limit: int | None = DOCUMENT_MAX) -> str:
+    """A text file (UTF-8, undecodable bytes replaced) through ``read_raw``."""
+    return read_raw(path, limit).decode("utf-8", errors="replace")
+
+
+def within(folder: Path, name: str) -> Path | None:
+    """``folder/name`` when ``name`` (taken from a file's content, e.g. a manifest) stays inside ``folder``
+    once links are resolved; None for an absolute name, ``..`` or a link that leads out."""
+    if not name or os.path.isabs(name):
+        return None
+    try:
+        root = os.path.realpath(folder)
+        target = os.path.realpath(os.path.join(folder, name))
+    except (OSError, ValueError):
+        return None
+    if os.path.commonpath([root, target]) != root or target == root:
+        return None
+    return Path(folder) / name
+
+
+def shown(path) -> str:
+    """A path as text that any encoder accepts: bytes a file name holds that are not UTF-8 are written
+    as ``\\xNN`` (Python keeps them as lone surrogates, which JSON and msgpack cannot encode)."""
+    return os.fsencode(path).decode("utf-8", errors="backslashreplace")
 
 
 def missing_reason(path: Path) -> str:
@@ -99,3 +171,83 @@ def missing_reason(path: Path) -> str:
         if exc.errno == errno.EACCES:
             return "permission denied"
     return "no such file or directory"
+
+
+# ----------------------------------------------------------------------------- writing
+def write_atomic(path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
+    """Write ``path`` whole or not at all: the one way this package writes a file.
+
+    The content goes to a temporary file of this writer's own (its pid and a random part in the name,
+    created exclusively, never through a link) in the same folder, which is then renamed over
+    ``path``: a reader sees the old file or the new one, never half of one; two writers never share a
+    temporary file; a symbolic link at ``path`` is replaced, never written through. When anything
+    fails (a full disk), the temporary file is removed. ``data``: bytes, text (UTF-8), or a function
+    that writes into the open binary file."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(path, "is a folder: name a file to write")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(tmp, flags, 0o666)  # the umask decides the mode, as for any new file
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if callable(data):
+                data(fh)
+            else:
+                fh.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# what the readers of a run folder take as theirs: traces, the manifest, summaries
+_READ_FROM_A_RUN = (".json", ".json.gz", ".msgpack")
+
+
+def check_output(out, inputs) -> None:
+    """Refuse (``InputError``) to write ``out`` over an input, or into a run folder being read under a
+    name its readers would take as one of the run's files (a report named ``merged.json`` beside the
+    traces would be read as one more rank the next time)."""
+    out = Path(out)
+    for given in inputs:
+        given = Path(given)
+        try:
+            if out.exists() and given.exists() and os.path.samefile(out, given):
+                raise InputError(out, "is an input of this command: write the output elsewhere")
+            if given.is_dir():
+                root, where = os.path.realpath(given), os.path.realpath(out.parent)
+                if os.path.commonpath([root, where]) == root and out.name.endswith(_READ_FROM_A_RUN):
+                    raise InputError(out, f"is inside the run folder {given}, whose readers take every "
+                                          f"{', '.join('*' + e for e in _READ_FROM_A_RUN)} file for one of the "
+                                          "run's: write it outside the run folder")
+        except OSError:
+            continue
+
+
+# ----------------------------------------------------------------------------- progress
+ByteProgress = Callable[[str, int, int], None]  # (file name, bytes done, bytes in all)
+_byte_progress: tuple[int, ByteProgress] | None = None  # (the pid that set it, the callback)
+
+
+@contextmanager
+def showing_bytes(callback: ByteProgress | None):
+    """While inside, the reading of a large trace in this process reports its bytes to ``callback``
+    (a progress bar on a terminal). Forked workers inherit the setting but never call it: drawing
+    belongs to the process that owns the terminal."""
+    global _byte_progress
+    before, _byte_progress = _byte_progress, (os.getpid(), callback) if callback else None
+    try:
+        yield
+    finally:
+        _byte_progress = before
+
+
+def bytes_read(path, done: int, total: int) -> None:
+    """Report reading progress on ``path`` (a no-op unless ``showing_bytes`` is on in this process)."""
+    hook = _byte_progress
+    if hook is not None and hook[0] == os.getpid():
+        hook[1](shown(Path(path).name), done, total)

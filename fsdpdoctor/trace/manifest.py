@@ -12,6 +12,9 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.trace.io import DOCUMENT_MAX, read_raw
+
 WRAPPING_KINDS = ("none", "ddp", "fsdp1", "fsdp2")
 
 
@@ -161,7 +164,10 @@ def read_manifest(folder: Path) -> tuple[dict | None, list[str]]:
             if mpath.exists() or mpath.is_symlink():
                 return None, ["manifest.json is not a regular file: ignored, everything is inferred from the traces"]
             return None, []
-        raw = mpath.read_bytes()
+        raw = read_raw(mpath, DOCUMENT_MAX)
+    except InputError as exc:
+        return None, [f"manifest.json cannot be read ({exc.problem}): ignored, everything is inferred "
+                      "from the traces"]
     except OSError as exc:
         return None, [f"manifest.json cannot be read ({exc.strerror or exc}): ignored, everything is inferred "
                       "from the traces"]

@@ -35,6 +35,7 @@ import numpy as np
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import RankDataQuality
+from fsdpdoctor.trace.io import shown
 from fsdpdoctor.trace.table import ANNOTATION, CATEGORY_NAMES, CPU_OP, RankTrace, category_code
 from fsdpdoctor.trace.vocabulary import STEP_NAME, is_comm_name, reads_args
 
@@ -420,7 +421,7 @@ def _quality(t: RankTrace, drops: Drops, notes: list[str], n_read: int) -> RankD
             covered = min(inter / total, 1.0)
     comm_left = int(np.count_nonzero(np.isin(t.name_id, comm_name_ids(t))))
     return RankDataQuality(
-        rank=t.rank, file=str(t.path), events_read=n_read, dropped=drops.total,
+        rank=t.rank, file=shown(t.path), events_read=n_read, dropped=drops.total,
         by_reason=dict(drops.by_reason.most_common()), by_kind=dict(drops.by_kind.most_common()),
         dropped_communication=drops.by_kind.get("communication", 0), communication_events=comm_left,
         dropped_unnamed=drops.by_kind.get("unnamed", 0), step_share_covered=covered,

@@ -27,7 +27,7 @@ import numpy as np
 
 from fsdpdoctor.engines.forking import can_fork, forked_shares
 from fsdpdoctor.trace.events import _events_decoder, decode_trace
-from fsdpdoctor.trace.io import GZIP_ERRORS, inflater
+from fsdpdoctor.trace.io import GZIP_ERRORS, bytes_read, inflater
 
 # JSON per piece decoded in this process: small enough that a piece's events stay in cache, large
 # enough that the per-piece costs (a copy, a decode call, a join) stay small; the analysis of the
@@ -98,15 +98,17 @@ def cut_points(data: bytes, start: int, end: int, pieces: int) -> list[tuple[int
     return ranges
 
 
-def _piece_columns(data: bytes, begin: int, end: int, columns):
+def _piece_columns(data: bytes, begin: int, end: int, columns, path=""):
     """The columns of the events in ``data[begin:end]``, decoded in pieces of about ``PIECE_BYTES``
-    one after the other; None when some piece is not a clean run of readable events."""
+    one after the other; None when some piece is not a clean run of readable events. Progress is told
+    in bytes of the whole file, at the pace of this range (the shares of one file go at one pace)."""
     parts = []
     for b, e in cut_points(data, begin - 1, end, max(1, (end - begin) // PIECE_BYTES)):
         part = _one_piece(memoryview(data)[b:e], columns)
         if part is None:
             return None
         parts.append(part)
+        bytes_read(path, (e - begin) * len(data) // (end - begin), len(data))
     return parts[0] if len(parts) == 1 else join_columns(parts)
 
 
@@ -135,6 +137,7 @@ def stream_columns(raw: bytes, path, columns):
         while True:
             out = d.decompress(rest, _STREAM_CHUNK)
             rest = d.unconsumed_tail
+            bytes_read(path, len(raw) - len(rest), len(raw))
             if pos > len(pending) // 2:  # drop what was decoded, now and then (a copy of the rest)
                 del pending[:pos]
                 pos = 0
@@ -212,9 +215,9 @@ def decode_columns(data: bytes, path, workers: int, columns):
         return None
     ranges = cut_points(data, start, end, workers)
     if len(ranges) < 2:
-        got = _piece_columns(data, start + 1, end, columns)
+        got = _piece_columns(data, start + 1, end, columns, path)
         return None if got is None else (meta, got)
-    parts = forked_shares([lambda b=b, e=e: _piece_columns(data, b, e, columns) for b, e in ranges])
+    parts = forked_shares([lambda b=b, e=e: _piece_columns(data, b, e, columns, path) for b, e in ranges])
     if any(p is None for p in parts):  # a failed share (``_one_piece`` refuses unreadable events too)
         return None
     return meta, join_columns(parts)

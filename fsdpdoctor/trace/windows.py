@@ -50,8 +50,9 @@ def _window_of(folder: Path, fixed: bool) -> Window:
     w = m.get("window") if isinstance(m.get("window"), dict) else {}
     first = w.get("first_step") if isinstance(w.get("first_step"), int) else (min(steps) if steps else None)
     last = w.get("last_step") if isinstance(w.get("last_step"), int) else (max(steps) if steps else None)
-    if not fixed and first is None:
+    if not fixed:  # a window folder is named after its first step: the name is what --window matches
         first = int(WINDOW_RE.match(folder.name).group(1))
+        last = last if last is not None and last >= first else None
     trigger = "schedule" if fixed else (w.get("trigger") if w.get("trigger") in ("demand", "anomaly") else "unknown")
     reason = w.get("reason") if isinstance(w.get("reason"), str) else None
     return Window(folder=folder, first=first, last=last, trigger=trigger, reason=reason, partial=partial)

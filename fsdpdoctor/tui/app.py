@@ -63,6 +63,9 @@ class FsdpDoctorApp(App[int]):
         Binding("4", "pane(3)", show=False),
         Binding("t", "toggle_theme", "theme", show=False),
         Binding("d", "data_quality", "data quality", show=False),
+        # a run folder with windows (docs/capture.md): the previous / next window
+        Binding("left_square_bracket", "window(-1)", "prev window", show=False),
+        Binding("right_square_bracket", "window(1)", "next window", show=False),
     ]
 
     def __init__(self, path: str | Path | None = None, *, analysis: Analysis | None = None,
@@ -79,6 +82,7 @@ class FsdpDoctorApp(App[int]):
         self.engine: dict = dict(engine or {})
         self.label = label or display_name(path if path is not None else analysis.source)
         self.rank: int | None = None
+        self.window: int | None = None   # first step of the window shown (None: the latest)
         self.error: str | None = None
         self._light = light
 
@@ -121,7 +125,7 @@ class FsdpDoctorApp(App[int]):
 
         try:
             analysis = open_analysis(self.path, ranks=self.ranks, steps=self.steps, thresholds=self.thresholds,
-                                    progress=progress, **self.engine)
+                                    progress=progress, window=self.window, **self.engine)
             outcome, arg = self._loaded, analysis
         except _Cancelled:
             return
@@ -171,6 +175,27 @@ class FsdpDoctorApp(App[int]):
         self.query_one(RanksView).show(a, self.rank)
         self.query_one(CollectivesView).show(a)
         self.query_one(TimelineView).show(a, self.rank)
+
+    def action_window(self, delta: int) -> None:
+        """Show the previous/next window of a run folder captured with windows."""
+        from fsdpdoctor.trace.windows import list_windows
+
+        if self.path is None or self.analysis is None or not Path(self.path).is_dir():
+            return
+        wins = [w for w in list_windows(Path(self.path)) if w.first is not None]
+        shown = Path(str(self.analysis.source)).resolve()
+        at = next((i for i, w in enumerate(wins) if w.folder.resolve() == shown), None)
+        if at is None or len(wins) < 2:
+            self.notify("no other window in this run folder")
+            return
+        to = min(len(wins) - 1, max(0, at + delta))
+        if to == at:
+            self.notify("first window" if delta < 0 else "latest window")
+            return
+        self.window = wins[to].first
+        self.label = f"{display_name(self.path)} @ {wins[to].label()}"
+        self.push_screen(LoadingScreen(self.label))
+        self._load()
 
     def set_rank(self, rank: int | None) -> None:
         self.rank = rank

@@ -17,7 +17,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Label, Static
 
 from fsdpdoctor.analysis.hang import HangReport
-from fsdpdoctor.report.hang import CAUSE_TITLE, frame_text, rank_doing, step_text
+from fsdpdoctor.report.hang import frame_text, rank_doing, step_text
 from fsdpdoctor.tui.app import DARK, LIGHT
 from fsdpdoctor.tui.screens import HelpScreen
 
@@ -46,14 +46,14 @@ def verdict_markup(rep: HangReport) -> str:
     if not rep.verdicts:
         return "[b]no divergence found[/b]: every rank with a dump reached the same collectives"
     lines = []
-    for i, v in enumerate(rep.verdicts):
-        lines.append(f"[b]{'verdict' if i == 0 else 'also'}: {escape(CAUSE_TITLE.get(v.cause, v.cause))}[/b] "
-                     f"({v.cause}) rank(s) {', '.join(map(str, v.ranks))}")
-        lines.append(escape(v.summary))
+    for i, (v, f) in enumerate(zip(rep.verdicts, rep.findings)):
+        lines.append(f"[b]{'verdict' if i == 0 else 'also'}: {escape(f.title)}[/b] "
+                     f"({f.severity}, {f.id}) rank(s) {', '.join(map(str, f.ranks))}")
+        lines.append(escape(f.summary))
         if v.frame is not None:
             code = f"   {escape(v.frame.code)}" if v.frame.code else ""
             lines.append(f"[b]frame:[/b] {escape(frame_text(v.frame))}{code}")
-        lines.append(f"[b]fix:[/b] {escape(v.fix)}")
+        lines.append(f"[b]fix:[/b] {escape(f.fix)}")
         lines.append("")
     if rep.trend is not None:
         lines.append(f"[b]profiled steps:[/b] {escape(rep.trend.summary)}")

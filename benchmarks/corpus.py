@@ -1,0 +1,394 @@
+"""A public corpus of Kineto/Chrome traces that nobody here recorded, analysed through the CLI.
+
+    python benchmarks/corpus.py fetch --from MIRRORS_DIR   # git mirrors/clones named owner+name
+    python benchmarks/corpus.py fetch                      # or: a plain `git clone` of each repository
+    python benchmarks/corpus.py run [--only ID ...]        # analyse all, check invariants, write docs/corpus.md
+
+``benchmarks/corpus.toml`` lists every trace: repository, commit, path, licence, sha256 and what the
+source says it is. ``fetch`` puts the files into a cache outside the repository
+(``$FSDPDOCTOR_CORPUS``, default ``~/.cache/fsdpdoctor-corpus``), one folder per trace, each file
+verified against its sha256; nothing of the traces is ever committed. ``run`` analyses every cached
+trace with ``fsdpdoctor analyze --json``, checks the invariants of the result (shares in [0, 1], the
+parts adding up to the step, each finding's impact at most its step, the root findings together at
+most the step) and compares the verdict with what the source says (``contradicts``: findings the
+source rules out; ``expects``: what it shows). The report is ``docs/corpus.md``; the raw results go
+to ``results.json`` in the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIST = ROOT / "benchmarks" / "corpus.toml"
+REPORT = ROOT / "docs" / "corpus.md"
+# a part of a step, a share or an impact may exceed its bound by rounding only (µs figures summed)
+EPS = 1e-3
+PARTS = ("compute_us", "optimizer_us", "exposed_comm_us", "data_loading_us", "idle_us")
+SEVERITY = {"info": 0, "warning": 1, "error": 2}
+# findings about a training configuration: the source contradicts them on an inference trace
+TRAINING_ONLY = ("ddp-", "fsdp", "grad-accum", "optimizer")
+
+
+@dataclass
+class TraceFile:
+    path: str
+    sha256: str
+
+
+@dataclass
+class Trace:
+    id: str
+    repo: str
+    commit: str
+    licence: str
+    says: str
+    kind: list[str]
+    files: list[TraceFile]
+    contradicts: list[str] = field(default_factory=list)
+    expects: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"https://github.com/{self.repo}/blob/{self.commit}/{self.files[0].path}"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("FSDPDOCTOR_CORPUS") or Path.home() / ".cache" / "fsdpdoctor-corpus")
+
+
+def load_list(path: Path = LIST) -> list[Trace]:
+    doc = tomllib.loads(path.read_text())
+    out = []
+    for t in doc["trace"]:
+        files = [TraceFile(**f) for f in t.pop("files")]
+        out.append(Trace(files=files, **t))
+    return out
+
+
+def trace_input(t: Trace, root: Path | None = None) -> Path:
+    """What `analyze` is given: the file of a one-file trace, the folder of a multi-file one."""
+    d = (root or cache_dir()) / t.id
+    return d / Path(t.files[0].path).name if len(t.files) == 1 else d
+
+
+def is_cached(t: Trace, root: Path | None = None) -> bool:
+    d = (root or cache_dir()) / t.id
+    return all((d / Path(f.path).name).is_file() for f in t.files)
+
+
+# ------------------------------------------------------------------------------------------ fetch
+def _git_dir(mirrors: Path | None, repo: str, clones: Path) -> Path:
+    """A git directory holding ``repo``: a mirror under MIRRORS_DIR, else a blob-less clone of GitHub's."""
+    name = repo.replace("/", "+")
+    if mirrors is not None:
+        for cand in (mirrors / name / "repo", mirrors / name, mirrors / repo, mirrors / name / ".git"):
+            if (cand / "objects").is_dir() or (cand / "HEAD").is_file():
+                return cand
+        raise SystemExit(f"corpus: no mirror of {repo} under {mirrors}")
+    dest = clones / name
+    if not dest.exists():
+        subprocess.run(["git", "clone", "--quiet", "--bare", "--filter=blob:none",
+                        f"https://github.com/{repo}.git", str(dest)], check=True)
+    return dest
+
+
+def fetch(mirrors: Path | None) -> int:
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    bad = done = have = 0
+    for t in load_list():
+        d = root / t.id
+        for f in t.files:
+            target = d / Path(f.path).name
+            if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == f.sha256:
+                have += 1
+                continue
+            git = _git_dir(mirrors, t.repo, root / "_git")
+            r = subprocess.run(["git", f"--git-dir={git}", "show", f"{t.commit}:{f.path}"], capture_output=True)
+            if r.returncode != 0:
+                print(f"corpus: {t.id}: {f.path} not readable at {t.commit[:10]}: "
+                      f"{r.stderr.decode(errors='replace').strip()[:120]}", file=sys.stderr)
+                bad += 1
+                continue
+            digest = hashlib.sha256(r.stdout).hexdigest()
+            if digest != f.sha256:
+                print(f"corpus: {t.id}: {f.path}: sha256 {digest[:16]}..., expected {f.sha256[:16]}...",
+                      file=sys.stderr)
+                bad += 1
+                continue
+            d.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(r.stdout)
+            done += 1
+    print(f"corpus: {done} file(s) fetched, {have} already cached, {bad} failed -> {root}")
+    return 1 if bad else 0
+
+
+# ------------------------------------------------------------------------------------- invariants
+def invariant_violations(doc: dict) -> list[str]:
+    """What a result must never show, whatever the trace: a share outside [0, 1], parts that do not
+    add up to their step, a finding claiming more than its step, roots claiming more than the step."""
+    out = []
+    for r in doc.get("ranks", []):
+        for s in r.get("steps", []):
+            dur = s.get("duration_us") or 0.0
+            where = f"rank {r.get('rank')} step {s.get('step')}"
+            if dur < 0:
+                out.append(f"{where}: negative duration {dur}")
+                continue
+            parts = [s.get(p) or 0.0 for p in PARTS]
+            for p, v in zip(PARTS, parts):
+                if v < -EPS * max(dur, 1.0) or (dur and v > dur * (1 + EPS)):
+                    out.append(f"{where}: {p} {v:.0f} us outside [0, step {dur:.0f} us]")
+            if dur and abs(sum(parts) - dur) > EPS * dur + 1.0:
+                out.append(f"{where}: parts add up to {sum(parts):.0f} us, step {dur:.0f} us")
+    roots = 0.0
+    for f in doc.get("findings", []):
+        frac = f.get("impact_frac")
+        if frac is not None and not (-EPS <= frac <= 1 + EPS):
+            out.append(f"finding {f['id']}: impact {100 * frac:.1f} % of the step")
+        if frac is not None and not f.get("caused_by"):
+            roots += max(frac, 0.0)
+    if roots > 1 + EPS:
+        out.append(f"root findings together claim {100 * roots:.1f} % of the step")
+    return out
+
+
+def _project_invariants(doc_path: Path) -> list[str] | None:
+    """The project's own checker, where the installed fsdpdoctor has one (None: it has none)."""
+    try:
+        from fsdpdoctor.analysis import invariants  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    check = getattr(invariants, "check_json", None)
+    if check is None:
+        return None
+    return [str(v) for v in check(json.loads(doc_path.read_text()))]
+
+
+# ------------------------------------------------------------------------------------------- run
+@dataclass
+class Outcome:
+    trace: Trace
+    rc: int
+    seconds: float
+    error: str = ""
+    steps: int = 0
+    ranks: int = 0
+    step_ms: float | None = None
+    dialect: str = ""
+    findings: list[dict] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    disagreements: list[str] = field(default_factory=list)
+
+    @property
+    def agrees(self) -> bool:
+        return not self.disagreements and not self.violations and self.rc == 0
+
+
+def judge(t: Trace, doc: dict) -> list[str]:
+    """Where our verdict and the source part ways (the source's word is what it says it is)."""
+    out = []
+    found = {f["id"]: f for f in doc.get("findings", [])}
+    for fid in t.contradicts:
+        f = found.get(fid)
+        if f is not None and SEVERITY.get(f["severity"], 0) >= 1:
+            out.append(f"{fid} at {f['severity']}, which the source rules out")
+    if "inference" in t.kind:
+        for f in doc.get("findings", []):
+            if f["id"].startswith(TRAINING_ONLY) and SEVERITY.get(f["severity"], 0) >= 1:
+                out.append(f"{f['id']} at {f['severity']} on an inference trace")
+    for fid in t.expects:
+        if fid not in found:
+            out.append(f"missed {fid}, which the source shows")
+    n_steps = max((len(r.get("steps", [])) for r in doc.get("ranks", [])), default=0)
+    if n_steps <= 1 and len(doc.get("ranks", [])) <= 1:
+        for f in doc.get("findings", []):
+            if f["severity"] == "error":
+                out.append(f"{f['id']} at error from one step of one rank")
+    return out + suspicious(doc)
+
+
+# a step this many times the median of its rank's steps spans something other than work (a gap between
+# two recordings joined as one step); a real step-to-step spread is a few times at most
+SPAN_FACTOR = 100
+
+
+def suspicious(doc: dict) -> list[str]:
+    """What no source has to contradict to be wrong: a finding that claims the whole step (no fix saves
+    the work itself), a step of zero length, a step that spans far more than the others."""
+    out = []
+    for f in doc.get("findings", []):
+        frac = f.get("impact_frac") or 0.0
+        if frac >= 0.99 and SEVERITY.get(f["severity"], 0) >= 1 and not f.get("caused_by"):
+            out.append(f"suspicious: {f['id']} at {f['severity']} claims {100 * frac:.1f} % of the step")
+    for r in doc.get("ranks", []):
+        durs = [s.get("duration_us") or 0.0 for s in r.get("steps", [])]
+        if len(durs) < 2:
+            continue
+        zero = sum(1 for d in durs if d <= 0)
+        if zero:
+            out.append(f"suspicious: rank {r.get('rank')} has {zero} step(s) of zero length")
+        med = sorted(durs)[len(durs) // 2]
+        if med > 0 and max(durs) > SPAN_FACTOR * med:
+            out.append(f"suspicious: rank {r.get('rank')} has a step of {max(durs) / 1e3:.0f} ms, "
+                       f"{max(durs) / med:.0f}x its median step")
+    return out
+
+
+def run_one(t: Trace, root: Path, out_dir: Path) -> Outcome:
+    doc_path = out_dir / f"{t.id}.json"
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", str(trace_input(t, root)), "--json",
+                        "--no-progress"], capture_output=True, cwd=ROOT, timeout=900,
+                       env=os.environ | {"PYTHONPATH": str(ROOT)})
+    o = Outcome(trace=t, rc=p.returncode, seconds=time.monotonic() - start)
+    if p.returncode != 0:
+        err = p.stderr.decode(errors="replace").strip().splitlines()
+        # the report names the cache as <cache>: no path of this machine goes into the repository
+        o.error = (err[-1] if err else f"exit {p.returncode}").replace(str(root), "<cache>")
+        if p.returncode != 2 or len(err) != 1:
+            o.violations.append(f"exit {p.returncode} with {len(err)} stderr line(s): not one clear line")
+        else:
+            o.disagreements.append("refused a trace the source describes as a valid recording")
+        return o
+    doc_path.write_bytes(p.stdout)
+    doc = json.loads(p.stdout)
+    o.ranks = len(doc.get("ranks", []))
+    o.steps = max((len(r.get("steps", [])) for r in doc.get("ranks", [])), default=0)
+    mean = (doc.get("mean") or {}).get("duration_us")
+    o.step_ms = mean / 1e3 if mean else None
+    o.dialect = (doc.get("job") or {}).get("dialect") or ""
+    o.findings = sorted(doc.get("findings", []), key=lambda f: (-SEVERITY.get(f["severity"], 0),
+                                                                 -(f.get("impact_frac") or 0)))
+    o.violations = invariant_violations(doc)
+    project = _project_invariants(doc_path)
+    if project:
+        o.violations += [f"project checker: {v}" for v in project]
+    o.disagreements = judge(t, doc)
+    return o
+
+
+def _verdict(o: Outcome) -> str:
+    if o.rc != 0:
+        return f"refused: {o.error}"
+    if not o.findings:
+        return "no finding"
+    top = []
+    for f in o.findings[:3]:
+        frac = f.get("impact_frac")
+        top.append(f"{f['severity']} `{f['id']}`" + (f" {100 * frac:.0f} %" if frac else "")
+                   + (f" (under {f['caused_by']})" if f.get("caused_by") else ""))
+    more = len(o.findings) - 3
+    return "; ".join(top) + (f"; +{more} more" if more > 0 else "")
+
+
+def _cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def write_report(outcomes: list[Outcome], path: Path = REPORT) -> None:
+    traces = load_list()
+    repos = sorted({t.repo for t in traces})
+    ran = [o for o in outcomes]
+    viol = sum(1 for o in ran if o.violations)
+    contra = sum(1 for o in ran for d in o.disagreements if "rules out" in d and " at error" in d)
+    suspect = sum(1 for o in ran if any(d.startswith("suspicious") for d in o.disagreements))
+    suspect_errors = sum(1 for o in ran for d in o.disagreements if d.startswith("suspicious") and " at error " in d)
+    disagree = [o for o in ran if o.disagreements]
+    lines = [
+        "# The public corpus: traces nobody here recorded",
+        "",
+        "Written by `python benchmarks/corpus.py run` (see its docstring; the list with provenance and",
+        "sha256 is `benchmarks/corpus.toml`, the files are fetched into a cache outside the repository and",
+        "never committed). Every trace is analysed with `fsdpdoctor analyze --json` and its result checked",
+        "for the invariants (shares in [0, 1], parts adding up to the step, a finding's impact at most its",
+        "step, root findings together at most the step). *Agrees* compares our verdict with what the",
+        "source says the trace is: a finding the source rules out at warning or error, a training-only",
+        "finding on an inference trace, an error from one step of one rank, or a miss of what the source",
+        "shows is a disagreement, and so is a refusal (exit 2, one line) of a valid recording. Marked",
+        "*suspicious* without a source statement: a root finding that claims the whole step (no fix saves",
+        f"the work itself), a step of zero length, or a step more than {SPAN_FACTOR}x its rank's median (it",
+        "spans a gap, not work). Each one is explained below the table.",
+        "",
+        f"**{len(ran)} traces from {len({o.trace.repo for o in ran})} repositories** "
+        f"({len(traces)} listed from {len(repos)}); **{viol} with an invariant violation**; "
+        f"**{contra} error-level finding(s) the source contradicts**; {len(disagree)} trace(s) with a "
+        f"disagreement, {suspect} of them suspicious without a source statement ({suspect_errors} error-level "
+        "finding(s) among those).",
+        "",
+        "| trace | source | what the source says | steps x ranks, mean step | our verdict (top findings) | agrees |",
+        "|---|---|---|---|---|---|",
+    ]
+    for o in ran:
+        t = o.trace
+        shape = f"{o.steps} x {o.ranks}" + (f", {o.step_ms:.1f} ms" if o.step_ms else "") if o.rc == 0 else "-"
+        agree = "yes" if o.agrees else "**no**"
+        lines.append(f"| `{t.id}` | [{t.repo}@{t.commit[:8]}]({t.url}) | {_cell(t.says)} | {shape} | "
+                     f"{_cell(_verdict(o))} | {agree} |")
+    lines += ["", "## Disagreements and violations, explained", ""]
+    if not any(o.disagreements or o.violations for o in ran):
+        lines.append("None.")
+    for o in ran:
+        if not (o.disagreements or o.violations):
+            continue
+        lines.append(f"- `{o.trace.id}`: " + "; ".join(o.violations + o.disagreements) + ". "
+                     + (o.trace.note or "**Not yet explained.**"))
+    lines += ["", "## Reproducing", "", "```bash",
+              "python benchmarks/corpus.py fetch            # or: fetch --from DIR_OF_GIT_MIRRORS",
+              "python benchmarks/corpus.py run              # rewrites this file", "```", ""]
+    path.write_text("\n".join(lines))
+
+
+def run(only: list[str] | None) -> int:
+    root = cache_dir()
+    out_dir = root / "_results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    traces = [t for t in load_list() if not only or t.id in only]
+    missing = [t.id for t in traces if not is_cached(t, root)]
+    if missing:
+        print(f"corpus: {len(missing)} trace(s) not cached ({', '.join(missing[:5])}...): run `fetch` first",
+              file=sys.stderr)
+        return 2
+    outcomes = []
+    for t in traces:
+        o = run_one(t, root, out_dir)
+        outcomes.append(o)
+        mark = "ok  " if o.agrees else "DIFF"
+        print(f"{mark} {t.id:44s} {o.seconds:5.1f} s  {_verdict(o)[:90]}")
+        for v in o.violations + o.disagreements:
+            print(f"       {v}")
+    (root / "results.json").write_text(json.dumps(
+        [{"id": o.trace.id, "rc": o.rc, "error": o.error, "steps": o.steps, "ranks": o.ranks,
+          "step_ms": o.step_ms, "findings": [(f["id"], f["severity"], f.get("impact_frac")) for f in o.findings],
+          "violations": o.violations, "disagreements": o.disagreements} for o in outcomes], indent=1))
+    if not only:
+        write_report(outcomes)
+        print(f"corpus: wrote {REPORT.relative_to(ROOT)}")
+    return 1 if any(o.violations for o in outcomes) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fetch", help="put the listed traces into the cache, verifying sha256")
+    f.add_argument("--from", dest="mirrors", type=Path, metavar="MIRRORS_DIR",
+                   help="folder of git mirrors or clones named owner+name (default: git clone from GitHub)")
+    r = sub.add_parser("run", help="analyse every cached trace, check invariants, write docs/corpus.md")
+    r.add_argument("--only", nargs="*", metavar="ID", help="only these traces (docs/corpus.md is not written)")
+    args = ap.parse_args(argv)
+    return fetch(args.mirrors) if args.cmd == "fetch" else run(args.only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

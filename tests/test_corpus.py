@@ -1,0 +1,89 @@
+"""The public corpus (benchmarks/corpus.py, benchmarks/corpus.toml, docs/corpus.md).
+
+The list itself is checked always; the traces live in a cache outside the repository
+(``$FSDPDOCTOR_CORPUS``, default ``~/.cache/fsdpdoctor-corpus``, filled by
+``python benchmarks/corpus.py fetch``) and the tests that need them skip cleanly without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _corpus_module():
+    spec = importlib.util.spec_from_file_location("corpus", ROOT / "benchmarks" / "corpus.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("corpus", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+corpus = _corpus_module()
+TRACES = corpus.load_list()
+CACHED = [t for t in TRACES if corpus.is_cached(t)]
+
+
+def test_list_has_provenance():
+    # at least 40 traces from at least 6 repositories, each pinned to a commit and a sha256
+    assert len(TRACES) >= 40 and len({t.repo for t in TRACES}) >= 6
+    assert len({t.id for t in TRACES}) == len(TRACES)
+    for t in TRACES:
+        assert re.fullmatch(r"[0-9a-f]{40}", t.commit), t.id
+        assert t.licence and t.says and t.files, t.id
+        for f in t.files:
+            assert re.fullmatch(r"[0-9a-f]{64}", f.sha256), (t.id, f.path)
+        assert not (set(t.contradicts) & set(t.expects)), t.id
+    # the classes the corpus is for
+    kinds = {k for t in TRACES for k in t.kind}
+    assert {"moe", "multi-cycle", "old-format", "amd", "inference"} <= kinds
+
+
+def test_nothing_of_the_traces_is_committed():
+    digests = {f.sha256 for t in TRACES for f in t.files}
+    names = {Path(f.path).name for t in TRACES for f in t.files}
+    same_name = [p for p in ROOT.rglob("*") if p.name in names and p.is_file() and ".git" not in p.parts]
+    assert not [p for p in same_name if hashlib.sha256(p.read_bytes()).hexdigest() in digests]
+
+
+def test_invariant_checks_catch_what_they_are_for():
+    good = {"ranks": [{"rank": 0, "steps": [{"step": 1, "duration_us": 100.0, "compute_us": 60.0,
+                                             "optimizer_us": 0.0, "exposed_comm_us": 20.0,
+                                             "data_loading_us": 10.0, "idle_us": 10.0}]}],
+            "findings": [{"id": "a", "impact_frac": 0.6, "caused_by": None},
+                         {"id": "b", "impact_frac": 0.5, "caused_by": "a"}]}
+    assert corpus.invariant_violations(good) == []
+    bad = {"ranks": [{"rank": 0, "steps": [{"step": 1, "duration_us": 100.0, "compute_us": 120.0,
+                                            "optimizer_us": 0.0, "exposed_comm_us": 0.0,
+                                            "data_loading_us": 0.0, "idle_us": 0.0}]}],
+           "findings": [{"id": "a", "impact_frac": 2.05, "caused_by": None},
+                        {"id": "b", "impact_frac": 0.7, "caused_by": None}]}
+    v = " | ".join(corpus.invariant_violations(bad))
+    assert "compute_us" in v and "add up" in v and "205.0 %" in v and "together" in v
+
+
+def test_a_step_spanning_two_recordings_is_suspicious():
+    doc = {"ranks": [{"rank": 0, "steps": [{"duration_us": d} for d in (176e3, 174e3, 469e6, 159e3)]}],
+           "findings": [{"id": "host-sync", "severity": "error", "impact_frac": 0.996}]}
+    s = " | ".join(corpus.suspicious(doc))
+    assert "claims 99.6 %" in s and "x its median step" in s
+
+
+@pytest.mark.skipif(not CACHED, reason="no corpus cache: run `python benchmarks/corpus.py fetch` "
+                                       "(FSDPDOCTOR_CORPUS or ~/.cache/fsdpdoctor-corpus)")
+@pytest.mark.parametrize("trace", CACHED, ids=[t.id for t in CACHED])
+def test_cached_trace_is_analysed_within_the_invariants(trace, tmp_path):
+    for f in trace.files:
+        data = (corpus.cache_dir() / trace.id / Path(f.path).name).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == f.sha256
+    o = corpus.run_one(trace, corpus.cache_dir(), tmp_path)
+    # a result within the invariants, or a refusal in one clear line (exit 2)
+    assert not o.violations, o.violations
+    assert o.rc in (0, 2)
