@@ -59,6 +59,20 @@ def test_bundled_dumps_verdict(run):
     assert f.fix and f.severity == "error" and f.impact_frac == 1.0 and f.ranks == rep.verdicts[0].ranks
 
 
+def test_a_rank_stopped_while_writing_its_dump():
+    """A real run of hang_skip_collective_default where the launcher, seeing rank 0 abort, stopped rank 1
+    (SIGTERM) while its watchdog was writing the dump of the exception the broken connection raised:
+    rank 1's flight recorder is lost, so the verdict is rank 0's abort in its collective (no desync
+    can be shown), and the report says what rank 1's dump was missing instead of calling it user code."""
+    rep = analyze_hang(load_hang_dumps(ROOT / "tests" / "data" / "hang_cut_short"))
+    v = rep.verdicts[0]
+    assert (v.cause, v.ranks, v.frame.function) == ("aborted", [0], "log_metrics"), v.summary
+    assert len(rep.verdicts) == 1, [x.summary for x in rep.verdicts]
+    r1 = rep.ranks[1]
+    assert (r1.dump, r1.trigger, r1.activity) == ("faulthandler", "sigterm", "exception")
+    assert "flight recorder and the exception were not saved" in r1.note
+
+
 def test_bundled_scenarios_all_present():
     names = {p.name for p in HANG_RUNS}
     assert {"hang_loader", "hang_skip_collective", "hang_skip_collective_default", "hang_collective_order",

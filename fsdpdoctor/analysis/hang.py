@@ -61,6 +61,12 @@ def _has(frames: list[Frame], *parts: str) -> bool:
     return any(any(p in f.file.replace("\\", "/") for p in parts) for f in frames)
 
 
+def in_own_dump(frames: list[Frame]) -> bool:
+    """The stack is inside the watchdog's own dump (the capture package's ``Watch.dump``)."""
+    return any(f.function == "dump" and f.file.replace("\\", "/").endswith("fsdpdoctor/capture/watch.py")
+               for f in frames)
+
+
 def activity(d: RankDump, busy_runnable_share: float = BUSY_RUNNABLE_SHARE) -> tuple[Activity, Frame | None, str | None]:
     t = d.main_thread
     if t is None or not t.frames:
@@ -69,6 +75,10 @@ def activity(d: RankDump, busy_runnable_share: float = BUSY_RUNNABLE_SHARE) -> t
     if d.trigger == "exception" and d.exception and d.exception["frames"]:
         frames = d.exception["frames"]
     fr, lib = user_frame(frames)
+    if d.kind == "faulthandler" and in_own_dump(frames):
+        # the main thread only writes a dump when an exception leaves the watched block; the launcher
+        # stopped it before the dump (flight recorder, exception) was on disk
+        return "exception", fr, lib
     if _has(frames, "torch/utils/data/"):
         return "data-loader", fr, lib
     if _has(frames, "torch/serialization.py", "torch/distributed/checkpoint/"):
@@ -181,6 +191,10 @@ def _rank_state(dumps: HangDumps, r: int, labels: dict[str, str], busy: float) -
     note = None
     if d.kind == "faulthandler":
         note = f"died of a fatal signal ({d.fatal})" if d.trigger == "fatal-signal" else FAULT_NOTES.get(d.trigger)
+        if d.trigger == "sigterm" and act == "exception":
+            # what it raised and the collective it was in were in the dump it did not finish
+            note = ("was sent SIGTERM while writing the dump of an exception that ended its loop: "
+                    "its flight recorder and the exception were not saved")
     return RankState(r, d.kind, d.trigger, d.last_step, act, fr, lib, cur, exc, note)
 
 

@@ -14,9 +14,9 @@ from fsdpdoctor.trace.io import within
 
 def _read_trace(path: Path) -> dict:
     """The trace's allocator samples, read with the same loader (and errors) as ``analyze``."""
-    from fsdpdoctor.trace.loader import load_file
+    from fsdpdoctor.trace.loader import allocator_samples, load_file
 
-    return {"traceEvents": load_file(path).memory_events}
+    return {"traceEvents": allocator_samples(load_file(path))}
 
 
 def rank_files(folder: Path, manifest: dict, notes: list[str] | None = None) -> dict[int, Path]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich import box
-
 from fsdpdoctor.commands.base import (add_engine, add_output, add_selection, add_thresholds, print_json,
                                       require_terminal)
 from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds
@@ -78,6 +76,7 @@ def _bar(points: float, scale: float, width: int = 16) -> str:
 
 
 def render(rep, console=None) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 

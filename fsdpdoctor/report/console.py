@@ -158,14 +158,15 @@ def ranks_table(a: Analysis) -> Table:
 def collectives_table(a: Analysis) -> Table | None:
     if not a.collectives:
         return None
-    t = Table(title="Collectives (all analysed ranks and steps; size = mean message, GB/s = bus bandwidth)",
+    t = Table(title="Collectives (mean per rank and step, ms; calls running together share their time, so the rows "
+                    "add up to the step's communication; size = mean message, GB/s = bus bandwidth)",
               title_justify="left", box=box.SIMPLE_HEAD)
     widths = {"kind": 14, "phase": 9}
     for col in ("kind", "phase", "calls/step", "ms", "exp ms", "size", "GB/s"):
         left = col in widths
         t.add_column(col, justify="left" if left else "right", no_wrap=True, min_width=widths.get(col))
     for c in a.collectives:
-        t.add_row(c.kind, c.phase, f"{c.per_step:.1f}", num(c.total_us), num(c.exposed_us),
+        t.add_row(c.kind, c.phase, f"{c.per_step:.1f}", num(c.busy_per_step_us), num(c.exposed_per_step_us),
                   size(c.mean_size_bytes), f"{c.busbw_gbps:.2f}" if c.busbw_gbps is not None else "-")
     return t
 

@@ -39,7 +39,10 @@ class Collective:
     start_us: float             # execution start (kernel / gloo worker span)
     end_us: float
     issue_us: float | None = None      # host issue time (c10d op start)
-    exposed_us: float = 0.0            # part of execution not covered by compute
+    exposed_us: float = 0.0            # its share of the rank's exposed communication (time not covered by
+                                       # compute; calls running at the same time split it): adds up over calls
+    hidden_us: float = 0.0             # part of its own execution under compute
+    comm_share_us: float = 0.0         # its share of the rank's communication time (same split as exposed_us)
     nelems: int | None = None
     dtype: str | None = None
     size_bytes: int | None = None      # message size per rank (nccl-tests "size")
@@ -111,11 +114,16 @@ class RankSummary:
     device: str | None = None
     wait_us: float = 0.0                # mean per step wait for slower ranks in the step's worst collective
     is_straggler: bool = False
+    cycles: list[tuple[float, float]] = field(default_factory=list)  # profiler cycles (first start, last end), several files
 
 
 @dataclass
 class CollectiveStat:
-    """Per (kind, phase) totals over the analysed ranks and steps."""
+    """Per (kind, phase) over the analysed ranks and steps.
+
+    ``total_us`` and ``exposed_us`` are the calls' shares of communication time (calls running at the
+    same time split it), so over all rows they add up to the ranks' communication, never to more;
+    ``*_per_step_us`` are those divided by the rank-steps, comparable with the step breakdown."""
 
     kind: str
     phase: str
@@ -123,11 +131,13 @@ class CollectiveStat:
     per_step: float
     total_us: float
     exposed_us: float
-    mean_us: float
+    mean_us: float                      # mean duration of one call
     size_bytes: int | None
     mean_size_bytes: float | None
     busbw_gbps: float | None            # duration-weighted mean bus bandwidth, where sizes are known
     small_messages: int = 0             # below the latency-bound threshold
+    busy_per_step_us: float = 0.0       # total_us per rank and step
+    exposed_per_step_us: float = 0.0    # exposed_us per rank and step
 
 
 @dataclass
