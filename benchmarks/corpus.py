@@ -236,10 +236,12 @@ def suspicious(doc: dict) -> list[str]:
         durs = [s.get("duration_us") or 0.0 for s in r.get("steps", [])]
         if len(durs) < 2:
             continue
-        zero = sum(1 for d in durs if d <= 0)
-        if zero:
-            out.append(f"suspicious: rank {r.get('rank')} has {zero} step(s) of zero length")
         med = sorted(durs)[len(durs) // 2]
+        # a step under 1 % of the median holds no work: a marker, not a step to count as evidence
+        zero = sum(1 for d in durs if d <= 0.01 * med)
+        if zero:
+            out.append(f"suspicious: rank {r.get('rank')} has {zero} step(s) of (near) zero length, "
+                       "under 1 % of its median step")
         if med > 0 and max(durs) > SPAN_FACTOR * med:
             out.append(f"suspicious: rank {r.get('rank')} has a step of {max(durs) / 1e3:.0f} ms, "
                        f"{max(durs) / med:.0f}x its median step")
@@ -318,7 +320,7 @@ def write_report(outcomes: list[Outcome], path: Path = REPORT) -> None:
         "finding on an inference trace, an error from one step of one rank, or a miss of what the source",
         "shows is a disagreement, and so is a refusal (exit 2, one line) of a valid recording. Marked",
         "*suspicious* without a source statement: a root finding that claims the whole step (no fix saves",
-        f"the work itself), a step of zero length, or a step more than {SPAN_FACTOR}x its rank's median (it",
+        f"the work itself), a step under 1 % of its rank's median, or one more than {SPAN_FACTOR}x it (it",
         "spans a gap, not work). Each one is explained below the table.",
         "",
         f"**{len(ran)} traces from {len({o.trace.repo for o in ran})} repositories** "
