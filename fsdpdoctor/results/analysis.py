@@ -10,13 +10,20 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 SCHEMA_VERSION = "1.0"
 
-COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                    "all_to_all", "barrier", "p2p", "other")
-PHASES = ("forward", "backward", "optimizer", "other")
-SEVERITIES = ("info", "warning", "error")
+CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier", "p2p",
+                         "other"]
+COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = get_args(CollectiveKind)
+Phase = Literal["forward", "backward", "optimizer", "other"]
+PHASES: tuple[Phase, ...] = get_args(Phase)
+# the one severity scale, mildest first: every finding (analysis, hang, scaling) is on it, and
+# whatever orders or gates findings (check --fail-on, the rules' folding, diff, the TUI) reads it here
+Severity = Literal["info", "warning", "error"]
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
+SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
 
 
 @dataclass
@@ -26,9 +33,9 @@ class Collective:
     rank: int
     index: int                  # issue order on this rank (0-based, whole trace)
     step: int | None            # ProfilerStep number, None outside steps
-    kind: str                   # one of COLLECTIVE_KINDS
+    kind: CollectiveKind
     raw_name: str               # what the trace called it (collective name / op / kernel)
-    phase: str                  # one of PHASES
+    phase: Phase
     start_us: float             # execution start (kernel / gloo worker span)
     end_us: float
     issue_us: float | None = None      # host issue time (c10d op start)
@@ -247,7 +254,7 @@ class Evidence:
 class Finding:
     id: str                             # rule id, e.g. "fsdp1-no-backward-prefetch"
     title: str
-    severity: str                       # one of SEVERITIES
+    severity: Severity
     confidence: float                   # 0..1
     impact_us: float                    # per step, what fixing it would save (estimate)
     impact_frac: float                  # impact_us / mean step time
