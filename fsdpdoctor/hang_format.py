@@ -66,3 +66,16 @@ def parse_header(line: str) -> FaultHeader | None:
         return None
     return FaultHeader(int(m.group(1)), int(m.group(2)), float(m.group(3)),
                        float(m.group(4)) if m.group(4) else None, int(m.group(5)) if m.group(5) else None)
+
+
+@dataclass
+class Frame:
+    """One frame of a rank's Python stack, as a dump records it."""
+
+    file: str
+    line: int
+    function: str
+    code: str = ""
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
