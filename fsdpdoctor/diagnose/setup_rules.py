@@ -17,9 +17,10 @@ from fsdpdoctor.units import ms, pct
 
 # what a collective backend that cannot overlap makes the communication rules report: the same
 # exposed time, gone with the backend's fix. Prefetch and bucket settings are not among them (they
-# survive a change of backend and stay roots of their own), nor a straggler whose lateness lies in
-# its own frames (see comm_consequences).
-COMM_CONSEQUENCES = ["exposed-comm-high", "low-overlap", "low-bus-bandwidth", "latency-bound-collectives"]
+# survive a change of backend and stay roots of their own), nor many small collectives (on NCCL each
+# still pays its latency: coalescing fixes them, not the backend), nor a straggler whose lateness lies
+# in its own frames (see comm_consequences).
+COMM_CONSEQUENCES = ["exposed-comm-high", "low-overlap", "low-bus-bandwidth"]
 PREFETCH_IDS = ["fsdp-forward-prefetch-off", "fsdp1-no-backward-prefetch", "fsdp1-backward-post",
                 "fsdp2-backward-prefetch-ineffective"]
 

@@ -27,7 +27,6 @@ show. The limits, and why:
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from typing import Any
 
