@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Literal, overload
 
-from fsdpdoctor.analysis import rankresult
+from fsdpdoctor.analysis import invariants, rankresult
 from fsdpdoctor.analysis.engine import analyze_rank, reduce, step_spec
 from fsdpdoctor.analysis.engine import param_dtype as model_dtype
 from fsdpdoctor.analysis.rankresult import RankResult
@@ -84,6 +84,7 @@ def open_analysis(source, *, ranks=None, steps=None, thresholds=None, dask=None,
         check(analysis)
     if diagnose:
         analysis.findings = run_rules(analysis, thresholds=thresholds)
+    invariants.enforce(analysis)  # nothing is rendered that breaks them (analysis/invariants.py)
     return (analysis, traces) if tables else analysis
 
 
@@ -189,7 +190,21 @@ def find_inputs(path: Path, ranks: list[int] | None = None,
         for f in files:
             groups.setdefault(named[f], []).append(f)
         return manifest, list(groups.values())
-    return manifest, [[f] for f in files]
+    by_writer: dict[str, list[Path]] = {}
+    for f in files:
+        by_writer.setdefault(_writer(f), []).append(f)
+    return manifest, list(by_writer.values())
+
+
+_HANDLER_NAME = re.compile(r"^(?P<writer>.+)\.\d{9,}\.pt\.trace\.json(?:\.gz)?$")
+
+
+def _writer(f: Path) -> str:
+    """The process that wrote a trace, as torch.profiler's ``tensorboard_trace_handler`` names its files
+    (``<host>_<pid>.<time ns>.pt.trace.json``): the profiler cycles of one process share it, and are
+    analysed together (joined as separate runs of steps when they are one process's cycles)."""
+    m = _HANDLER_NAME.match(f.name)
+    return m.group("writer") if m else str(f)
 
 
 def _cycle_files(manifest: dict | None, files: list[Path]) -> tuple[str, ...] | None:

@@ -10,9 +10,7 @@ call forgotten: two processes under torchrun, each training its own model.
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -27,8 +25,6 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E4
 
 import jobkit  # noqa: E402
 from scenarios import SCENARIOS  # noqa: E402
-
-from fsdpdoctor.capture import capture  # noqa: E402
 
 BATCH, SIZE, CLASSES = 16, 32, 10
 
@@ -102,21 +98,9 @@ def main(argv=None) -> int:
         opt.zero_grad(set_to_none=True)
 
     scenario = {"name": args.scenario, "injects": sc["injects"], "params": p}
-    if args.no_profile:
-        cm = contextlib.nullcontext(None)
-    else:
-        ranks = None if args.ranks is None else [int(r) for r in args.ranks.split(",") if r != ""]
-        cm = capture(args.out, model=model, optimizer=opt, wait=args.wait, warmup=args.warmup,
-                     active=args.active, ranks=ranks, with_stack=not args.no_stack,
-                     samples_per_step=BATCH * world, scenario=scenario)
-    t0 = time.perf_counter()
     model.train()
-    with cm as cap:
-        for _ in range(steps):
-            train_step()
-            if cap is not None:
-                cap.step()
-    elapsed = time.perf_counter() - t0
+    elapsed = jobkit.run_steps(args, steps, train_step, model=model, optimizer=opt, scenario=scenario,
+                               samples_per_step=BATCH * world)
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

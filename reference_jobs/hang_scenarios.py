@@ -31,7 +31,11 @@ HANG_SCENARIOS: dict[str, dict] = {
         # rank 0 aborts in gloo's size check before any watchdog fires: it leaves only its
         # faulthandler stacks, so nothing tells which of the two ranks is the wrong one: both are named
         expected=dict(cause="desync", lagging=[0, 1], group="default_pg", op="all_reduce",
-                      function="log_metrics", silent=[])),
+                      function="log_metrics", silent=[]),
+        # rank 1 gets the broken connection as an exception and its watchdog dumps it; when the
+        # launcher, seeing rank 0 dead, stops rank 1 (SIGTERM) before that dump is written (2 runs of
+        # 32 under load), rank 1's collective is lost with it: all the evidence says is rank 0's abort
+        cut_short=dict(cause="aborted", lagging=[0], group=None, op=None, function="log_metrics", silent=[])),
     "hang_collective_order": dict(
         injects="at step 6 rank 1 all-reduces the metrics group before the stats group, rank 0 after",
         ends="hang",

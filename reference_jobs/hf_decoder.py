@@ -13,7 +13,6 @@ The injected problems (scenarios.py): a straggler sized to a share of the step
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
@@ -33,7 +32,6 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer  # noqa: 
 import jobkit  # noqa: E402
 from scenarios import SCENARIOS  # noqa: E402
 
-from fsdpdoctor.capture import capture  # noqa: E402
 
 SEQ, BATCH, VOCAB = 64, 8, 1024
 
@@ -147,20 +145,8 @@ def main(argv=None) -> int:
         straggler.size(jobkit.calibrate(train_step, calib, synchronized), synchronized)
 
     scenario = {"name": args.scenario, "injects": sc["injects"], "params": {**p, **straggler.facts()}}
-    if args.no_profile:
-        cm = contextlib.nullcontext(None)
-    else:
-        ranks = None if args.ranks is None else [int(r) for r in args.ranks.split(",") if r != ""]
-        cm = capture(args.out, model=model, optimizer=opt, wait=args.wait, warmup=args.warmup,
-                     active=args.active, ranks=ranks, with_stack=not args.no_stack,
-                     samples_per_step=BATCH * world, tokens_per_step=BATCH * SEQ * world, scenario=scenario)
-    t0 = time.perf_counter()
-    with cm as cap:
-        for _ in range(steps):
-            train_step()
-            if cap is not None:
-                cap.step()
-    elapsed = time.perf_counter() - t0
+    elapsed = jobkit.run_steps(args, steps, train_step, model=model, optimizer=opt, scenario=scenario,
+                               samples_per_step=BATCH * world, tokens_per_step=BATCH * SEQ * world)
     if dist.is_initialized() and synchronized:
         dist.barrier()
     if dist.is_initialized():

@@ -146,3 +146,27 @@ class Straggler:
         return {"calibrated_step_ms": None if self.step_s is None else round(self.step_s * 1000, 1),
                 "target_share": self.share if self.delay_ms is None else None,
                 "matmul_reps_at_start": max(self.reps, self.reported_reps)}
+
+
+def run_steps(args, steps: int, train_step, *, model, optimizer, scenario: dict, samples_per_step: int,
+              tokens_per_step: int | None = None) -> float:
+    """``steps`` calls of ``train_step`` under ``fsdpdoctor.capture`` (or bare with --no-profile), as the
+    README shows: the elapsed seconds."""
+    import contextlib
+
+    from fsdpdoctor.capture import capture
+
+    if args.no_profile:
+        cm = contextlib.nullcontext(None)
+    else:
+        ranks = None if args.ranks is None else [int(r) for r in args.ranks.split(",") if r != ""]
+        cm = capture(args.out, model=model, optimizer=optimizer, wait=args.wait, warmup=args.warmup,
+                     active=args.active, ranks=ranks, with_stack=not args.no_stack,
+                     samples_per_step=samples_per_step, tokens_per_step=tokens_per_step, scenario=scenario)
+    t0 = time.perf_counter()
+    with cm as cap:
+        for _ in range(steps):
+            train_step()
+            if cap is not None:
+                cap.step()
+    return time.perf_counter() - t0

@@ -10,9 +10,7 @@ number of samples, more tokens). ``seq_ddp`` is the same job with equal lengths.
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -26,8 +24,6 @@ import torch.nn.functional as F  # noqa: E402
 
 import jobkit  # noqa: E402
 from scenarios import SCENARIOS  # noqa: E402
-
-from fsdpdoctor.capture import capture  # noqa: E402
 
 BATCH, BASE_LEN, VOCAB, CLASSES, D_MODEL = 16, 64, 1000, 4, 128
 
@@ -75,20 +71,9 @@ def main(argv=None) -> int:
 
     tokens_per_step = BATCH * (BASE_LEN * (world - 1) + round(BASE_LEN * p["length_skew"]))
     scenario = {"name": args.scenario, "injects": sc["injects"], "params": p}
-    if args.no_profile:
-        cm = contextlib.nullcontext(None)
-    else:
-        cm = capture(args.out, model=model, optimizer=opt, wait=args.wait, warmup=args.warmup,
-                     active=args.active, with_stack=not args.no_stack, samples_per_step=BATCH * world,
-                     tokens_per_step=tokens_per_step, scenario=scenario)
-    t0 = time.perf_counter()
     model.train()
-    with cm as cap:
-        for _ in range(steps):
-            train_step()
-            if cap is not None:
-                cap.step()
-    elapsed = time.perf_counter() - t0
+    elapsed = jobkit.run_steps(args, steps, train_step, model=model, optimizer=opt, scenario=scenario,
+                               samples_per_step=BATCH * world, tokens_per_step=tokens_per_step)
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:

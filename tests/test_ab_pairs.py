@@ -94,3 +94,13 @@ def test_change_split_over_two_parts_is_not_the_environment(ab):
     # slower machine; the bound now covers all parts together
     c = compare(load_analysis(ab / "conv1d_short_healthy"), load_analysis(ab / "conv1d_short_sleep"))
     assert not c.verdict.startswith("environment") and c.regressed
+
+
+def test_one_step_per_run_large_slowdown_fails(capsys, traces_dir):
+    # no interval at all with one step a side: a slow-down beyond what two single healthy steps can differ
+    # by (diff_one_step_noise) must not pass as "no detectable change"
+    rc, d = diff_json(capsys, traces_dir / "ddp_default", traces_dir / "straggler", "--steps", "3")
+    assert d["step"]["n_base"] == d["step"]["n_new"] == 1
+    assert rc == 1 and d["verdict"] == "slower-unattributed"
+    rc, d = diff_json(capsys, traces_dir / "ddp_default", traces_dir / "scaling_2proc", "--steps", "3")
+    assert rc == 0 and d["verdict"] == "no-detectable-change"

@@ -468,3 +468,56 @@ async def test_tui_moves_between_the_windows_of_a_run(tmp_path):
         await app.workers.wait_for_complete()
         await pilot.pause()
         assert Path(str(app.analysis.source)).name == "window-300"
+
+
+def test_a_run_with_only_its_step_series_points_at_steps_and_trigger(tmp_path):
+    from fsdpdoctor.capture.series import SeriesWriter, encode_records, series_path
+
+    w = SeriesWriter(series_path(tmp_path, 0), 0, 1, time.time_ns())
+    w.append(encode_records(0, [10_000_000, 20_000_000], 0, 0, {}))
+    w.close()
+    out = cli("analyze", tmp_path)
+    assert out.returncode == 2 and "fsdpdoctor steps" in out.stderr and len(out.stderr.splitlines()) == 1
+    assert cli("steps", tmp_path).returncode == 0
+
+
+@pytest.mark.skipif(not (TRACES / "straggler" / "rank0.json.gz").exists(), reason="bundled traces not present")
+def test_a_window_the_job_died_in_is_named_and_skipped(tmp_path):
+    import shutil
+
+    shutil.copytree(TRACES / "straggler", tmp_path / "window-20")
+    (tmp_path / "window-90").mkdir()   # killed while exporting: only a temp file of its writer
+    (tmp_path / "window-90" / ".rank0.123.abcd1234.partial.json.gz").write_bytes(b"\x1f\x8b")
+    out = cli("analyze", tmp_path, "--json")
+    assert out.returncode == 0, out.stderr
+    note = json.loads(out.stdout)["notes"][0]
+    assert "window-20" in note and "without a trace (the job ended first): window-90" in note
+    out = cli("analyze", tmp_path, "--window", 90)
+    assert out.returncode == 2 and "holds no trace" in out.stderr
+
+
+@requires_torch
+@pytest.mark.slow
+def test_two_torchrun_jobs_aimed_at_one_folder(tmp_path):
+    """The second job's rank 0 finds the folder held and moves to run-2; its rank 1 learns that through the
+    store, so both of its ranks write beside the first job's files, never over them."""
+    out = tmp_path / "run"
+    a = drift(out, "--change", "none", "--no-auto", "--steps", 600, wait=False)
+    try:
+        deadline = time.time() + 200
+        while time.time() < deadline and not (out / "steps" / "rank1.steps").exists():
+            time.sleep(0.2)
+        b = drift(out, "--change", "none", "--no-auto", "--steps", 60)
+        assert a.poll() is None, "job A ended before job B started: the test proves nothing"
+        a_out, a_err = a.communicate(timeout=400)
+    finally:
+        if a.poll() is None:
+            a.kill()
+    check_ok(a.returncode, a_err, a_out)
+    check_ok(b.returncode, b.stderr, b.stdout)
+    assert "in use by another running job" in b.stderr
+    from fsdpdoctor.capture.series import read_series
+
+    for r in (0, 1):
+        assert len(read_series(out / "steps" / f"rank{r}.steps").steps) == 600
+        assert len(read_series(tmp_path / "run-2" / "steps" / f"rank{r}.steps").steps) == 60

@@ -12,7 +12,7 @@ import pytest
 from fsdpdoctor.pipeline import open_analysis
 from fsdpdoctor.cli import main
 from fsdpdoctor.diagnose.compare import compare, step_samples
-from fsdpdoctor.diagnose.stats import estimate, t_quantile
+from fsdpdoctor.diagnose.stats import estimate, half_width_after, log_ratio_interval, steps_until, t_quantile
 
 from trace_edit import rewrite_times
 
@@ -152,6 +152,33 @@ def test_more_steps_is_the_smallest_that_resolves():
         return t_quantile(0.975, df) * math.sqrt(v1 + v2)
 
     assert half_width(k) < abs(e.diff) <= half_width(k - 1)
+
+
+def test_log_ratio_interval_by_hand():
+    # delta method: var(log mean) = cv^2 / n, Welch degrees of freedom on those
+    b, n = [10.0, 12.0, 11.0, 13.0], [21.0, 25.0, 23.0]
+    lo, hi = log_ratio_interval(b, n, 0.95)
+    c1 = np.std(b, ddof=1) / np.mean(b)
+    c2 = np.std(n, ddof=1) / np.mean(n)
+    v1, v2 = c1 ** 2 / 4, c2 ** 2 / 3
+    df = (v1 + v2) ** 2 / (v1 ** 2 / 3 + v2 ** 2 / 2)
+    hw = t_quantile(0.975, df) * math.sqrt(v1 + v2)
+    mid = math.log(np.mean(n) / np.mean(b))
+    assert (lo, hi) == pytest.approx((mid - hw, mid + hw))
+    # a uniform factor moves the interval by log k and nothing else
+    lo2, hi2 = log_ratio_interval(b, [3 * x for x in n], 0.95)
+    assert (lo2 - lo, hi2 - hi) == pytest.approx((math.log(3), math.log(3)))
+    assert log_ratio_interval([0.0, 0.0], n, 0.95) is None and log_ratio_interval([1.0], [2.0], 0.95) is None
+
+
+def test_half_width_after_more_steps_shrinks_and_steps_until_is_minimal():
+    e = estimate("x", [100.0, 104.0, 98.0], [103.0, 99.0, 106.0], 0.95)
+    assert half_width_after(e, 0) == pytest.approx(e.half_width)
+    widths = [half_width_after(e, k) for k in range(0, 50, 7)]
+    assert widths == sorted(widths, reverse=True)
+    k = steps_until(lambda m: half_width_after(e, m) < 2.0)
+    assert half_width_after(e, k) < 2.0 <= half_width_after(e, k - 1)
+    assert steps_until(lambda m: False, cap=64) is None
 
 
 def test_one_step_per_run_concludes_nothing():

@@ -59,6 +59,20 @@ def test_bundled_dumps_verdict(run):
     assert f.fix and f.severity == "error" and f.impact_frac == 1.0 and f.ranks == rep.verdicts[0].ranks
 
 
+def test_a_rank_stopped_while_writing_its_dump():
+    """A real run of hang_skip_collective_default where the launcher, seeing rank 0 abort, stopped rank 1
+    (SIGTERM) while its watchdog was writing the dump of the exception the broken connection raised:
+    rank 1's flight recorder is lost, so the verdict is rank 0's abort in its collective (no desync
+    can be shown), and the report says what rank 1's dump was missing instead of calling it user code."""
+    rep = analyze_hang(load_hang_dumps(ROOT / "tests" / "data" / "hang_cut_short"))
+    v = rep.verdicts[0]
+    assert (v.cause, v.ranks, v.frame.function) == ("aborted", [0], "log_metrics"), v.summary
+    assert len(rep.verdicts) == 1, [x.summary for x in rep.verdicts]
+    r1 = rep.ranks[1]
+    assert (r1.dump, r1.trigger, r1.activity) == ("faulthandler", "sigterm", "exception")
+    assert "flight recorder and the exception were not saved" in r1.note
+
+
 def test_bundled_scenarios_all_present():
     names = {p.name for p in HANG_RUNS}
     assert {"hang_loader", "hang_skip_collective", "hang_skip_collective_default", "hang_collective_order",
@@ -295,6 +309,12 @@ def test_watch_dumps_on_stall_and_not_while_stepping(tmp_path):
             time.sleep(0.05)  # the stall (a sleep in user code)
     doc = json.loads((out / "hang" / "rank0.json").read_text())
     assert doc["trigger"] == "timeout" and doc["last_step"] == 10 and doc["seconds_since_step"] >= 0.4
+    # the writer writes the document the format module declares, field for field
+    from typing import get_type_hints
+
+    from fsdpdoctor.hang_format import DumpDoc, ThreadDoc
+
+    assert set(doc) == set(get_type_hints(DumpDoc)) and set(doc["threads"][0]) == set(get_type_hints(ThreadDoc))
     main_t = next(t for t in doc["threads"] if t["main"])
     assert any(f["function"] == "test_watch_dumps_on_stall_and_not_while_stepping" for f in main_t["frames"])
     assert not any(t["name"] == "fsdpdoctor-hang-watchdog" for t in doc["threads"])

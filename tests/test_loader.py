@@ -135,3 +135,66 @@ def test_tagged_decode_falls_back_on_odd_phases(tmp_path, monkeypatch):
         assert got[0] == got[1]
 
     check()
+
+
+def test_allocator_samples_checked_as_defined(tmp_path):
+    """The allocator samples ([memory] instants) kept and dropped, checked column by column, against
+    the definition written per sample: a time a clock gives, numeric totals, integer device fields."""
+    import json
+    import math
+
+    from hypothesis import given, settings, strategies as st
+
+    from fsdpdoctor.trace.loader import allocator_samples, load_file
+    from fsdpdoctor.trace.quality import MAX_CLOCK_US
+
+    odd_values = [0, 7, -1, 2.5, 1e300, "12", "x", None, True, [1], {"a": 1}]
+    odd = st.sampled_from(odd_values)
+    # mostly usable values, so that one odd field decides whether a sample is kept
+    sample = st.fixed_dictionaries(
+        {"ph": st.sampled_from(["i", "I"]), "name": st.just("[memory]"),
+         "ts": st.one_of(st.floats(0, 1e6), st.floats(0, 1e6), odd), "args": st.fixed_dictionaries(
+             {"Total Allocated": st.one_of(st.integers(0, 2**40), st.integers(0, 2**40), odd)},
+             optional={"Bytes": st.one_of(st.integers(-2**30, 2**30), odd), "Total Reserved": odd,
+                       "Device Type": st.one_of(st.sampled_from([0, 1]), st.sampled_from([0, 1]), odd),
+                       "Device Id": odd, "Addr": odd})})
+    # enough complete events that a few dropped samples stay under the limit on dropped events
+    ops = [{"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 10.0 * i, "dur": 5.0, "pid": 1, "tid": 1}
+           for i in range(2000)]
+
+    def number(v):
+        if v is None or isinstance(v, bool):
+            return None
+        try:
+            f = float(v)
+        except (TypeError, ValueError, OverflowError):
+            return None
+        return f if math.isfinite(f) else None
+
+    def integer(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def usable(e):
+        a, ts = e["args"], number(e["ts"])
+        return (ts is not None and 0 <= ts <= MAX_CLOCK_US and number(a["Total Allocated"]) is not None
+                and integer(a.get("Device Type", 0)) and (a.get("Device Id", -1) is None or integer(a.get("Device Id", -1)))
+                and not any(k in a and number(a[k]) is None for k in ("Bytes", "Total Reserved")))
+
+    def check(samples, copies):
+        p = tmp_path / "rank0.json"
+        p.write_text(json.dumps({"traceEvents": ops * copies + samples}))
+        t = load_file(p)
+        is_sample = [e for e in samples if e["args"]["Total Allocated"] is not None]
+        kept = [dict(e, ts=number(e["ts"])) for e in is_sample if usable(e)]
+        assert allocator_samples(t) == kept
+        assert t.quality.by_reason.get("allocator sample with bad fields", 0) == len(is_sample) - len(kept)
+
+    # every odd value in every field, the others usable
+    good = {"ph": "i", "name": "[memory]", "ts": 5.0, "args": {"Total Allocated": 512, "Bytes": 512,
+                                                                 "Total Reserved": 2048, "Device Type": 1, "Device Id": 0}}
+    edges = [good]
+    for value in odd_values:
+        edges.append(dict(good, ts=value))
+        edges += [dict(good, args=dict(good["args"], **{k: value})) for k in good["args"]]
+    check(edges, copies=4)  # enough events that the dropped ones stay under the limit
+    settings(max_examples=80, deadline=None)(given(st.lists(sample, max_size=16), st.just(1))(check))()

@@ -440,3 +440,22 @@ def test_every_threshold_a_rule_reads_is_declared_in_its_source():
             names = set(read.findall(inspect.getsource(fn)))
             allowed = set(rules[name].thresholds) if name in rules else set()
             assert names <= allowed, f"{module.__name__}.{name} reads {names - allowed} undeclared"
+
+
+def test_backend_fault_does_not_fold_many_small_collectives():
+    small = collectives(2, 4, "all_reduce", "backward", per_step=30, size_bytes=4096, exposed_us=100.0)
+    f = _diag(analysis(signals=Signals(setup=[_gloo_setup(0), _gloo_setup(1)]), collective_events=small,
+                       **comm("all_reduce", 60 * MS)))
+    assert f["latency-bound-collectives"].caused_by is None  # NCCL still pays a latency per call
+    assert f["exposed-comm-high"].caused_by == "cpu-staged-collectives"
+
+
+def test_each_rule_runs_once_even_where_a_module_imports_another_modules_rule():
+    from fsdpdoctor.diagnose.rules import rules_of
+
+    prefetch_rules.borrowed = host_rules.straggler  # as `from host_rules import straggler` would
+    try:
+        assert host_rules.straggler not in rules_of(prefetch_rules)
+    finally:
+        del prefetch_rules.borrowed
+    assert len({id(r) for r in RULES}) == len(RULES)

@@ -10,12 +10,45 @@ communication.
 
 from __future__ import annotations
 
+import numpy as np
+
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects.base import CollectiveRecord, StepWindow, Timelines
 from fsdpdoctor.results import Collective, KindTime, StepBreakdown
 
-__all__ = ["StepWindow", "Timelines", "breakdown_step", "mean_breakdown", "step_windows", "timelines"]
+__all__ = ["CommShares", "StepWindow", "Timelines", "breakdown_step", "mean_breakdown", "step_windows", "timelines"]
+
+
+class CommShares:
+    """Each collective's share of the rank's communication time and of its exposed part.
+
+    Calls that run at the same time (buckets in flight together, an all-gather beside a
+    reduce-scatter, gloo spans waiting together) split that time equally, so per-call,
+    per-kind and per-phase figures add up to the step's union, never to more."""
+
+    def __init__(self, colls: list[Collective], compute: np.ndarray):
+        self.colls = colls
+        self.starts = np.array([c.start_us for c in colls], dtype=np.float64)
+        self.ends = np.array([c.end_us for c in colls], dtype=np.float64)
+        comm = iv.as_set(self.starts, self.ends)
+        self.sizes = np.array([c.size_bytes or 0 for c in colls], dtype=np.int64)
+        self.by_kind = _indexes_by([c.kind for c in colls])
+        self.by_phase = _indexes_by([c.phase for c in colls])
+        self.busy = iv.share_density(self.starts, self.ends)
+        self.exposed = iv.share_density(self.starts, self.ends, iv.subtract(comm, compute))
+
+    def within(self, lo: float = -np.inf, hi: float = np.inf) -> tuple[np.ndarray, np.ndarray]:
+        """(busy share, exposed share) of every call inside [lo, hi)."""
+        return (iv.share_each(self.busy, self.starts, self.ends, lo, hi),
+                iv.share_each(self.exposed, self.starts, self.ends, lo, hi))
+
+
+def _indexes_by(labels: list[str]) -> dict[str, np.ndarray]:
+    out: dict[str, list[int]] = {}
+    for i, k in enumerate(labels):
+        out.setdefault(k, []).append(i)
+    return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
 
 
 def step_windows(ctx: RankContext) -> list[StepWindow]:
@@ -29,7 +62,8 @@ def timelines(ctx: RankContext, collectives: list) -> Timelines:
     return ctx.dialect_impl.timelines(ctx, recs)
 
 
-def breakdown_step(ctx: RankContext, w: StepWindow, tl: Timelines, colls: list[Collective]) -> StepBreakdown:
+def breakdown_step(ctx: RankContext, w: StepWindow, tl: Timelines, colls: list[Collective],
+                   shares: CommShares | None = None) -> StepBreakdown:
     dur = w.end - w.start
     comp = iv.clip(tl.compute, w.start, w.end)
     opt = iv.clip(tl.optimizer, w.start, w.end)
@@ -53,20 +87,21 @@ def breakdown_step(ctx: RankContext, w: StepWindow, tl: Timelines, colls: list[C
     b.idle_us = max(dur - comp_total - exposed - dl, 0.0)
     b.collectives = len(colls)
     # per kind and phase on the same time slice as the totals: device kernels of one step often
-    # run in the next step's window, so slicing by time (not by issuing step) keeps the parts summing up
-    for kind, (kset, starts, sizes) in tl.comm_by_kind.items():
-        s = iv.clip(kset, w.start, w.end)
-        if not len(s):
-            continue
-        busy = iv.total(s)
-        exp = iv.total(iv.subtract(s, comp))
-        inside = (starts >= w.start) & (starts < w.end)
-        b.comm_by_kind[kind] = KindTime(count=int(inside.sum()), busy_us=busy, exposed_us=exp,
-                                        overlapped_us=busy - exp, size_bytes=int(sizes[inside].sum()))
-    for phase, pset in tl.comm_by_phase.items():
-        s = iv.clip(pset, w.start, w.end)
-        if len(s):
-            b.exposed_by_phase[phase] = iv.total(iv.subtract(s, comp))
+    # run in the next step's window, so slicing by time (not by issuing step) keeps the parts summing up;
+    # calls running together share their time (CommShares), so kinds and phases add up to the totals
+    if shares is not None and shares.colls:
+        busy, exp = shares.within(w.start, w.end)
+        inside = (shares.starts >= w.start) & (shares.starts < w.end)
+        for kind, idx in shares.by_kind.items():
+            if not inside[idx].any() and not busy[idx].any():
+                continue
+            kb, ke = float(busy[idx].sum()), float(exp[idx].sum())
+            b.comm_by_kind[kind] = KindTime(count=int(inside[idx].sum()), busy_us=kb, exposed_us=ke,
+                                            overlapped_us=max(kb - ke, 0.0),
+                                            size_bytes=int(shares.sizes[idx][inside[idx]].sum()))
+        for phase, idx in shares.by_phase.items():
+            if busy[idx].any():
+                b.exposed_by_phase[phase] = float(exp[idx].sum())
     # host syncs and sleeps in this step
     t = ctx.t
     sync = ctx.sync_rows

@@ -56,12 +56,57 @@ def kind_from_op(op: str) -> str | None:
 def kind_from_kernel(name: str) -> str | None:
     m = _KERNEL_RE.match(name)
     if not m:
-        return None
+        return kind_from_words(name) if other_library_comm(name) else None
     return _KERNEL_KIND.get(m.group(1).lower(), "other")
 
 
 def is_comm_kernel(name: str) -> bool:
     return name[:6].lower().startswith(KERNEL_LIBRARIES)
+
+
+# Communication kernels of libraries other than NCCL/RCCL. Their names are the only description the
+# trace has (no record_param_comms, no c10d op), so two strengths:
+# - a library's own namespace or name, which only its communication kernels carry (DeepEP's
+#   intranode/internode/internode_ll kernels, not its local layout ones; NVSHMEM, MSCCL++, vLLM's
+#   custom all-reduce): communication by name;
+# - a collective's word in a kernel name (TensorRT-LLM's allreduce kernels, home-grown ones): only
+#   where the kernel's stream runs nothing FLOP-heavy, the way communication gets its own stream; a
+#   reduction helper inside a compute kernel's name is not communication.
+_LIBRARY_COMM = re.compile(r"\bep::(?:intranode|internode|internode_ll)::|mscclpp|nvshmem|cross_device_reduce_",
+                           re.I)
+_COLLECTIVE_WORD = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|\bdispatch\b|\bcombine\b",
+                              re.I)
+_FLOP_HEAVY = re.compile(r"gemm|conv|cutlass|xmma|flash|attn|attention|matmul|cublas|cudnn|wgrad|dgrad|mma_", re.I)
+_EXPERT_PARALLEL = re.compile(r"\bep::(?:intranode|internode)|dispatch|combine", re.I)
+_WORD_KINDS = (("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
+               ("all_reduce", re.compile(r"all_?reduce|cross_device_reduce", re.I)),
+               ("all_gather", re.compile(r"all_?gather", re.I)),
+               ("all_to_all", re.compile(r"all_?to_?all", re.I)),
+               ("broadcast", re.compile(r"broadcast", re.I)))
+
+
+def other_library_comm(name: str) -> str | None:
+    """'library' (communication by its name), 'word' (communication if its stream says so) or None."""
+    if is_comm_kernel(name):
+        return None
+    if _LIBRARY_COMM.search(name):
+        return "library"
+    if _COLLECTIVE_WORD.search(name) and not _FLOP_HEAVY.search(name):
+        return "word"
+    return None
+
+
+def is_flop_heavy(name: str) -> bool:
+    return bool(_FLOP_HEAVY.search(name))
+
+
+def kind_from_words(name: str) -> str:
+    """A collective kind from the words of a non-NCCL kernel name; expert-parallel token exchange
+    (dispatch/combine and its notifications) is all_to_all; anything else is 'other'."""
+    for kind, pat in _WORD_KINDS:
+        if pat.search(name):
+            return kind
+    return "all_to_all" if _EXPERT_PARALLEL.search(name) else "other"
 
 
 def dtype_bytes(dtype) -> int | None:

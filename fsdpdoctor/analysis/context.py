@@ -89,6 +89,7 @@ class RankContext:
         self.t = trace
         self.end = trace.ts + trace.dur
         self._by_track: dict[int, tuple] = {}  # enclosing(): id(rows) -> (rows, its per-track index)
+        self.notes: list[str] = []   # what the dialect could not classify or took on weaker evidence
         self.dialect_impl = dialect   # the ``Dialect`` that reads this rank (``dialects.detect``)
 
     @property

@@ -24,7 +24,7 @@ from fsdpdoctor.analysis import recompute as recompute_mod
 from fsdpdoctor.analysis import setup as setup_mod
 from fsdpdoctor.analysis import signals as signals_mod
 from fsdpdoctor.analysis import stragglers
-from fsdpdoctor.analysis.breakdown import breakdown_step, mean_breakdown
+from fsdpdoctor.analysis.breakdown import CommShares, breakdown_step, mean_breakdown
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects import detect
 from fsdpdoctor.analysis.rankresult import RankResult, TraceStamp, Window
@@ -68,6 +68,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
             res.available_steps = sorted({w.step for w in every if w.step is not None})
             return res
     records = coll_mod.extract_records(ctx)
+    notes.extend(ctx.notes)
     # step and phase of each collective, from its host issue time
     in_steps = []
     for rec in records:
@@ -89,18 +90,26 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
                      "their kind is inferred from similar kernels on the same stream, their phase is 'other'")
     prefetch_mod.annotate(ctx, records)
     tl = dialect.timelines(ctx, records)
+    shares = CommShares(colls, tl.compute)
     if colls:
-        hidden = iv.overlap_each([c.start_us for c in colls], [c.end_us for c in colls], tl.compute)
-        for rec, h in zip(records, hidden):
+        hidden = iv.overlap_each(shares.starts, shares.ends, tl.compute)
+        # shares inside the analysed steps only, so the Collectives table adds up to the steps' figures
+        busy, exposed = np.zeros(len(colls)), np.zeros(len(colls))
+        for w in windows:
+            b, e = shares.within(w.start, w.end)
+            busy, exposed = busy + b, exposed + e
+        for rec, h, b, e in zip(records, hidden, busy, exposed):
             c = rec.coll
-            c.exposed_us = max(c.duration_us - float(h), 0.0)
+            c.hidden_us = float(h)
+            c.comm_share_us = float(b)
+            c.exposed_us = float(e)
             c.algbw_gbps, c.busbw_gbps = coll_mod.bus_bandwidth(c.kind, c.size_bytes, c.group_size, c.duration_us)
             if rec.issue_track is not None and c.issue_us is not None and trace.has_stacks:
                 c.source = ctx.source_line(rec.issue_track, c.issue_us)
     by_step = defaultdict(list)
     for c in colls:
         by_step[c.step].append(c)
-    bds = [breakdown_step(ctx, w, tl, by_step.get(w.step, [])) for w in windows]
+    bds = [breakdown_step(ctx, w, tl, by_step.get(w.step, []), shares) for w in windows]
     backward_end: dict[int | None, float] = {}  # None: a window without a step number (no ProfilerStep)
     for w in windows:
         opt = iv.clip(ctx.optimizer_set, w.start, w.end)
@@ -113,6 +122,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     res.windows = [Window(w.step, w.start, w.end) for w in windows]
     res.summary.steps = bds
     res.summary.mean = mean_breakdown(bds, trace.rank)
+    res.summary.cycles = list(trace.cycles)
     res.collectives = colls
     res.host_syncs = signals_mod.host_syncs(ctx, windows)
     if len(ctx.sleep_rows):
@@ -162,6 +172,7 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     notes = list(notes or [])
     for r in results:
         notes.extend(r.notes)
+    notes = list(dict.fromkeys(notes))  # what every rank says alike is said once
     kept = [r for r in results if not r.skipped]
     summaries = [r.summary for r in kept]
     all_colls: list[Collective] = [c for r in kept for c in r.collectives]
@@ -242,10 +253,14 @@ def collective_stats(colls: list[Collective], n_rank_steps: int) -> list[Collect
     for (kind, phase), cs in groups.items():
         sized = [c for c in cs if c.size_bytes]
         bw = [(c.busbw_gbps, c.duration_us) for c in cs if c.busbw_gbps is not None]
-        total = sum(c.duration_us for c in cs)
+        # the calls' shares of communication time (CommShares): rows add up to the ranks' communication
+        busy = sum(c.comm_share_us for c in cs)
+        exposed = sum(c.exposed_us for c in cs)
+        rank_steps = max(n_rank_steps, 1)
         out.append(CollectiveStat(
-            kind=kind, phase=phase, count=len(cs), per_step=len(cs) / max(n_rank_steps, 1), total_us=total,
-            exposed_us=sum(c.exposed_us for c in cs), mean_us=total / len(cs),
+            kind=kind, phase=phase, count=len(cs), per_step=len(cs) / rank_steps, total_us=busy,
+            exposed_us=exposed, mean_us=sum(c.duration_us for c in cs) / len(cs),
+            busy_per_step_us=busy / rank_steps, exposed_per_step_us=exposed / rank_steps,
             size_bytes=sum(c.size_bytes for c in sized) if sized else None,
             mean_size_bytes=float(np.mean([c.size_bytes for c in sized])) if sized else None,
             # total bytes over total time weights each call by its duration

@@ -10,18 +10,13 @@ sizes across ranks is a desync (the ranks disagree on what the collective is), n
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Literal
 
-from fsdpdoctor.results import Finding
+from fsdpdoctor.results.hang import (  # noqa: F401 - the report's types, importable from here as before
+    Activity, Cause, GroupDivergence, HangReport, Mismatch, RankState, Trend,
+)
+from fsdpdoctor.results.hang import HangVerdict as Verdict
 from fsdpdoctor.trace.hang import Frame, FrEntry, HangDumps, RankDump
-
-Cause = Literal["desync", "crashed", "aborted", "skipped-collective", "collective-order", "no-dump",
-                "data-loader", "checkpoint", "busy-loop", "blocked", "gil-held", "user-code"]
-Activity = Literal["collective", "backward", "data-loader", "checkpoint", "blocked", "busy-loop", "user-code",
-                   "exception", "unknown"]
 
 # default of the hang_busy_runnable_share threshold (diagnose/thresholds.py has its source); the verb
 # passes the resolved table so --threshold overrides it
@@ -31,88 +26,6 @@ BUSY_RUNNABLE_SHARE = 0.5
 COMM_ERROR_MARKS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "timed out",
                     "Timed out", "doesn't match expected size", "collective mismatch", "DistBackendError",
                     "NCCL error", "ProcessGroup", "gloo")
-
-
-@dataclass
-class RankState:
-    rank: int
-    dump: str | None                 # "json", "faulthandler", None (wrote nothing)
-    trigger: str | None
-    last_step: int | None
-    activity: Activity
-    frame: Frame | None              # innermost user frame of the main thread
-    library: str | None              # innermost library function below it ("all_reduce", "wait")
-    current: dict | None = None      # its last flight-recorder entry: {"group", "label", "seq", "op", "sizes"}
-    exception: str | None = None
-    note: str | None = None
-
-
-@dataclass
-class GroupDivergence:
-    group: str
-    label: str                       # the group's description ("default_pg", "metrics") or its name
-    members: list[int]
-    seq: int                         # the first collective a lagging rank never entered (else the frontier)
-    op: str
-    sizes: list
-    issued_at: Frame | None          # where a rank that entered it issued it (its innermost user frame)
-    entered: list[int]               # at the frontier: waiting inside it
-    never_entered: list[int]         # below it
-    unknown: list[int]               # members with no flight-recorder data
-    last_enqueued: dict[int, int] = field(default_factory=dict)
-    last_completed: dict[int, int] = field(default_factory=dict)
-
-
-@dataclass
-class Mismatch:
-    group: str
-    label: str
-    seq: int
-    by_rank: dict[int, str]          # rank -> "all_reduce [[8]] Float"
-    odd_ranks: list[int]             # minority signature holders (all, on a tie)
-    sites: dict[int, str] = field(default_factory=dict)
-
-
-@dataclass
-class Verdict:
-    cause: Cause
-    ranks: list[int]                 # the lagging / culprit ranks
-    group: str | None
-    label: str | None
-    seq: int | None
-    op: str | None
-    frame: Frame | None
-    summary: str                     # the evidence in one sentence (the fix is the finding's: diagnose/hang.py)
-    evidence: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Trend:
-    available: bool
-    straggler: int | None = None
-    lagging_was_straggler: bool | None = None
-    wait_ms_per_step: dict[int, float] = field(default_factory=dict)   # mean time each rank waited for slower ones
-    summary: str = ""
-
-
-@dataclass
-class HangReport:
-    run_dir: str
-    world_size: int | None
-    dumped: list[int]
-    silent: list[int]                # ranks that wrote nothing
-    ranks: list[RankState]
-    divergences: list[GroupDivergence]
-    mismatches: list[Mismatch]
-    verdicts: list[Verdict]
-    trend: Trend | None = None
-    notes: list[str] = field(default_factory=list)
-    # the verdicts as findings, one each in the same order, on the severity scale of every other
-    # finding (diagnose/hang.py fills them)
-    findings: list[Finding] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return {"fsdpdoctor_hang_report": 1, **dataclasses.asdict(self)}
 
 
 # --------------------------------------------------------------------------- frames
@@ -148,6 +61,12 @@ def _has(frames: list[Frame], *parts: str) -> bool:
     return any(any(p in f.file.replace("\\", "/") for p in parts) for f in frames)
 
 
+def in_own_dump(frames: list[Frame]) -> bool:
+    """The stack is inside the watchdog's own dump (the capture package's ``Watch.dump``)."""
+    return any(f.function == "dump" and f.file.replace("\\", "/").endswith("fsdpdoctor/capture/watch.py")
+               for f in frames)
+
+
 def activity(d: RankDump, busy_runnable_share: float = BUSY_RUNNABLE_SHARE) -> tuple[Activity, Frame | None, str | None]:
     t = d.main_thread
     if t is None or not t.frames:
@@ -156,6 +75,10 @@ def activity(d: RankDump, busy_runnable_share: float = BUSY_RUNNABLE_SHARE) -> t
     if d.trigger == "exception" and d.exception and d.exception["frames"]:
         frames = d.exception["frames"]
     fr, lib = user_frame(frames)
+    if d.kind == "faulthandler" and in_own_dump(frames):
+        # the main thread only writes a dump when an exception leaves the watched block; the launcher
+        # stopped it before the dump (flight recorder, exception) was on disk
+        return "exception", fr, lib
     if _has(frames, "torch/utils/data/"):
         return "data-loader", fr, lib
     if _has(frames, "torch/serialization.py", "torch/distributed/checkpoint/"):
@@ -268,6 +191,10 @@ def _rank_state(dumps: HangDumps, r: int, labels: dict[str, str], busy: float) -
     note = None
     if d.kind == "faulthandler":
         note = f"died of a fatal signal ({d.fatal})" if d.trigger == "fatal-signal" else FAULT_NOTES.get(d.trigger)
+        if d.trigger == "sigterm" and act == "exception":
+            # what it raised and the collective it was in were in the dump it did not finish
+            note = ("was sent SIGTERM while writing the dump of an exception that ended its loop: "
+                    "its flight recorder and the exception were not saved")
     return RankState(r, d.kind, d.trigger, d.last_step, act, fr, lib, cur, exc, note)
 
 

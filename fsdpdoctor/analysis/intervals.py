@@ -144,3 +144,46 @@ def overlap_each(starts: np.ndarray, ends: np.ndarray, s: np.ndarray) -> np.ndar
 
     out = covered_before(ends) - covered_before(starts)
     return np.maximum(out, 0.0)
+
+
+def share_density(starts, ends, within: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Fair shares of overlapping intervals: at each instant covered by ``n`` of the intervals (and by
+    the set ``within``, when given), each of them is credited ``1/n`` of that instant. Returned as
+    (breakpoints, cumulative credit per interval) for ``share_each``: the shares of all intervals add
+    up to the union of the intervals (inside ``within``), so tables built from them add up to the step."""
+    starts = np.asarray(starts, dtype=np.float64)
+    ends = np.asarray(ends, dtype=np.float64)
+    if starts.size == 0:
+        return np.zeros(1), np.zeros(1)
+    pts = [starts, ends] + ([within.ravel()] if within is not None and len(within) else [])
+    b = np.unique(np.concatenate(pts))
+    if b.size < 2:
+        return b[:1], np.zeros(1)
+    left = b[:-1]
+    active = (np.searchsorted(np.sort(starts), left, side="right")
+              - np.searchsorted(np.sort(ends), left, side="right"))
+    weight = np.where(active > 0, 1.0 / np.maximum(active, 1), 0.0)
+    if within is not None:
+        weight = weight * contains_open(within, (left + b[1:]) / 2)
+    cum = np.concatenate([[0.0], np.cumsum(weight * np.diff(b))])
+    return b, cum
+
+
+def share_each(density: tuple[np.ndarray, np.ndarray], starts, ends,
+               lo: float = -np.inf, hi: float = np.inf) -> np.ndarray:
+    """Each interval's share (``share_density``) of the time it spends inside [lo, hi)."""
+    b, cum = density
+    s = np.clip(np.asarray(starts, dtype=np.float64), lo, hi)
+    e = np.clip(np.asarray(ends, dtype=np.float64), lo, hi)
+    if b.size < 2:
+        return np.zeros(s.shape)
+    return np.maximum(np.interp(e, b, cum) - np.interp(s, b, cum), 0.0)
+
+
+def contains_open(s: np.ndarray, x) -> np.ndarray:
+    """Whether each point of ``x`` lies inside a row [start, end) of the set ``s``."""
+    x = np.asarray(x, dtype=np.float64)
+    if not len(s):
+        return np.zeros(x.shape, dtype=bool)
+    k = np.searchsorted(s[:, 0], x, side="right") - 1
+    return (k >= 0) & (s[np.maximum(k, 0), 1] > x)

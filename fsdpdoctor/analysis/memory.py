@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 
-GB = 1e9
-GiB = float(2**30)
+from fsdpdoctor.results.memory import (  # noqa: F401 - the memory types, importable from here as before
+    GB, ActivationEstimate, ActivationSpec, BytesPerParam, DevicePeak, GiB, HostMemory, MemoryConfig,
+    MemoryEstimate, StrategyRow,
+)
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 _DTYPE_ALIASES = {
@@ -123,125 +125,6 @@ def normalize_strategy(name) -> str:
         raise ValueError(
             f"unknown strategy {name!r} (use ddp, zero1, zero2, zero3, no_shard, shard_grad_op, full_shard, hybrid_shard)")
     return _STRATEGY_ALIASES[key]
-
-
-# ----------------------------------------------------------------- data
-
-@dataclass(frozen=True)
-class ActivationSpec:
-    """A transformer's shape, for the Korthikanti et al. (2022) activation estimate."""
-
-    layers: int
-    hidden: int
-    seq: int
-    micro_batch: int
-    heads: int | None = None  # default hidden // 128
-    checkpointing: bool = False
-
-
-@dataclass(frozen=True)
-class ActivationEstimate:
-    per_layer_bytes: int
-    total_bytes: int
-    heads: int
-    formula: str
-    notes: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class MemoryConfig:
-    parameters: int
-    dtype: str = "fp32"                 # training dtype of weights and gradients
-    optimizer: str = "adamw"
-    mixed_precision: bool = False       # fp32 master weights + fp32 states, 16-bit working copy
-    strategy: str = "ddp"
-    world_size: int = 1
-    gpus_per_node: int | None = None    # HYBRID_SHARD shard group
-    cpu_offload: bool = False
-    optimizer_state_dtype: str = "fp32"  # "fp32" or "param" (torch.optim keeps states in the param dtype)
-    trainable_parameters: int | None = None  # grads/optimizer states only for these (default: all)
-    largest_unit_params: int | None = None   # biggest FSDP unit, for the transient unsharded peak
-    activations: ActivationSpec | None = None
-
-
-@dataclass(frozen=True)
-class BytesPerParam:
-    weights: float
-    gradients: float
-    optimizer_states: float
-    master_weights: float
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer_states + self.master_weights
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    """Bytes per rank kept in host (CPU) memory by CPU offload."""
-
-    weights: int = 0
-    gradients: int = 0
-    optimizer_states: int = 0
-    master_weights: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer_states + self.master_weights
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    config: MemoryConfig
-    strategy_label: str
-    shard_degree: int                 # ranks each sharded piece is split across
-    bytes_per_param: BytesPerParam    # unsharded accounting, per parameter
-    per_rank_bytes_per_param: BytesPerParam  # what one rank keeps on device, per model parameter
-    weights: int                      # device bytes per rank
-    gradients: int
-    optimizer_states: int
-    master_weights: int
-    host: HostMemory
-    peak_transient: int | None        # None: unknown (largest unit not given) or not applicable
-    transient_applicable: bool
-    activations: ActivationEstimate | None
-    explanation: list[str]
-    not_included: list[str]
-
-    @property
-    def model_state(self) -> int:
-        return self.weights + self.gradients + self.optimizer_states + self.master_weights
-
-    @property
-    def total(self) -> int:
-        """Device bytes per rank: model state + known transient + activation estimate."""
-        return self.model_state + (self.peak_transient or 0) + (self.activations.total_bytes if self.activations else 0)
-
-    def to_dict(self) -> dict:
-        cfg = asdict(self.config)
-        return {
-            "units": {"bytes": 1, "GB": GB, "GiB": GiB},
-            "config": cfg,
-            "strategy_label": self.strategy_label,
-            "shard_degree": self.shard_degree,
-            "bytes_per_param": {**asdict(self.bytes_per_param), "total": self.bytes_per_param.total},
-            "per_rank_bytes_per_param": {**asdict(self.per_rank_bytes_per_param),
-                                         "total": self.per_rank_bytes_per_param.total},
-            "per_rank_bytes": {
-                "weights": self.weights,
-                "gradients": self.gradients,
-                "optimizer_states": self.optimizer_states,
-                "master_weights": self.master_weights,
-                "model_state": self.model_state,
-                "peak_transient": self.peak_transient,
-                "activations": self.activations.total_bytes if self.activations else None,
-                "total": self.total,
-            },
-            "host_bytes_per_rank": {**asdict(self.host), "total": self.host.total},
-            "activations": asdict(self.activations) if self.activations else None,
-            "explanation": list(self.explanation),
-            "not_included": list(self.not_included),
-        }
 
 
 # ----------------------------------------------------------------- core
@@ -433,19 +316,6 @@ def estimate(cfg: MemoryConfig) -> MemoryEstimate:
                           explanation=explanation, not_included=not_included)
 
 
-@dataclass(frozen=True)
-class StrategyRow:
-    strategy: str
-    label: str
-    cpu_offload: bool
-    shard_degree: int
-    model_state: int
-    peak_transient: int | None
-    total: int
-    host: int
-    current: bool
-
-
 def compare_strategies(cfg: MemoryConfig) -> list[StrategyRow]:
     """Every strategy's per-rank memory for the same model, dtype, optimizer and world size."""
     cfg = _validate(cfg)
@@ -610,17 +480,6 @@ def config_from_manifest(manifest: dict, *, optimizer: str | None = None) -> Man
 
 
 DEVICE_TYPES = {0: "cpu", 1: "cuda"}
-
-
-@dataclass(frozen=True)
-class DevicePeak:
-    device_type: str     # "cpu", "cuda" or "type<N>"
-    device_id: int
-    peak_allocated: int  # max "Total Allocated" over the [memory] events
-    start_allocated: int  # level before the first event (Total Allocated - Bytes)
-    end_allocated: int
-    peak_reserved: int | None
-    events: int
 
 
 def memory_peaks(doc) -> list[DevicePeak]:

@@ -4,33 +4,19 @@ allocator peak against the prediction."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 from fsdpdoctor.analysis import memory as mem
+from fsdpdoctor.results.memory import MemoryReport  # noqa: F401 - importable from here as before
 from fsdpdoctor.trace.io import within
-
-
-@dataclass
-class MemoryReport:
-    estimate: mem.MemoryEstimate
-    strategies: list[mem.StrategyRow]
-    sentences: list[str]                    # how the other strategies would change it, in words
-    measured: list[dict] = field(default_factory=list)   # per rank: its peak beside the prediction
-    notes: list[str] = field(default_factory=list)
-    run_folder: Path | None = None
-
-    def to_dict(self) -> dict:
-        return {"run_folder": str(self.run_folder) if self.run_folder else None,
-                "estimate": self.estimate.to_dict(), "comparison": [asdict(r) for r in self.strategies],
-                "comparison_sentences": self.sentences, "measured": self.measured, "notes": self.notes}
 
 
 def _read_trace(path: Path) -> dict:
     """The trace's allocator samples, read with the same loader (and errors) as ``analyze``."""
-    from fsdpdoctor.trace.loader import load_file
+    from fsdpdoctor.trace.loader import allocator_samples, load_file
 
-    return {"traceEvents": load_file(path).memory_events}
+    return {"traceEvents": allocator_samples(load_file(path))}
 
 
 def rank_files(folder: Path, manifest: dict, notes: list[str] | None = None) -> dict[int, Path]:

@@ -147,7 +147,7 @@ def status(counts: list[PrefetchCounts], colls: list[Collective], fw: str | None
     # on a device timeline, a prefetch takes effect only if the gathered kernel overlaps compute
     pref = [c for c in bwd if c.prefetch and c.prefetch.startswith("prefetch")]
     if pref and device_timeline:
-        hidden = sum(c.duration_us - c.exposed_us for c in pref)
+        hidden = sum(c.hidden_us for c in pref)
         s.gpu_overlap_confirmed = hidden > 0.2 * sum(c.duration_us for c in pref)
     steps = sorted({c.step for c in bwd if c.step is not None})
     for st in steps:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fsdpdoctor.commands.base import add_analysis_flags, print_json
 from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds, run_analysis
 from fsdpdoctor.errors import InputError
+from fsdpdoctor.results import SEVERITIES
 from fsdpdoctor.trace.io import check_output, write_atomic
 
 
@@ -19,7 +20,7 @@ def register(sub) -> None:
     p = sub.add_parser("check", help="CI gate: exit 1 when findings reach the bar",
                        description="Diagnose a trace and fail (exit 1) on findings at or above --fail-on.")
     add_analysis_flags(p, path_optional=True)
-    p.add_argument("--fail-on", choices=["info", "warning", "error"], default="warning",
+    p.add_argument("--fail-on", choices=SEVERITIES, default="warning",
                    help="lowest severity that fails the check (default: warning)")
     p.add_argument("--max-exposed-comm", metavar="PCT", help="also fail if exposed comm exceeds this share of step")
     p.add_argument("--max-data-loading", metavar="PCT", help="also fail if data loading exceeds this share of step")

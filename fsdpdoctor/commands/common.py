@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import contextmanager
 
@@ -93,14 +94,16 @@ def progress_bar(enabled: bool):
 
 def run_analysis(args):
     from fsdpdoctor.pipeline import open_analysis
-    from fsdpdoctor.trace.hang import hang_note
 
     with progress_bar(not args.no_progress) as cb:
         analysis = open_analysis(args.path, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps),
                                  window=getattr(args, "window", None),
                                 thresholds=parse_thresholds(args), progress=cb, **engine_kwargs(args))
-    if note := hang_note(args.path):
-        analysis.notes.append(note)
+    if os.path.isdir(os.path.join(args.path, "hang")):  # the dump reader loads only where there may be dumps
+        from fsdpdoctor.trace.hang import hang_note
+
+        if note := hang_note(args.path):
+            analysis.notes.append(note)
     return analysis
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fsdpdoctor.analysis import memory as mem
 from fsdpdoctor.commands.base import print_json
 from fsdpdoctor.errors import InputError
+
+if TYPE_CHECKING:
+    from fsdpdoctor.analysis import memory as mem
 
 
 def register(subparsers) -> None:
@@ -49,6 +52,7 @@ def register(subparsers) -> None:
 # ----------------------------------------------------------------- input parsing
 
 def _count(flag: str, value) -> int:
+    from fsdpdoctor.analysis import memory as mem  # loaded by this verb only: every other verb starts without it
     try:
         return mem.parse_param_count(value)
     except ValueError as exc:
@@ -66,6 +70,7 @@ def _posint(flag: str, value) -> int:
 
 
 def _activations(args) -> mem.ActivationSpec | None:
+    from fsdpdoctor.analysis import memory as mem
     shape = {"layers": args.layers, "hidden": args.hidden, "seq": args.seq, "micro_batch": args.micro_batch}
     given = {k: v for k, v in shape.items() if v is not None}
     if not given:
@@ -114,6 +119,7 @@ def _read_manifest(folder: Path) -> tuple[dict, list[str]]:
 # ----------------------------------------------------------------- run
 
 def build_config(args) -> tuple[mem.MemoryConfig, list[str], Path | None, dict | None, dict[str, str]]:
+    from fsdpdoctor.analysis import memory as mem
     notes: list[str] = []
     folder = manifest = None
     devices: dict[str, str] = {}

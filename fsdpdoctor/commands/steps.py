@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import statistics
 from pathlib import Path
 
@@ -17,7 +18,8 @@ def register(sub) -> None:
                                    "(RUN_DIR/steps/rank<N>.steps) in the terminal, windows marked.")
     p.add_argument("run_dir", help="the folder given to capture()")
     p.add_argument("--json", action="store_true", help="print the series and the windows as JSON")
-    p.add_argument("--width", type=int, default=80, help="columns of the plot (default 80)")
+    p.add_argument("--width", type=int, default=None,
+                   help="columns of the plot (default: the terminal's width; 80 when piped)")
     p.add_argument("--height", type=int, default=12, help="rows of the plot (default 12)")
     p.set_defaults(func=run)
 
@@ -58,6 +60,8 @@ def run(args) -> int:
                             "partial_steps": w.partial} for w in windows]}
         print_json(doc)
         return 0
+    if args.width is None:  # the terminal's width, COLUMNS when set, 80 when piped (as every verb's text)
+        args.width = shutil.get_terminal_size((80, 24)).columns
     if args.width < 40 or args.height < 4:
         raise InputError(None, "--width must be >= 40 and --height >= 4")
     print("\n".join(render(series, windows, args.width, args.height)))

@@ -20,14 +20,16 @@ between is "unattributed", fails the gate, and says how many more steps would de
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Literal
 
 from fsdpdoctor.diagnose.stats import Estimate, estimate, half_width_after, log_ratio_interval, steps_until
 from fsdpdoctor.diagnose.thresholds import resolve
+from fsdpdoctor.results import SEVERITY_RANK as _SEVERITY_RANK
 from fsdpdoctor.results import Analysis, StepBreakdown
+from fsdpdoctor.results.comparison import (  # noqa: F401 - the comparison's types, importable from here as before
+    Comparison, ComponentChange, FindingChange, FindingStatus,
+)
+from fsdpdoctor.results.comparison import ComparisonVerdict as Verdict  # noqa: F401
 
 # the parts of a step: they add up to its duration
 PARTITION = ("compute", "optimizer", "exposed_comm", "data_loading", "idle")
@@ -35,7 +37,6 @@ PARTITION = ("compute", "optimizer", "exposed_comm", "data_loading", "idle")
 # (two non-overlapping intervals are already a conservative test, ~99.5 % at 95 % each): a sliver (a
 # 200 µs optimizer) moves by large factors on any machine and could not carry a visible part of a change
 MIN_RATIO_SHARE = 0.01
-_SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
 # finding id keyword -> the component whose share the finding is about (first match wins; else the step time)
 FINDING_COMPONENT = (
     ("input", "data_loading"), ("loader", "data_loading"),
@@ -45,102 +46,6 @@ FINDING_COMPONENT = (
     ("grad-accum", "exposed_comm"), ("no-sync", "exposed_comm"), ("straggler", "exposed_comm"),
     ("optimizer", "optimizer"), ("compute", "compute"),
 )
-
-Verdict = Literal["no-detectable-change", "regression", "improvement", "environment-slower",
-                  "environment-faster", "slower-unattributed", "faster-unattributed"]
-FindingStatus = Literal["new", "gone", "worse", "better", "same"]
-
-
-@dataclass
-class ComponentChange:
-    name: str                            # "compute", "exposed_comm", "comm[all_reduce]", ...
-    time: Estimate                       # µs per step
-    share: Estimate                      # share of the step
-    in_partition: bool                   # one of the parts that add up to the step
-    log_ratio: tuple[float, float] | None = None   # interval of log(new time / base time)
-    off_common: bool = False             # share moved beyond noise or time ratio outside the step's (parts only)
-
-    @property
-    def ratio(self) -> float | None:
-        return self.time.new_mean / self.time.base_mean if self.time.base_mean > 0 else None
-
-
-@dataclass
-class FindingChange:
-    id: str
-    title: str
-    status: FindingStatus                # by the finding's presence, then by its component's share
-    significant: bool                    # the component it measures changed beyond noise in that direction
-    component: str                       # what the finding measures ("step" when not known)
-    base_impact_us: float | None
-    new_impact_us: float | None
-    base_impact_frac: float | None
-    new_impact_frac: float | None
-    base_severity: str | None
-    new_severity: str | None
-    time: Estimate | None = None         # the component's time per step
-    share: Estimate | None = None        # and its share of the step
-
-    @property
-    def regressed(self) -> bool:
-        return self.significant and self.status in ("new", "worse")
-
-
-@dataclass
-class Comparison:
-    base: str
-    new: str
-    level: float                         # confidence level of every interval
-    step: Estimate
-    components: list[ComponentChange] = field(default_factory=list)
-    findings: list[FindingChange] = field(default_factory=list)
-    verdict: Verdict = "no-detectable-change"
-    job_part_us: float = 0.0             # step-time change carried by parts off the common factor
-    job_bound_us: float | None = None    # the most the parts could carry beyond the common factor (None: unknown)
-    more_steps: int | None = None        # unattributed: profiled steps per run more that would decide it
-    fails_gate: bool = False             # `--fail-on-regression` / `check --baseline` fail on this comparison
-    reasons: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def regressed(self) -> bool:
-        # a regression, and a large slow-down that these samples cannot attribute to the machine
-        return self.fails_gate
-
-    # the figures the first diff showed, kept for readers of the JSON
-    @property
-    def base_step_us(self) -> float:
-        return self.step.base_mean
-
-    @property
-    def new_step_us(self) -> float:
-        return self.step.new_mean
-
-    @property
-    def step_change_frac(self) -> float:
-        return self.step.rel or 0.0
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d |= {"regressed": self.regressed, "base_step_us": self.base_step_us, "new_step_us": self.new_step_us,
-              "step_change_frac": self.step_change_frac}
-        _add_estimate_props(d["step"], self.step)
-        for dc, c in zip(d["components"], self.components):
-            _add_estimate_props(dc["time"], c.time)
-            _add_estimate_props(dc["share"], c.share)
-            dc["ratio"] = c.ratio
-        for df, f in zip(d["findings"], self.findings):
-            for k in ("time", "share"):
-                if getattr(f, k) is not None:
-                    _add_estimate_props(df[k], getattr(f, k))
-            df["regressed"] = f.regressed
-        return d
-
-
-def _add_estimate_props(d: dict, e: Estimate) -> None:
-    ri = e.rel_interval
-    d |= {"significant": e.significant, "rel": e.rel, "rel_lo": ri[0] if ri else None,
-          "rel_hi": ri[1] if ri else None}
 
 
 def _value(s: StepBreakdown, name: str) -> float:

@@ -20,9 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Mapping
 
 from fsdpdoctor.diagnose.thresholds import BY_NAME
-from fsdpdoctor.results import Analysis, DialectTraits, Evidence, Finding
-
-SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+from fsdpdoctor.results import SEVERITY_RANK, Analysis, DialectTraits, Evidence, Finding
 
 
 class UndeclaredThreshold(KeyError):

@@ -17,9 +17,10 @@ from fsdpdoctor.units import ms, pct
 
 # what a collective backend that cannot overlap makes the communication rules report: the same
 # exposed time, gone with the backend's fix. Prefetch and bucket settings are not among them (they
-# survive a change of backend and stay roots of their own), nor a straggler whose lateness lies in
-# its own frames (see comm_consequences).
-COMM_CONSEQUENCES = ["exposed-comm-high", "low-overlap", "low-bus-bandwidth", "latency-bound-collectives"]
+# survive a change of backend and stay roots of their own), nor many small collectives (on NCCL each
+# still pays its latency: coalescing fixes them, not the backend), nor a straggler whose lateness lies
+# in its own frames (see comm_consequences).
+COMM_CONSEQUENCES = ["exposed-comm-high", "low-overlap", "low-bus-bandwidth"]
 PREFETCH_IDS = ["fsdp-forward-prefetch-off", "fsdp1-no-backward-prefetch", "fsdp1-backward-post",
                 "fsdp2-backward-prefetch-ineffective"]
 
@@ -94,7 +95,9 @@ def ranks_never_communicate(ctx: RuleContext) -> list[Finding]:
     # parallelism, where one replica needs no gradient reduction: not claimed.
     kinds = {k for s in setups for k in s.collective_kinds}
     silent = sum(s.collectives for s in setups) == 0 or (not wrapped and kinds <= {"broadcast", "barrier"})
-    if not (no_pg or silent):
+    # communication of any kind (NCCL, or another library's kernels: DeepEP, NVSHMEM...) with no process
+    # group is still communication: only silence is claimed
+    if not silent:
         return []
     # a wrapper that never synchronised in the window may be accumulating under no_sync(): less sure
     unsure = silent and not no_pg and bool(wrapped)

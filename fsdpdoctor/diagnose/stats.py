@@ -16,9 +16,10 @@ with ``--steps``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
+
+from fsdpdoctor.results.comparison import Estimate
 
 
 def _t_cdf_upper_half(x: float, df: float) -> float:
@@ -50,43 +51,6 @@ def t_quantile(p: float, df: float) -> float:
         else:
             hi = mid
     return (lo + hi) / 2
-
-
-@dataclass
-class Estimate:
-    """new - base for one metric, with a ``level`` confidence interval of that difference."""
-
-    metric: str
-    base_mean: float
-    new_mean: float
-    diff: float
-    lo: float | None            # None: not enough steps for an interval
-    hi: float | None
-    n_base: int                 # steps (rank-averaged) on each side
-    n_new: int
-    sd_base: float | None       # step-to-step standard deviation
-    sd_new: float | None
-    level: float
-    method: str                 # "welch-t", "pooled-t", "identical", "none"
-    more_steps: int | None = None   # extra steps per run for this difference to be resolved (inconclusive only)
-
-    @property
-    def significant(self) -> bool:
-        return self.lo is not None and self.hi is not None and (self.lo > 0 or self.hi < 0)
-
-    @property
-    def rel(self) -> float | None:
-        return self.diff / self.base_mean if self.base_mean else None
-
-    @property
-    def rel_interval(self) -> tuple[float, float] | None:
-        if not self.base_mean or self.lo is None or self.hi is None:
-            return None
-        return self.lo / self.base_mean, self.hi / self.base_mean
-
-    @property
-    def half_width(self) -> float | None:
-        return None if self.lo is None or self.hi is None else (self.hi - self.lo) / 2
 
 
 def _half_width(s1: float, s2: float, n1: int, n2: int, level: float, pooled: bool) -> float:

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from fsdpdoctor.report.data_quality import lines as data_quality_lines
 from fsdpdoctor.report.format import (
-    CATEGORY_STYLE, SEVERITY_STYLE, categories, ms, num, pct, size, wrapping_line,
+    CATEGORY_STYLE, SEVERITY_STYLE, categories, ms, num, pct, size, straggler_rank, wrapping_line,
 )
 from fsdpdoctor.results import Analysis
 
@@ -132,12 +132,6 @@ def findings_table(a: Analysis, evidence_lines: int = 2) -> Group | Text:
     return Group(*blocks)
 
 
-def straggler_rank(a: Analysis) -> int | None:
-    """The straggler, when the diagnosis says there is one."""
-    f = next((f for f in a.findings if f.id == "straggler"), None)
-    return f.ranks[0] if f and f.ranks else None
-
-
 def ranks_table(a: Analysis) -> Table:
     t = Table(title="Per rank (mean per step, ms)", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("rank", "step", "compute", "optim", "exposed", "overlap", "data", "idle", "wait"):
@@ -158,14 +152,15 @@ def ranks_table(a: Analysis) -> Table:
 def collectives_table(a: Analysis) -> Table | None:
     if not a.collectives:
         return None
-    t = Table(title="Collectives (all analysed ranks and steps; size = mean message, GB/s = bus bandwidth)",
+    t = Table(title="Collectives (mean per rank and step, ms; calls running together share their time, so the rows "
+                    "add up to the step's communication; size = mean message, GB/s = bus bandwidth)",
               title_justify="left", box=box.SIMPLE_HEAD)
     widths = {"kind": 14, "phase": 9}
     for col in ("kind", "phase", "calls/step", "ms", "exp ms", "size", "GB/s"):
         left = col in widths
         t.add_column(col, justify="left" if left else "right", no_wrap=True, min_width=widths.get(col))
     for c in a.collectives:
-        t.add_row(c.kind, c.phase, f"{c.per_step:.1f}", num(c.total_us), num(c.exposed_us),
+        t.add_row(c.kind, c.phase, f"{c.per_step:.1f}", num(c.busy_per_step_us), num(c.exposed_per_step_us),
                   size(c.mean_size_bytes), f"{c.busbw_gbps:.2f}" if c.busbw_gbps is not None else "-")
     return t
 

@@ -95,4 +95,6 @@ def baseline_line(c: Comparison) -> str:
     label, _ = VERDICT_TEXT[c.verdict]
     mark = "FAIL" if c.regressed else "ok  "
     why = f": {c.reasons[0]}" if c.reasons else ""
-    return f"{mark} baseline {label}; step time {change_text(c.step)}{why}"
+    # an unattributed slow-down fails or passes by its size: say which, after why it is unattributed
+    gate = next((r for r in c.reasons[1:] if r.startswith(("fails the gate", "passes the gate"))), None)
+    return f"{mark} baseline {label}; step time {change_text(c.step)}{why}" + (f"; {gate}" if gate else "")

@@ -34,7 +34,6 @@ import contextlib
 import io
 import logging
 import math
-import re
 import shutil
 import tempfile
 import warnings

@@ -10,13 +10,51 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 SCHEMA_VERSION = "1.0"
 
-COLLECTIVE_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast",
-                    "all_to_all", "barrier", "p2p", "other")
-PHASES = ("forward", "backward", "optimizer", "other")
-SEVERITIES = ("info", "warning", "error")
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def plain(v):
+    """``dataclasses.asdict`` of a result value without its deep copies of the leaves (a result is
+    turned into a dict to be written out: the copies cost more than the walk)."""
+    cls = type(v)
+    if cls is str or cls is float or cls is int or v is None or cls is bool:
+        return v
+    if hasattr(cls, "__dataclass_fields__"):
+        return {name: plain(getattr(v, name)) for name in _field_names(cls)}
+    if cls is list:
+        return [plain(x) for x in v]
+    if cls is dict:
+        return {plain(k): plain(x) for k, x in v.items()}
+    if isinstance(v, tuple) and hasattr(v, "_fields"):  # a named tuple, rebuilt as asdict does
+        return cls(*[plain(x) for x in v])
+    if isinstance(v, (list, tuple)):
+        return cls(plain(x) for x in v)
+    if isinstance(v, dict):
+        return {plain(k): plain(x) for k, x in v.items()}
+    return v
+
+
+CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier", "p2p",
+                         "other"]
+COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = get_args(CollectiveKind)
+Phase = Literal["forward", "backward", "optimizer", "other"]
+PHASES: tuple[Phase, ...] = get_args(Phase)
+# the one severity scale, mildest first: every finding (analysis, hang, scaling) is on it, and
+# whatever orders or gates findings (check --fail-on, the rules' folding, diff, the TUI) reads it here
+Severity = Literal["info", "warning", "error"]
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
+SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
 
 
 @dataclass
@@ -26,13 +64,16 @@ class Collective:
     rank: int
     index: int                  # issue order on this rank (0-based, whole trace)
     step: int | None            # ProfilerStep number, None outside steps
-    kind: str                   # one of COLLECTIVE_KINDS
+    kind: CollectiveKind
     raw_name: str               # what the trace called it (collective name / op / kernel)
-    phase: str                  # one of PHASES
+    phase: Phase
     start_us: float             # execution start (kernel / gloo worker span)
     end_us: float
     issue_us: float | None = None      # host issue time (c10d op start)
-    exposed_us: float = 0.0            # part of execution not covered by compute
+    exposed_us: float = 0.0            # its share of the rank's exposed communication (time not covered by
+                                       # compute; calls running at the same time split it): adds up over calls
+    hidden_us: float = 0.0             # part of its own execution under compute
+    comm_share_us: float = 0.0         # its share of the rank's communication time (same split as exposed_us)
     nelems: int | None = None
     dtype: str | None = None
     size_bytes: int | None = None      # message size per rank (nccl-tests "size")
@@ -104,11 +145,16 @@ class RankSummary:
     device: str | None = None
     wait_us: float = 0.0                # mean per step wait for slower ranks in the step's worst collective
     is_straggler: bool = False
+    cycles: list[tuple[float, float]] = field(default_factory=list)  # profiler cycles (first start, last end), several files
 
 
 @dataclass
 class CollectiveStat:
-    """Per (kind, phase) totals over the analysed ranks and steps."""
+    """Per (kind, phase) over the analysed ranks and steps.
+
+    ``total_us`` and ``exposed_us`` are the calls' shares of communication time (calls running at the
+    same time split it), so over all rows they add up to the ranks' communication, never to more;
+    ``*_per_step_us`` are those divided by the rank-steps, comparable with the step breakdown."""
 
     kind: str
     phase: str
@@ -116,11 +162,13 @@ class CollectiveStat:
     per_step: float
     total_us: float
     exposed_us: float
-    mean_us: float
+    mean_us: float                      # mean duration of one call
     size_bytes: int | None
     mean_size_bytes: float | None
     busbw_gbps: float | None            # duration-weighted mean bus bandwidth, where sizes are known
     small_messages: int = 0             # below the latency-bound threshold
+    busy_per_step_us: float = 0.0       # total_us per rank and step
+    exposed_per_step_us: float = 0.0    # exposed_us per rank and step
 
 
 @dataclass
@@ -237,7 +285,7 @@ class Evidence:
 class Finding:
     id: str                             # rule id, e.g. "fsdp1-no-backward-prefetch"
     title: str
-    severity: str                       # one of SEVERITIES
+    severity: Severity
     confidence: float                   # 0..1
     impact_us: float                    # per step, what fixing it would save (estimate)
     impact_frac: float                  # impact_us / mean step time
@@ -304,10 +352,10 @@ class Analysis:
     schema_version: str = SCHEMA_VERSION
 
     def to_dict(self, include_events: bool = False) -> dict:
-        d = dataclasses.asdict(self)
-        if not include_events:
-            d.pop("collective_events")
-        return d
+        """What ``dataclasses.asdict`` gives, less the per-call collectives unless asked for: they are
+        not built to be dropped (a run holds thousands), and nothing is deep-copied to be written."""
+        return {name: plain(getattr(self, name)) for name in _field_names(Analysis)
+                if include_events or name != "collective_events"}
 
     def to_json(self, include_events: bool = False) -> str:
         """The versioned ``--json`` document (docs/json-schema.md); the manifest only with the events."""

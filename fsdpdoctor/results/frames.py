@@ -17,7 +17,7 @@ def _pandas():
     return pd
 
 
-def steps_df(a: Analysis):
+def steps_df(a):
     """One row per (rank, step, component): ``rank, step, component, us, share`` (share of that step).
 
     Components: compute, optimizer, exposed_comm, data_loading, idle (they add up to the step),
@@ -37,7 +37,7 @@ def steps_df(a: Analysis):
     return pd.DataFrame(rows, columns=["rank", "step", "component", "us", "share", "step_us"])
 
 
-def step_table_df(a: Analysis):
+def step_table_df(a):
     """One row per (rank, step) with every scalar field of ``StepBreakdown`` as a column."""
     pd = _pandas()
     rows = []
@@ -48,7 +48,7 @@ def step_table_df(a: Analysis):
     return pd.DataFrame(rows)
 
 
-def collectives_df(a: Analysis, events: bool = False):
+def collectives_df(a, events: bool = False):
     """Per (kind, phase) statistics; ``events=True``: one row per collective call (needs the events)."""
     pd = _pandas()
     if events:
@@ -56,7 +56,7 @@ def collectives_df(a: Analysis, events: bool = False):
     return pd.DataFrame([vars(c) for c in a.collectives])
 
 
-def ranks_df(a: Analysis):
+def ranks_df(a):
     """One row per rank: file, host, mean step breakdown (scalars), wait, straggler flag, clock offset."""
     pd = _pandas()
     rows = []
@@ -72,7 +72,7 @@ def ranks_df(a: Analysis):
     return pd.DataFrame(rows)
 
 
-def findings_df(a: Analysis):
+def findings_df(a):
     """One row per finding: id, title, severity, confidence, impact, summary, fix, ranks, source, cause."""
     pd = _pandas()
     return pd.DataFrame([{"id": f.id, "title": f.title, "severity": f.severity, "confidence": f.confidence,

@@ -86,6 +86,17 @@ class _TaggedFirst:
             return self.generic.decode(data)
 
 
+class MemoryArgs(msgspec.Struct, gc=False):
+    """The fields of an allocator sample's (``[memory]`` instant's) ``args`` that are read, as written
+    (the data-quality checks judge their types); the others are skipped unread."""
+
+    total: Any = msgspec.field(name="Total Allocated", default=None)
+    device_type: Any = msgspec.field(name="Device Type", default=0)
+    device_id: Any = msgspec.field(name="Device Id", default=-1)
+    bytes: Any = msgspec.field(name="Bytes", default=msgspec.UNSET)
+    reserved: Any = msgspec.field(name="Total Reserved", default=msgspec.UNSET)
+
+
 _doc_decoder = _TaggedFirst(_tagged_doc_decoder, _generic_doc_decoder)
 _events_decoder = _TaggedFirst(_tagged_events_decoder, _generic_events_decoder)
 _corr_decoder = msgspec.json.Decoder(CorrArgs)
@@ -153,6 +164,21 @@ def raw_args(raw: msgspec.Raw) -> dict:
     if not raw:
         return {}
     return _dict_decoder.decode(raw)
+
+
+_memory_decoder = msgspec.json.Decoder(MemoryArgs)
+_memory_list_decoder = msgspec.json.Decoder(list[MemoryArgs])
+
+
+def memory_args(raw: msgspec.Raw) -> MemoryArgs:
+    """An allocator sample's arguments; raises (ValidationError) when ``args`` is not an object."""
+    return _memory_decoder.decode(raw) if raw else MemoryArgs()
+
+
+def memory_args_list(raws: list) -> list[MemoryArgs]:
+    """``memory_args`` of many samples in one decode (a memory-profiled trace holds 10^4-10^5);
+    raises when any of them is not an object."""
+    return _memory_list_decoder.decode(b"[" + b",".join([r if r else b"{}" for r in raws]) + b"]")
 
 
 def corr_args(raw: msgspec.Raw) -> CorrArgs | None:

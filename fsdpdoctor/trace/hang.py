@@ -14,25 +14,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fsdpdoctor.hang_format import (DUMP_NAME, DUMP_VERSION, FAULTHANDLER_NAME, FOLDER, FaultHeader,
-                                            parse_header)
+from fsdpdoctor.hang_format import (DUMP_NAME, DUMP_VERSION, FAULTHANDLER_NAME, FOLDER, FaultHeader, Frame,
+                                   parse_header)
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.io import DOCUMENT_MAX, read_raw, read_text
 
 FH_NAME = FAULTHANDLER_NAME
 FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[([^\]]*)\])? \(most recent call first\):")
 FH_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
-
-
-@dataclass
-class Frame:
-    file: str
-    line: int
-    function: str
-    code: str = ""
-
-    def where(self) -> str:
-        return f"{self.file}:{self.line} in {self.function}"
 
 
 @dataclass

@@ -19,7 +19,9 @@ import fsdpdoctor.trace.identity as identity
 import fsdpdoctor.trace.quality as quality
 import fsdpdoctor.trace.split as split
 from fsdpdoctor.trace.manifest import read_manifest
-from fsdpdoctor.trace.events import CorrArgs, corr_args, decode_trace, is_blank, raw_args
+from fsdpdoctor.trace.events import (
+    CorrArgs, corr_args, decode_trace, is_blank, memory_args, memory_args_list, raw_args,
+)
 from fsdpdoctor.trace.io import gzip_size, inflate, is_gzip, missing_reason, read_bytes, read_raw
 from fsdpdoctor.trace.vocabulary import STEP_NAME, keeps_args
 from fsdpdoctor.trace.table import (
@@ -155,9 +157,18 @@ def _non_complete(e, thread_names: dict, memory_events: list) -> None:
         # gloo threads may be named twice ("python3" then "pt_gloo_runloop"): keep the last
         thread_names[(e.pid, e.tid)] = str(a.get("name", ""))
     elif (ph == "i" or ph == "I") and e.name == "[memory]":
-        a = raw_args(e.args)
-        if a.get("Total Allocated") is not None:
-            memory_events.append({"name": "[memory]", "ph": ph, "ts": e.ts, "args": a})
+        _add_samples(memory_events, [e], [memory_args(e.args)])
+
+
+def _add_samples(memory_events: list, events: list, args: list) -> None:
+    """Allocator samples as (phase, ts, raw args, ``MemoryArgs``); one without a total is no sample.
+    ``trace.quality`` checks them; ``allocator_samples`` gives them back as Chrome events."""
+    memory_events.extend([(e.ph, e.ts, bytes(e.args), a) for e, a in zip(events, args) if a.total is not None])
+
+
+def allocator_samples(t: RankTrace) -> list[dict]:
+    """The checked allocator samples of a trace as the profiler wrote them (Chrome ``[memory]`` events)."""
+    return [{"name": "[memory]", "ph": ph, "ts": ts, "args": raw_args(raw)} for ph, ts, raw, _ in t.memory_events]
 
 
 def _columns_fast(events: list):
@@ -170,10 +181,16 @@ def _columns_fast(events: list):
         xs = [e for e in events if e.ph == "X"]
         if len(xs) != len(events):  # flow arrows ("s"/"f") are most of the rest: skip them first, cheaply
             rest = [e for e in events if e.ph != "X" and e.ph != "f" and e.ph != "s"]
+            samples = []
             for e in [e for e in rest if e.ph.__class__ is not str or e.ph in _KEPT_PHASES]:
                 if e.ph.__class__ is not str:
                     return None  # no phase: the per-event reading counts it
-                _non_complete(e, thread_names, memory_events)
+                if e.name == "[memory]" and e.ph != "M":
+                    samples.append(e)
+                else:
+                    _non_complete(e, thread_names, memory_events)
+            if samples:  # all in one decode: a memory-profiled trace holds 10^4-10^5 of them
+                _add_samples(memory_events, samples, memory_args_list([e.args for e in samples]))
         n = len(xs)
         # one dict lookup per event, on (name, category, thread): a few thousand distinct keys, from
         # which names, tracks and categories are numbered in order of first appearance (as if each
@@ -389,10 +406,10 @@ def _merge_cycles(traces: list[RankTrace], manifest: dict | None) -> list[RankTr
     cycles = (manifest or {}).get("cycle_files") if isinstance((manifest or {}).get("cycle_files"), dict) else None
     out = []
     for rank, group in by_rank.items():
-        if len(group) == 1 or any(t.rank_source == "default" for t in group):
+        if len(group) == 1:
             out.extend(group)
             continue
-        if cycles is not None:
+        if cycles is not None and not any(t.rank_source == "default" for t in group):
             listed = set(cycles.get(str(rank), []))
             same_job = listed and all(t.path.name in listed for t in group)
         else:
@@ -447,4 +464,9 @@ def merge_rank_traces(parts: list[RankTrace]) -> RankTrace:
         memory_events=[e for t in parts for e in t.memory_events],
         has_stacks=any(t.has_stacks for t in parts), format=first.format, rank_source=first.rank_source,
         distributed_info=first.distributed_info, quality=quality.merged([t.quality for t in parts]),
-        base_time_ns=first.base_time_ns, unreadable_events=sum(t.unreadable_events for t in parts))
+        base_time_ns=first.base_time_ns, unreadable_events=sum(t.unreadable_events for t in parts),
+        cycles=sorted(span for t in parts for span in (t.cycles or [_span(t)]) if span is not None))
+
+
+def _span(t: RankTrace) -> tuple[float, float] | None:
+    return (float(t.ts.min()), float((t.ts + t.dur).max())) if t.n_events else None

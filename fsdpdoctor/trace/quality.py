@@ -27,7 +27,6 @@ show. The limits, and why:
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from typing import Any
 
@@ -356,22 +355,39 @@ def _bad_steps(t: RankTrace, end: np.ndarray, keep: np.ndarray) -> dict[str, np.
     return res
 
 
-def _clean_memory(events: list[dict]) -> tuple[list[dict], int]:
-    out = []
-    for e in events:
-        a = e.get("args")
-        ts = _num(e.get("ts"))
-        if not isinstance(a, dict) or ts is None or not 0 <= ts <= MAX_CLOCK_US:
-            continue
-        total = _num(a.get("Total Allocated"))
-        dtype, did = a.get("Device Type", 0), a.get("Device Id", -1)
-        if total is None or not (isinstance(dtype, int) and not isinstance(dtype, bool)) \
-                or not (did is None or (isinstance(did, int) and not isinstance(did, bool))):
-            continue
-        if any(k in a and _num(a[k]) is None for k in ("Bytes", "Total Reserved")):
-            continue
-        out.append(dict(e, ts=ts))
-    return out, len(events) - len(out)
+def _clean_memory(samples: list[tuple]) -> tuple[list[tuple], int]:
+    """The allocator samples ((phase, ts, raw args, ``MemoryArgs``)) whose time and figures are numbers
+    a clock and an allocator give, with the time as a float; and how many were not. Column by column:
+    a memory-profiled trace holds 10^4-10^5 samples (14 k: 35 -> 5 ms)."""
+    if not samples:
+        return [], 0
+    args = [s[3] for s in samples]
+    times = [s[1] for s in samples]
+    ts = _floats(times)
+    ok = (ts >= 0) & (ts <= MAX_CLOCK_US) & ~np.isnan(_floats([a.total for a in args]))
+    for present in ([a.bytes for a in args], [a.reserved for a in args]):  # may be absent, not malformed
+        ok &= ~np.isnan(_floats([0 if v is msgspec.UNSET else v for v in present]))
+    device_type, device_id = [a.device_type for a in args], [a.device_id for a in args]
+    if not (set(map(type, device_type)) <= {int} and set(map(type, device_id)) <= {int, type(None)}):
+        ok &= np.array([type(t) is int and (i is None or type(i) is int) for t, i in zip(device_type, device_id)],
+                       dtype=bool)
+    if ok.all() and set(map(type, times)) <= {float}:
+        return samples, 0  # the usual case: nothing to drop, every time a float already
+    out = [(s[0], t, s[2], s[3]) for s, t, keep in zip(samples, ts.tolist(), ok.tolist()) if keep]
+    return out, len(samples) - len(out)
+
+
+def _floats(values: list) -> np.ndarray:
+    """``_num`` of every value as a float64 column, NaN where it gives None."""
+    if set(map(type, values)) <= {float, int}:  # JSON numbers: one conversion
+        try:
+            a = np.array(values, dtype=np.float64)
+        except OverflowError:  # an integer beyond a double
+            a = None
+        if a is not None:
+            a[~np.isfinite(a)] = np.nan
+            return a
+    return np.array([np.nan if (f := _num(v)) is None else f for v in values], dtype=np.float64)
 
 
 def _filter(t: RankTrace, keep: np.ndarray) -> RankTrace:

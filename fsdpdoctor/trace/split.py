@@ -41,10 +41,12 @@ _STREAM_CHUNK = 4 * PIECE_BYTES     # inflated at a time by ``stream_columns``
 # slower (v100 118 -> 114-118 ms, ResNet 89 -> 81-83 ms); on the 9.8 MB ddp_a100 trace it was ~3 ms
 # slower in a fresh process (46 -> 48 ms), and 4 MiB of peak is not worth that
 STREAM_MIN_BYTES = 16 << 20
-# below this much JSON, forking and joining cost about what a second core saves: on 2 vCPUs a 9.8 MB
-# trace analysed in two forked shares took 45-61 ms against 49-55 ms in one process (medians of two
-# runs of 9-15); at 17 MB from 25 % less (H100 FSDP2) to 6 % more (MI300), at 33 MB 17 % less
-SPLIT_MIN_BYTES = 16 << 20
+# below this much JSON, a second core is not worth its CPU: a forked share decodes as slowly as this
+# process does and adds the fork, the transfer of its columns and two processes' contention. On the
+# 24-33 MB public traces the whole `analyze --json` process took 35-45 ms more CPU in forked shares
+# (v100 0.32 -> 0.36 s, ResNet 0.27 -> 0.30 s, medians of 7 on 2 vCPUs) for at most 17 % of the
+# load's wall time on an idle machine (none on a busy one); from 64 MB the saving is over 0.1 s
+SPLIT_MIN_BYTES = 64 << 20
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _KEY = b'"traceEvents"'
 _OPEN = re.compile(rb"\s*:\s*\[")

@@ -84,10 +84,15 @@ class RankTrace:
     format: str              # "kineto" or "event-list"
     rank_source: str         # "distributedInfo", "file name" or "default"
     distributed_info: dict = field(default_factory=dict)
-    memory_events: list[dict] = field(default_factory=list)   # the [memory] instants, Chrome form
+    # the allocator samples ([memory] instants): (phase, ts, raw args, MemoryArgs); as the profiler
+    # wrote them: loader.allocator_samples
+    memory_events: list[tuple] = field(default_factory=list)
     unreadable_events: int = 0   # complete events skipped because a field could not be read (ill-typed)
     quality: "RankDataQuality | None" = None   # what trace/quality.py dropped from this file
     base_time_ns: int | None = None            # baseTimeNanoseconds: ts + base = wall clock (job identity)
+    # profiler cycles joined into this table (one file each): (first start, last end) per cycle, in time order;
+    # empty for one file. A step never spans two of them: the time between cycles was not recorded
+    cycles: list[tuple[float, float]] = field(default_factory=list)
     _sorted_names: tuple | None = field(default=None, repr=False, compare=False)  # ids_with_prefix's index
     _ids_by_cat: dict | None = field(default=None, repr=False, compare=False)      # ids_in_categories' cache
     _rows_by_id: tuple | None = field(default=None, repr=False, compare=False)     # _rows_of_ids' index

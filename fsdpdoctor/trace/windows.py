@@ -26,6 +26,7 @@ class Window:
     trigger: str               # "schedule" (the fixed window at the top level), "demand", "anomaly" or "unknown"
     reason: str | None
     partial: list[int]         # steps the profiler cut (left out of every figure)
+    empty: bool = False        # no trace in it (the job ended before any rank wrote one)
 
     def label(self) -> str:
         span = "" if self.first is None else (f"step {self.first}" if self.last in (None, self.first)
@@ -55,7 +56,8 @@ def _window_of(folder: Path, fixed: bool) -> Window:
         last = last if last is not None and last >= first else None
     trigger = "schedule" if fixed else (w.get("trigger") if w.get("trigger") in ("demand", "anomaly") else "unknown")
     reason = w.get("reason") if isinstance(w.get("reason"), str) else None
-    return Window(folder=folder, first=first, last=last, trigger=trigger, reason=reason, partial=partial)
+    return Window(folder=folder, first=first, last=last, trigger=trigger, reason=reason, partial=partial,
+                  empty=not fixed and not _has_traces(folder))
 
 
 def list_windows(run_dir: Path) -> list[Window]:
@@ -83,19 +85,30 @@ def resolve_window(path: Path, window: int | None) -> tuple[Path, str | None]:
     if not subs:
         if window is not None:
             raise InputError(path, "--window needs a run folder with window-<step> folders (none here)")
+        if wins == [] and path.is_dir() and (path / "steps").is_dir():
+            raise InputError(path, f"no profiled window yet, only the step series: `fsdpdoctor steps {path}` shows "
+                                   f"it, `fsdpdoctor trigger {path}` asks the running job for a window")
         return path, None
+    full = [w for w in wins if not w.empty]
     if window is None:
-        chosen = wins[-1]
+        if not full:
+            raise InputError(path, "no window holds a trace yet (the job ended before writing one?): "
+                                   f"`fsdpdoctor steps {path}` shows the step series")
+        chosen = full[-1]
     else:
         hits = [w for w in wins if w.first == window]
         if not hits:
             have = ", ".join(str(w.first) for w in wins if w.first is not None)
             raise InputError(path, f"no window starts at step {window} (windows start at: {have})")
         chosen = hits[0]
-    others = [w for w in wins if w is not chosen]
+        if chosen.empty:
+            raise InputError(chosen.folder, "this window holds no trace (the job ended before any rank wrote one)")
+    others = [w for w in full if w is not chosen]
     note = f"analysing {chosen.label()}"
     if others:
         note += "; other windows (--window STEP): " + "; ".join(w.label() for w in others)
+    if empty := [w.folder.name for w in wins if w.empty]:
+        note += f"; without a trace (the job ended first): {', '.join(empty)}"
     return chosen.folder, note
 
 

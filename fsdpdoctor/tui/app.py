@@ -16,7 +16,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.report.console import straggler_rank
+from fsdpdoctor.report.format import straggler_rank
 from fsdpdoctor.results import Analysis
 from fsdpdoctor.tui.findings import FindingList, FindingsPane
 from fsdpdoctor.tui.header import JobHeader

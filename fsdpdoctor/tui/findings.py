@@ -11,15 +11,13 @@ from textual.widgets import Input, Label, OptionList, Static, TextArea
 from textual.widgets.option_list import Option
 
 from fsdpdoctor.report.format import ms, pct
-from fsdpdoctor.results import Finding
+from fsdpdoctor.results import SEVERITY_RANK, Finding
 from fsdpdoctor.tui.palette import SEVERITY_BADGE, Palette
-
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:
     """Root causes most costly first (severity breaks ties), each followed by the findings it explains."""
-    key = lambda f: (-(f.impact_us or 0.0), SEVERITY_ORDER.get(f.severity, 3), f.id)  # noqa: E731
+    key = lambda f: (-(f.impact_us or 0.0), -SEVERITY_RANK.get(f.severity, -1), f.id)  # noqa: E731
     roots = sorted((f for f in findings if not f.caused_by), key=key)
     out: list[Finding] = []
     for root in roots:

@@ -23,7 +23,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widget import Widget
 from textual.widgets import DataTable, Footer, Label, Static
 
-from fsdpdoctor.analysis.scaling import RESIDUAL, ScalingReport, Waterfall, WaterfallPart
+from fsdpdoctor.results.scaling import RESIDUAL, ScalingReport, Waterfall, WaterfallPart
 from fsdpdoctor.tui.app import DARK, LIGHT, display_name
 from fsdpdoctor.tui.palette import SEVERITY_BADGE, Palette
 from fsdpdoctor.tui.screens import HelpScreen

@@ -8,7 +8,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Label
 
-from fsdpdoctor.report.console import straggler_rank
+from fsdpdoctor.report.format import straggler_rank
 from fsdpdoctor.report.format import num, size
 from fsdpdoctor.results import Analysis
 from fsdpdoctor.tui.palette import Palette
@@ -84,15 +84,16 @@ class CollectivesView(Vertical):
         pal = Palette.of(self.app)
         table = self.query_one(VimTable)
         table.clear(columns=True)
-        for col in ("kind", "phase", "count", "time ms", "exposed", "mean size", "busbw GB/s"):
+        for col in ("kind", "phase", "count", "ms/step", "exposed", "mean size", "busbw GB/s"):
             table.add_column(col, key=col)
         for i, c in enumerate(sorted(a.collectives, key=lambda c: -c.total_us)):
             exposed_style = pal.severity("warning") if c.total_us and c.exposed_us > 0.5 * c.total_us else None
-            table.add_row(c.kind, c.phase, _r(str(c.count)), _r(num(c.total_us)),
-                          _r(num(c.exposed_us), exposed_style), _r(size(c.mean_size_bytes)),
+            table.add_row(c.kind, c.phase, _r(str(c.count)), _r(num(c.busy_per_step_us)),
+                          _r(num(c.exposed_per_step_us), exposed_style), _r(size(c.mean_size_bytes)),
                           _r(f"{c.busbw_gbps:.1f}" if c.busbw_gbps is not None else "-"), key=str(i))
         caption = self.query_one("#coll-caption", Label)
         if not a.collectives:
             caption.update(Text("no collectives in the analysed steps", style=pal.muted))
         else:
-            caption.update(Text("all analysed ranks and steps, most time first", style=pal.muted))
+            caption.update(Text("mean per rank and step (calls running together share their time), most time first",
+                                style=pal.muted))

@@ -71,13 +71,26 @@ class Dialect(Protocol):
 
 
 def host_step_windows(ctx: "RankContext") -> list[StepWindow]:
-    """``ProfilerStep#N`` spans on the host, in time order; the whole trace when there is none."""
+    """``ProfilerStep#N`` spans on the host, in time order; the whole trace when there is none (each
+    profiler cycle on its own: the time between cycles was not recorded)."""
     t = ctx.t
     rows = ctx.step_rows
     if len(rows) == 0:
+        if t.cycles:
+            return [StepWindow(None, a, b) for a, b in t.cycles]
         return [StepWindow(None, float(t.ts.min()), float((t.ts + t.dur).max()))]
     rows = rows[np.argsort(t.ts[rows])]
     return [StepWindow(int(t.name(r).split("#")[1]), float(t.ts[r]), float(t.ts[r] + t.dur[r])) for r in rows]
+
+
+def cycle_index(ctx: "RankContext", times) -> np.ndarray:
+    """The profiler cycle (``RankTrace.cycles``) each time falls in; all 0 for a one-file trace."""
+    times = np.asarray(times, dtype=np.float64)
+    cycles = ctx.t.cycles
+    if not cycles:
+        return np.zeros(times.shape, dtype=np.int64)
+    starts = np.array([a for a, _ in cycles])
+    return np.maximum(np.searchsorted(starts, times, side="right") - 1, 0)
 
 
 def comm_by_kind_and_phase(collectives: list[Collective]) -> tuple[dict, dict]:

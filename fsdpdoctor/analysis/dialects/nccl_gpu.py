@@ -15,12 +15,12 @@ import numpy as np
 
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.collectives import (
-    dtype_bytes, is_comm_kernel, kind_from_collective_name, kind_from_kernel,
-    kind_from_op, to_int,
+    dtype_bytes, is_comm_kernel, is_flop_heavy, kind_from_collective_name, kind_from_kernel, kind_from_op,
+    kind_from_words, other_library_comm, to_int,
 )
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects.base import (
-    CollectiveRecord, StepWindow, Timelines, comm_by_kind_and_phase, host_step_windows,
+    CollectiveRecord, StepWindow, Timelines, comm_by_kind_and_phase, cycle_index, host_step_windows,
 )
 from fsdpdoctor.analysis.dialects.host_spans import extract_spans
 from fsdpdoctor.analysis.stats import member
@@ -45,17 +45,19 @@ class NcclGpu:
         out = host_step_windows(ctx)
         if out[0].step is None:
             return out
-        # device work of a step runs on after its host window: slice at the next step's start
-        for w, nxt in zip(out, out[1:]):
-            w.end = nxt.start
-        # the last step's device work runs past its host window: extend to it
-        t, last = ctx.t, out[-1]
+        # device work of a step runs on after its host window: slice at the next step's start when
+        # that is the next step of the same recording; a step followed by a gap (the last one, the
+        # last of a profiler cycle, a step number skipped) extends to its own device work only
+        t = ctx.t
         drows = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
-        if len(drows):
-            lt = ctx.launch_times(drows)
-            sel = drows[(lt >= last.start) & (lt <= last.end)]
-            if len(sel):
-                last.end = max(last.end, float((t.ts[sel] + t.dur[sel]).max()))
+        device = (drows, ctx.launch_times(drows))
+        cycle = cycle_index(ctx, [w.start for w in out])
+        for i, (w, nxt) in enumerate(zip(out, out[1:])):
+            if cycle[i] == cycle[i + 1] and nxt.step == w.step + 1:
+                w.end = nxt.start
+            else:
+                _extend_to_device_work(ctx, w, nxt.start, device)
+        _extend_to_device_work(ctx, out[-1], math.inf, device)
         return out
 
     def collectives(self, ctx: RankContext) -> list[CollectiveRecord]:
@@ -87,10 +89,48 @@ class NcclGpu:
 DIALECT = NcclGpu()
 
 
+def _extend_to_device_work(ctx: RankContext, w: StepWindow, limit: float, device: tuple) -> None:
+    """Extend a step's window to the end of the device work launched inside it (never past ``limit``,
+    the next step's start, nor past its own profiler cycle). ``device``: (device rows, launch times)."""
+    t = ctx.t
+    if t.cycles:
+        limit = min(limit, t.cycles[int(cycle_index(ctx, [w.start])[0])][1])
+    drows, lt = device
+    if not len(drows):
+        return
+    sel = drows[(lt >= w.start) & (lt <= w.end)]
+    if len(sel):
+        w.end = max(w.end, min(float((t.ts[sel] + t.dur[sel]).max()), limit))
+
+
 def _comm_kernel_ids(t) -> np.ndarray:
     """Name ids of communication kernels (only kernels' names are tested: most names are host ops)."""
+    return _comm_kernels(t)[0]
+
+
+def _comm_kernels(t) -> tuple[np.ndarray, list[str], list[str]]:
+    """(name ids of communication kernels, names of other libraries' ones among them, names that look
+    like communication but run beside FLOP-heavy kernels on a compute stream: not counted)."""
     names = t.names
-    return np.fromiter((i for i in t.ids_in_categories(KERNEL).tolist() if is_comm_kernel(names[i])), dtype=np.int32)
+    kernel_ids = t.ids_in_categories(KERNEL).tolist()
+    ids = [i for i in kernel_ids if is_comm_kernel(names[i])]
+    library = [i for i in kernel_ids if other_library_comm(names[i]) == "library"]
+    words = [i for i in kernel_ids if other_library_comm(names[i]) == "word"]
+    refused = []
+    if words:
+        krows = np.nonzero(t.cat == KERNEL)[0]
+        heavy = [i for i in kernel_ids if is_flop_heavy(names[i])]
+        heavy_tracks = np.unique(t.track[krows[np.isin(t.name_id[krows], heavy)]])
+        for i in words:
+            tracks = np.unique(t.track[krows[t.name_id[krows] == i]])
+            (refused if np.isin(tracks, heavy_tracks).any() else library).append(i)
+    return (np.array(ids + library, dtype=np.int32), [names[i] for i in library], [names[i] for i in refused])
+
+
+def _short(name: str) -> str:
+    """A kernel's name without its template and argument lists."""
+    base = name.split("(")[0].removeprefix("void ").strip()
+    return base.split("<")[0] or base
 
 
 def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
@@ -98,7 +138,17 @@ def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
     kernels = np.nonzero(t.cat == KERNEL)[0]
     if len(kernels) == 0:
         return []
-    is_comm = np.isin(t.name_id[kernels], _comm_kernel_ids(t))
+    comm_ids, others, refused = _comm_kernels(t)
+    is_comm = np.isin(t.name_id[kernels], comm_ids)
+    if others:
+        shown = sorted({f"{_short(n)} ({kind_from_words(n)})" for n in others})
+        ctx.notes.append("communication through kernels outside NCCL/RCCL, recognised by their names and "
+                         f"streams: {', '.join(shown[:6])}{' ...' if len(shown) > 6 else ''}; counted as "
+                         "communication (their message sizes are not in the trace)")
+    if refused:
+        shown = sorted({_short(n) for n in refused})
+        ctx.notes.append(f"kernels named like communication run on compute streams and are counted as compute: "
+                         f"{', '.join(shown[:6])}{' ...' if len(shown) > 6 else ''} (not classified)")
     with_meta = np.fromiter((r in t.args and "Collective name" in t.args[r] for r in kernels), bool, len(kernels))
     rows = kernels[is_comm | with_meta]
     if len(rows) == 0:

@@ -1,0 +1,147 @@
+"""The comparison of two runs (``fsdpdoctor diff``, ``check --baseline``): per metric the difference
+with its confidence interval, per component and per finding what changed, and the verdict. Computed by
+``diagnose/compare.py`` with ``diagnose/stats.py``."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fsdpdoctor.results.analysis import Severity
+
+
+@dataclass
+class Estimate:
+    """new - base for one metric, with a ``level`` confidence interval of that difference."""
+
+    metric: str
+    base_mean: float
+    new_mean: float
+    diff: float
+    lo: float | None            # None: not enough steps for an interval
+    hi: float | None
+    n_base: int                 # steps (rank-averaged) on each side
+    n_new: int
+    sd_base: float | None       # step-to-step standard deviation
+    sd_new: float | None
+    level: float
+    method: str                 # "welch-t", "pooled-t", "identical", "none"
+    more_steps: int | None = None   # extra steps per run for this difference to be resolved (inconclusive only)
+
+    @property
+    def significant(self) -> bool:
+        return self.lo is not None and self.hi is not None and (self.lo > 0 or self.hi < 0)
+
+    @property
+    def rel(self) -> float | None:
+        return self.diff / self.base_mean if self.base_mean else None
+
+    @property
+    def rel_interval(self) -> tuple[float, float] | None:
+        if not self.base_mean or self.lo is None or self.hi is None:
+            return None
+        return self.lo / self.base_mean, self.hi / self.base_mean
+
+    @property
+    def half_width(self) -> float | None:
+        return None if self.lo is None or self.hi is None else (self.hi - self.lo) / 2
+
+
+ComparisonVerdict = Literal["no-detectable-change", "regression", "improvement", "environment-slower",
+                  "environment-faster", "slower-unattributed", "faster-unattributed"]
+
+
+FindingStatus = Literal["new", "gone", "worse", "better", "same"]
+
+
+@dataclass
+class ComponentChange:
+    name: str                            # "compute", "exposed_comm", "comm[all_reduce]", ...
+    time: Estimate                       # µs per step
+    share: Estimate                      # share of the step
+    in_partition: bool                   # one of the parts that add up to the step
+    log_ratio: tuple[float, float] | None = None   # interval of log(new time / base time)
+    off_common: bool = False             # share moved beyond noise or time ratio outside the step's (parts only)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.time.new_mean / self.time.base_mean if self.time.base_mean > 0 else None
+
+
+@dataclass
+class FindingChange:
+    id: str
+    title: str
+    status: FindingStatus                # by the finding's presence, then by its component's share
+    significant: bool                    # the component it measures changed beyond noise in that direction
+    component: str                       # what the finding measures ("step" when not known)
+    base_impact_us: float | None
+    new_impact_us: float | None
+    base_impact_frac: float | None
+    new_impact_frac: float | None
+    base_severity: Severity | None
+    new_severity: Severity | None
+    time: Estimate | None = None         # the component's time per step
+    share: Estimate | None = None        # and its share of the step
+
+    @property
+    def regressed(self) -> bool:
+        return self.significant and self.status in ("new", "worse")
+
+
+@dataclass
+class Comparison:
+    base: str
+    new: str
+    level: float                         # confidence level of every interval
+    step: Estimate
+    components: list[ComponentChange] = field(default_factory=list)
+    findings: list[FindingChange] = field(default_factory=list)
+    verdict: ComparisonVerdict = "no-detectable-change"
+    job_part_us: float = 0.0             # step-time change carried by parts off the common factor
+    job_bound_us: float | None = None    # the most the parts could carry beyond the common factor (None: unknown)
+    more_steps: int | None = None        # unattributed: profiled steps per run more that would decide it
+    fails_gate: bool = False             # `--fail-on-regression` / `check --baseline` fail on this comparison
+    reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def regressed(self) -> bool:
+        # a regression, and a large slow-down that these samples cannot attribute to the machine
+        return self.fails_gate
+
+    # the figures the first diff showed, kept for readers of the JSON
+    @property
+    def base_step_us(self) -> float:
+        return self.step.base_mean
+
+    @property
+    def new_step_us(self) -> float:
+        return self.step.new_mean
+
+    @property
+    def step_change_frac(self) -> float:
+        return self.step.rel or 0.0
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d |= {"regressed": self.regressed, "base_step_us": self.base_step_us, "new_step_us": self.new_step_us,
+              "step_change_frac": self.step_change_frac}
+        _add_estimate_props(d["step"], self.step)
+        for dc, c in zip(d["components"], self.components):
+            _add_estimate_props(dc["time"], c.time)
+            _add_estimate_props(dc["share"], c.share)
+            dc["ratio"] = c.ratio
+        for df, f in zip(d["findings"], self.findings):
+            for k in ("time", "share"):
+                if getattr(f, k) is not None:
+                    _add_estimate_props(df[k], getattr(f, k))
+            df["regressed"] = f.regressed
+        return d
+
+
+def _add_estimate_props(d: dict, e: Estimate) -> None:
+    ri = e.rel_interval
+    d |= {"significant": e.significant, "rel": e.rel, "rel_lo": ri[0] if ri else None,
+          "rel_hi": ri[1] if ri else None}

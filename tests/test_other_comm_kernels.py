@@ -1,0 +1,64 @@
+"""Communication through kernels the NCCL/RCCL reading does not name (DeepEP, custom all-reduce,
+TensorRT-LLM): made by renaming the NCCL kernels of a real public trace, the host's description of
+them removed, so only their names and streams are left to go by."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from fsdpdoctor.analysis import invariants
+from fsdpdoctor.pipeline import open_analysis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trace_edit import rename_comm_kernels  # noqa: E402
+
+SHARED = next((p for p in (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared")) if p.is_dir()), None)
+A100 = SHARED / "traces-public" / "ddp_a100_rank0" / "nccl_data.json.gz" if SHARED else None
+pytestmark = pytest.mark.skipif(A100 is None or not A100.is_file(), reason="../shared/traces-public absent")
+
+DEEPEP = "void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*, int*, long*, float*, int*, int*)"
+VLLM = "void vllm::cross_device_reduce_2stage<float, 8>(vllm::RankData*, vllm::RankSignals, int)"
+TRTLLM = "void tensorrt_llm::kernels::oneShotAllReduceKernel<float, 8>(tensorrt_llm::kernels::AllReduceParams)"
+
+
+@pytest.fixture(scope="module")
+def original():
+    return open_analysis(A100, use_summaries=False)
+
+
+@pytest.mark.parametrize("name, kind", [(DEEPEP, "all_to_all"), (VLLM, "all_reduce"), (TRTLLM, "all_reduce")],
+                         ids=["deepep", "vllm-custom-allreduce", "trtllm-allreduce"])
+def test_renamed_comm_kernels_are_communication(tmp_path, original, name, kind):
+    a = open_analysis(rename_comm_kernels(A100, tmp_path / "rank0.json.gz", lambda _: name), use_summaries=False)
+    assert not invariants.check(a)
+    # the same kernels, the same intervals: the same communication as NCCL's
+    assert a.mean.comm_us == pytest.approx(original.mean.comm_us, rel=1e-6)
+    assert a.mean.exposed_comm_us == pytest.approx(original.mean.exposed_comm_us, rel=1e-6)
+    assert len(a.collective_events) == len(original.collective_events)
+    assert {c.kind for c in a.collective_events} == {kind}
+    assert any("outside NCCL/RCCL" in n and name.split("(")[0].split("<")[0].removeprefix("void ") in n
+               for n in a.notes)
+    assert not any(f.id == "ranks-never-communicate" for f in a.findings)
+
+
+def test_a_collective_word_on_a_compute_stream_is_not_communication(tmp_path, original):
+    """A reduction named like a collective beside GEMMs is compute: said, not counted."""
+    import gzip
+    import json
+
+    d = json.loads(gzip.open(A100).read())
+    gemm = next(e for e in d["traceEvents"] if e.get("cat") == "kernel" and "gemm" in e["name"].lower())
+    stream = gemm["args"]["stream"]
+    for e in d["traceEvents"]:
+        if e.get("cat") == "kernel" and e["args"].get("stream") == stream and "gemm" not in e["name"].lower():
+            e["name"] = "void block_allreduce_sum_kernel<float>(float*, int)"
+            break
+    p = tmp_path / "rank0.json.gz"
+    with gzip.open(p, "wt") as fh:
+        json.dump(d, fh)
+    a = open_analysis(p, use_summaries=False)
+    assert len(a.collective_events) == len(original.collective_events)
+    assert any("compute streams" in n and "block_allreduce_sum_kernel" in n for n in a.notes)
