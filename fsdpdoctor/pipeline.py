@@ -267,7 +267,11 @@ def _rank_results(path: Path, *, ranks, steps, progress, dask, workers, use_summ
             manifest, dq.manifest = read_manifest(path)
             return (*_only_summaries(path, summaries, ranks, manifest, dq), [])
     manifest, groups = find_inputs(path, ranks, dq)
+    asked = steps
     steps, cut_note = without_partial(steps, manifest)
+    if asked is not None and not steps:  # an empty set would read as "no selection": every step
+        raise InputError(path, f"--steps {step_spec(sorted(asked))} matches no complete profiled step"
+                               + (f" ({cut_note})" if cut_note else ""))
     if cut_note:
         dq.notes.append(cut_note)
     if write_summaries:
