@@ -6,7 +6,7 @@ import shutil
 import statistics
 from pathlib import Path
 
-from fsdpdoctor.commands.base import print_json, say
+from fsdpdoctor.commands.base import add_output, print_json, say
 from fsdpdoctor.errors import InputError
 
 MARKS = {"schedule": "S", "demand": "T", "anomaly": "A", "unknown": "?"}
@@ -17,7 +17,7 @@ def register(sub) -> None:
                        description="Plot the step series that fsdpdoctor.capture keeps for every rank "
                                    "(RUN_DIR/steps/rank<N>.steps) in the terminal, windows marked.")
     p.add_argument("run_dir", help="the folder given to capture()")
-    p.add_argument("--json", action="store_true", help="print the series and the windows as JSON")
+    add_output(p, "the series and the windows")
     p.add_argument("--width", type=int, default=None,
                    help="columns of the plot (default: the terminal's width; 80 when piped)")
     p.add_argument("--height", type=int, default=12, help="rows of the plot (default 12)")
