@@ -37,8 +37,6 @@ def run(args) -> int:
         return 0
     if args.width is None:  # the terminal's width, COLUMNS when set, 80 when piped (as every verb's text)
         args.width = shutil.get_terminal_size((80, 24)).columns
-    if args.width is None:  # the terminal's width, COLUMNS when set, 80 when piped (as every verb's text)
-        args.width = shutil.get_terminal_size((80, 24)).columns
     if args.width < 40 or args.height < 4:
         raise InputError(None, "--width must be >= 40 and --height >= 4")
     print("\n".join(render(series, windows, args.width, args.height)))
