@@ -62,3 +62,24 @@ def test_a_collective_word_on_a_compute_stream_is_not_communication(tmp_path, or
     a = open_analysis(p, use_summaries=False)
     assert len(a.collective_events) == len(original.collective_events)
     assert any("compute streams" in n and "block_allreduce_sum_kernel" in n for n in a.notes)
+
+
+def test_unnamed_kernel_of_a_described_collective_is_that_collective(tmp_path, original):
+    """A custom backend's kernel with a name nobody knows, launched inside record_param_comms: the host's
+    description makes it the collective it describes (kind and size from record_param_comms)."""
+    import gzip
+    import json
+
+    p = rename_comm_kernels(A100, tmp_path / "renamed.json.gz", lambda _: "my_backend_kernel_v2", strip_host=False)
+    d = json.loads(gzip.open(p).read())
+    for e in d["traceEvents"]:  # the kernels' own description goes; the host's stays
+        if e.get("name") == "my_backend_kernel_v2":
+            e["args"] = {k: v for k, v in e["args"].items() if k in ("correlation", "stream", "device")}
+    with gzip.open(tmp_path / "rank0.json.gz", "wt") as fh:
+        json.dump(d, fh)
+    (tmp_path / "renamed.json.gz").unlink()
+    a = open_analysis(tmp_path / "rank0.json.gz", use_summaries=False)
+    assert not invariants.check(a)
+    assert a.mean.comm_us == pytest.approx(original.mean.comm_us, rel=1e-6)
+    assert sorted(c.kind for c in a.collective_events) == sorted(c.kind for c in original.collective_events)
+    assert any("record_param_comms" in n and "my_backend_kernel_v2" in n for n in a.notes)
