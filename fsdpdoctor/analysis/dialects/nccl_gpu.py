@@ -176,7 +176,7 @@ def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
         ctx.notes.append("kernels launched inside record_param_comms (a collective the trace describes) and not "
                          f"named by NCCL/RCCL: {', '.join(shown[:6])}{' ...' if len(shown) > 6 else ''}; counted "
                          "as that collective")
-    rows = np.union1d(kernels[is_comm | with_meta], under)
+    rows = distinct(np.concatenate([kernels[is_comm | with_meta], under]))  # np.union1d imports numpy.ma
     if len(rows) == 0:
         return []
     op_rows = t.rows_named(lambda n: n.startswith(C10D_PREFIXES) and not n.startswith(NOT_COLLECTIVE_OPS), cat=CPU_OP)
