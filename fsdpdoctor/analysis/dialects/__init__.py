@@ -21,8 +21,4 @@ def detect(trace: RankTrace) -> Dialect:
     return gloo_cpu.DIALECT
 
 
-def by_name(name: str) -> Dialect | None:
-    return next((d for d in DIALECTS if d.name == name), None)
-
-
-__all__ = ["CollectiveRecord", "DIALECTS", "Dialect", "StepWindow", "Timelines", "by_name", "detect"]
+__all__ = ["CollectiveRecord", "DIALECTS", "Dialect", "StepWindow", "Timelines", "detect"]
