@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict
 
 FOLDER = "hang"
 DUMP_VERSION = 1
@@ -79,3 +79,61 @@ class Frame:
 
     def where(self) -> str:
         return f"{self.file}:{self.line} in {self.function}"
+
+
+# --------------------------------------------------------------------------- the JSON dump
+# ``hang/rank<N>.json`` as the watch writes it (capture/watch.py builds these, trace/hang.py checks
+# and reads them); the flight recorder's own entries are torch's (``profiling_name``,
+# ``collective_seq_id``, ``process_group``, ``input_sizes`` ...), kept as torch wrote them
+
+
+class FrameDoc(TypedDict):
+    file: str
+    line: int
+    function: str
+    code: str
+
+
+class SampleDoc(TypedDict):          # one sample of the main thread's innermost frame
+    file: str
+    line: int
+    function: str
+
+
+class ThreadDoc(TypedDict):
+    id: int
+    name: str
+    main: bool
+    daemon: bool | None
+    frames: list[FrameDoc]            # outermost first
+
+
+class ExceptionDoc(TypedDict):
+    type: str
+    message: str
+    frames: list[FrameDoc]
+
+
+class GroupDoc(TypedDict):
+    desc: str | None
+    backend: str | None
+    ranks: list[int]
+
+
+class DumpDoc(TypedDict):
+    fsdpdoctor_hang: int              # DUMP_VERSION
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    trigger: JsonTrigger
+    time_unix: float
+    timeout_s: float
+    last_step: int                    # completed steps
+    seconds_since_step: float
+    exception: ExceptionDoc | None
+    flight_recorder: dict             # torch's dump (entries, pg_status, version) and our note
+    groups: dict[str, GroupDoc]
+    threads: list[ThreadDoc]
+    main_samples: list[SampleDoc]
+    main_runnable_share: float | None  # share of the sampling window the main thread was runnable

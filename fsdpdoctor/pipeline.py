@@ -28,7 +28,7 @@ from fsdpdoctor.engines import make_engine
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import Analysis, DataQuality
 import fsdpdoctor.trace.identity as identity
-from fsdpdoctor.trace.io import read_raw, shown
+from fsdpdoctor.trace.io import read_head, read_raw, shown
 from fsdpdoctor.trace.loader import Progress, _merge_cycles, _trace_files, input_files, load_file, rank_from_filename
 from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.table import RankTrace
@@ -94,9 +94,8 @@ def is_analysis_json(path: str | Path) -> bool:
     if not p.is_file() or p.name.endswith(".gz"):
         return False
     try:
-        with open(p, "rb") as fh:
-            return _ANALYSIS_HEAD.match(fh.read(4096)) is not None
-    except OSError:
+        return _ANALYSIS_HEAD.match(read_head(p, 4096)) is not None
+    except InputError:
         return False
 
 
@@ -268,7 +267,11 @@ def _rank_results(path: Path, *, ranks, steps, progress, dask, workers, use_summ
             manifest, dq.manifest = read_manifest(path)
             return (*_only_summaries(path, summaries, ranks, manifest, dq), [])
     manifest, groups = find_inputs(path, ranks, dq)
+    asked = steps
     steps, cut_note = without_partial(steps, manifest)
+    if asked is not None and not steps:  # an empty set would read as "no selection": every step
+        raise InputError(path, f"--steps {step_spec(sorted(asked))} matches no complete profiled step"
+                               + (f" ({cut_note})" if cut_note else ""))
     if cut_note:
         dq.notes.append(cut_note)
     if write_summaries:

@@ -148,3 +148,18 @@ def test_readme_notebook_example_runs(repo_root, tmp_path, monkeypatch):
     a, b = ns["a"], ns["b"]
     assert [f.id for f in a.findings] == [f.id for f in b.findings]
     assert (tmp_path / "run.json").is_file()
+
+
+@pytest.mark.parametrize("run", ["straggler", "fsdp2_default", "cuda/host_sync"])
+def test_to_dict_is_asdict_without_the_dropped_calls(traces_dir, run):
+    """The document is built without dataclasses.asdict (whose deep copies and per-call collectives
+    cost more than the rest of the writing): the same dict, on real runs with and without the events."""
+    import dataclasses
+
+    a = fsdpdoctor.analyze(traces_dir / run)
+    full = dataclasses.asdict(a)
+    assert a.collective_events and a.to_dict(include_events=True) == full
+    del full["collective_events"]
+    assert a.to_dict() == full
+    assert json.loads(a.to_json()) == json.loads(json.dumps({**full, "job": {k: v for k, v in full["job"].items()
+                                                                              if k != "manifest"}}, default=str))

@@ -251,7 +251,11 @@ def check_ok(proc):
 def test_torchrun_ddp_all_ranks(tmp_path):
     out = tmp_path / "ddp"
     check_ok(torchrun(tmp_path, "ddp", out))
-    assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank0.json.gz", "rank1.json.gz"]
+    assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank0.json.gz", "rank1.json.gz", "steps"]
+    from fsdpdoctor.capture.series import read_series
+
+    for r in (0, 1):  # every rank keeps its step series, every step
+        assert read_series(out / "steps" / f"rank{r}.steps").steps == list(range(6))
     for r in (0, 1):
         trace = read_trace(out / f"rank{r}.json.gz")
         assert trace["distributedInfo"]["rank"] == r and trace["distributedInfo"]["world_size"] == 2
@@ -272,7 +276,9 @@ def test_torchrun_ddp_all_ranks(tmp_path):
 def test_torchrun_only_rank1_profiled(tmp_path):
     out = tmp_path / "r1"
     check_ok(torchrun(tmp_path, "ddp", out, ranks="1"))
-    assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank1.json.gz"]
+    assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank1.json.gz", "steps"]
+    # rank 0 runs no profiler, but keeps its step series (and coordinates the windows)
+    assert sorted(p.name for p in (out / "steps").iterdir()) == ["rank0.steps", "rank1.steps"]
     assert read_trace(out / "rank1.json.gz")["distributedInfo"]["rank"] == 1
     m = json.loads((out / "manifest.json").read_text())
     assert m["profiled_ranks"] == [1] and m["files"] == {"1": "rank1.json.gz"}

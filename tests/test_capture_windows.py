@@ -468,6 +468,35 @@ async def test_tui_moves_between_the_windows_of_a_run(tmp_path):
         await app.workers.wait_for_complete()
         await pilot.pause()
         assert Path(str(app.analysis.source)).name == "window-300"
+        await pilot.press("s")   # no step series in this folder: a notice, no screen
+        await pilot.pause()
+        assert type(app.screen).__name__ != "StepsScreen"
+
+
+@requires_torch
+@pytest.mark.asyncio
+async def test_tui_shows_the_step_series_with_its_windows(tmp_path):
+    pytest.importorskip("textual")
+    import torch
+
+    from fsdpdoctor.capture import capture
+    from fsdpdoctor.tui.app import FsdpDoctorApp
+    from fsdpdoctor.tui.screens import StepsScreen
+
+    m, opt, train_step = tiny(torch)
+    with capture(tmp_path, model=m, wait=0, warmup=1, active=2) as cap:
+        for _ in range(30):
+            train_step(0.002)
+            cap.step()
+    app = FsdpDoctorApp(tmp_path)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        await pilot.press("s")
+        await pilot.pause()
+        assert isinstance(app.screen, StepsScreen)
+        text = "\n".join(app.screen.lines)
+        assert "step time of 1 rank" in text and "fixed schedule (top level): steps 1-2" in text
 
 
 def test_a_run_with_only_its_step_series_points_at_steps_and_trigger(tmp_path):

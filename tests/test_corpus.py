@@ -74,6 +74,10 @@ def test_a_step_spanning_two_recordings_is_suspicious():
            "findings": [{"id": "host-sync", "severity": "error", "impact_frac": 0.996}]}
     s = " | ".join(corpus.suspicious(doc))
     assert "claims 99.6 %" in s and "x its median step" in s
+    marker = {"ranks": [{"rank": 0, "steps": [{"duration_us": 9300.0}, {"duration_us": 20.0}]}], "findings": []}
+    assert "zero length" in " | ".join(corpus.suspicious(marker))
+    assert corpus.suspicious({"ranks": [{"rank": 0, "steps": [{"duration_us": d} for d in (9e3, 4e3, 12e3)]}],
+                              "findings": [{"id": "x", "severity": "warning", "impact_frac": 0.4}]}) == []
 
 
 @pytest.mark.skipif(not CACHED, reason="no corpus cache: run `python benchmarks/corpus.py fetch` "

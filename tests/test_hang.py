@@ -309,6 +309,12 @@ def test_watch_dumps_on_stall_and_not_while_stepping(tmp_path):
             time.sleep(0.05)  # the stall (a sleep in user code)
     doc = json.loads((out / "hang" / "rank0.json").read_text())
     assert doc["trigger"] == "timeout" and doc["last_step"] == 10 and doc["seconds_since_step"] >= 0.4
+    # the writer writes the document the format module declares, field for field
+    from typing import get_type_hints
+
+    from fsdpdoctor.hang_format import DumpDoc, ThreadDoc
+
+    assert set(doc) == set(get_type_hints(DumpDoc)) and set(doc["threads"][0]) == set(get_type_hints(ThreadDoc))
     main_t = next(t for t in doc["threads"] if t["main"])
     assert any(f["function"] == "test_watch_dumps_on_stall_and_not_while_stepping" for f in main_t["frames"])
     assert not any(t["name"] == "fsdpdoctor-hang-watchdog" for t in doc["threads"])

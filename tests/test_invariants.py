@@ -256,3 +256,50 @@ def test_own_recording_with_two_profiler_cycles(run):
             assert s.duration_us < 1e6
     assert not invariants.check(a)
     assert "input-bound" in {f.id for f in a.findings}
+
+
+@st.composite
+def gloo_traces(draw):
+    """One rank's CPU/gloo trace: c10d ops on the main thread whose gloo worker spans (two worker
+    threads) overlap each other, compute ops between them, steps back to back or with gaps."""
+    events, t = [], 1e6
+    for i in range(draw(st.integers(1, 4))):
+        dur = float(draw(st.integers(2000, 20000)))
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{3 + i}", "pid": 1, "tid": 1,
+                       "ts": t, "dur": dur})
+        cursor = t + 10
+        for _ in range(draw(st.integers(0, 5))):
+            if cursor >= t + dur - 20:
+                break
+            op = float(draw(st.integers(5, 2000)))
+            op = min(op, t + dur - 10 - cursor)
+            if draw(st.booleans()):
+                events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": cursor,
+                               "dur": op})
+            else:
+                events.append({"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 1, "tid": 1,
+                               "ts": cursor, "dur": min(op, 20.0)})
+                span = float(draw(st.integers(10, 30000)))  # may run on past the step and over the next call
+                events.append({"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "pid": 1,
+                               "tid": draw(st.sampled_from([10, 11])), "ts": cursor + 1, "dur": span})
+            cursor += op + 1
+        t += dur + draw(st.sampled_from([0.0, 0.0, 500.0]))
+    return events
+
+
+@settings(max_examples=int(os.environ.get("FSDPDOCTOR_INVARIANT_EXAMPLES", "40")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(gloo_traces())
+def test_generated_gloo_traces_keep_the_invariants(tmp_path_factory, events):
+    folder = tmp_path_factory.mktemp("gloo")
+    doc = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 2},
+           "traceEvents": events}
+    with gzip.open(folder / "rank0.json.gz", "wt") as fh:
+        json.dump(doc, fh)
+    try:
+        a = analyze_path(folder, use_summaries=False)
+    except InputError as exc:
+        assert "\n" not in str(exc)
+        return
+    found = invariants.check(a)
+    assert not found, [str(v) for v in found]

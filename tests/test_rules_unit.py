@@ -448,3 +448,14 @@ def test_backend_fault_does_not_fold_many_small_collectives():
                        **comm("all_reduce", 60 * MS)))
     assert f["latency-bound-collectives"].caused_by is None  # NCCL still pays a latency per call
     assert f["exposed-comm-high"].caused_by == "cpu-staged-collectives"
+
+
+def test_each_rule_runs_once_even_where_a_module_imports_another_modules_rule():
+    from fsdpdoctor.diagnose.rules import rules_of
+
+    prefetch_rules.borrowed = host_rules.straggler  # as `from host_rules import straggler` would
+    try:
+        assert host_rules.straggler not in rules_of(prefetch_rules)
+    finally:
+        del prefetch_rules.borrowed
+    assert len({id(r) for r in RULES}) == len(RULES)

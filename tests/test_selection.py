@@ -41,6 +41,11 @@ def test_rank_matching_nothing(capsys, traces_dir, verb):
     assert "7" in err
 
 
+def test_steps_naming_no_step(capsys, traces_dir):
+    err = one_error_line(capsys, ["check", str(traces_dir / "straggler"), "--steps", ","])
+    assert "names no step" in err
+
+
 def test_steps_that_partly_match_still_analyse(capsys, traces_dir):
     assert main(["check", str(traces_dir / "straggler"), "--steps", "4-9", "--fail-on", "error", "--json"]) in (0, 1)
     assert '"passed"' in capsys.readouterr().out
@@ -74,3 +79,21 @@ def test_tui_steps_matching_nothing(traces_dir):
         return app.error
 
     assert "matches no profiled step" in (asyncio.run(run()) or "")
+
+
+def test_steps_matching_only_a_cut_step(capsys, traces_dir, tmp_path):
+    # a step the end of profiling cut short is left out of every figure; selecting only it selects nothing
+    # (an empty selection must not fall back to "all steps")
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(traces_dir / "straggler", run)
+    m = json.loads((run / "manifest.json").read_text())
+    m["partial_steps"], m["profiled_steps"] = [5], [2, 3, 4]
+    (run / "manifest.json").write_text(json.dumps(m))
+    err = one_error_line(capsys, ["check", str(run), "--steps", "5"])
+    assert "--steps 5 matches no complete profiled step" in err and "cut short" in err
+    assert main(["analyze", str(run), "--steps", "4-5", "--json"]) == 0
+    steps = {s["step"] for r in json.loads(capsys.readouterr().out)["ranks"] for s in r["steps"]}
+    assert steps == {4}

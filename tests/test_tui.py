@@ -289,6 +289,7 @@ def test_open_tui_passes_selection_args(monkeypatch):
         return 0
 
     monkeypatch.setattr(tui_app.FsdpDoctorApp, "run", fake_run)
+    monkeypatch.setattr("fsdpdoctor.commands.tui.require_terminal", lambda: None)  # pytest has no terminal
     assert main(["analyze", str(ROOT), "--tui", "--rank", "0,1", "--steps", "2-3"]) == 0
     assert seen == {"path": ROOT, "ranks": [0, 1], "steps": {2, 3}, "theme": False}
     assert main(["tui", str(ROOT), "--light"]) == 0 and seen["theme"] is True
@@ -299,6 +300,7 @@ def test_open_tui_passes_engine_args(monkeypatch):
 
     seen = []
     monkeypatch.setattr(tui_app.FsdpDoctorApp, "run", lambda self: seen.append(self.engine) or 0)
+    monkeypatch.setattr("fsdpdoctor.commands.tui.require_terminal", lambda: None)  # pytest has no terminal
     assert main(["tui", str(ROOT), "--jobs", "3", "--dask", "tcp://sched:8786", "--no-summaries"]) == 0
     assert main(["analyze", str(ROOT), "--tui", "-j", "2"]) == 0
     assert main(["tui", str(ROOT)]) == 0

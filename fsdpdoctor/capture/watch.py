@@ -53,8 +53,8 @@ import traceback
 import warnings
 from pathlib import Path
 
-from fsdpdoctor.hang_format import (DUMP_VERSION, FOLDER, FaultHeader, dump_name, faulthandler_name,
-                                            recovered_name)
+from fsdpdoctor.hang_format import (DUMP_VERSION, FOLDER, DumpDoc, FaultHeader, FrameDoc, GroupDoc, JsonTrigger,
+                                    SampleDoc, ThreadDoc, dump_name, faulthandler_name, recovered_name)
 
 FR_ENV = "TORCH_FR_BUFFER_SIZE"
 FR_ENV_OLD = "TORCH_NCCL_TRACE_BUFFER_SIZE"   # the name before torch 2.6
@@ -139,7 +139,7 @@ def flight_recorder_dump() -> dict:
     return out
 
 
-def process_groups() -> dict:
+def process_groups() -> dict[str, GroupDoc]:
     """{pg name: {desc, backend, ranks (global)}} of every live process group."""
     groups: dict = {}
     try:
@@ -158,12 +158,12 @@ def process_groups() -> dict:
     return groups
 
 
-def _frames(stack: traceback.StackSummary) -> list[dict]:
+def _frames(stack: traceback.StackSummary) -> list[FrameDoc]:
     return [{"file": f.filename, "line": f.lineno, "function": f.name, "code": (f.line or "").strip()}
             for f in stack]
 
 
-def thread_stacks(skip_ident: int | None = None) -> list[dict]:
+def thread_stacks(skip_ident: int | None = None) -> list[ThreadDoc]:
     """Every Python thread's stack, outermost frame first (innermost last)."""
     meta = {t.ident: t for t in threading.enumerate()}
     main = threading.main_thread().ident
@@ -195,7 +195,7 @@ def _main_runnable_s() -> float | None:
         return None
 
 
-def _main_sample() -> dict | None:
+def _main_sample() -> SampleDoc | None:
     frame = sys._current_frames().get(threading.main_thread().ident)
     if frame is None:
         return None
@@ -401,7 +401,8 @@ class Watch:
             pass
 
     # ------------------------------------------------------------------ the dump
-    def snapshot(self, trigger: str, *, idle_s: float | None = None, exception: BaseException | None = None) -> dict:
+    def snapshot(self, trigger: JsonTrigger, *, idle_s: float | None = None,
+                 exception: BaseException | None = None) -> DumpDoc:
         me = threading.current_thread().ident if threading.current_thread() is self._thread else None
         # the flight recorder and the stacks first: an aborting job may be killed any moment now
         fr = flight_recorder_dump() if self.flight_recorder else {"format": None, "entries": [], "pg_status": {},

@@ -52,6 +52,8 @@ def parse_steps(spec: str | None) -> set[int] | None:
                 out.add(int(part))
         except ValueError:
             raise InputError(None, f"--steps: cannot read {part!r} (use e.g. 3-5,7)") from None
+    if not out:  # an empty set would select nothing, and read downstream as no selection at all
+        raise InputError(None, f"--steps {spec!r} names no step (use e.g. 3-5,7)")
     return out
 
 

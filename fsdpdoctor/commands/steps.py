@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import statistics
+import shutil
 from pathlib import Path
 
 from fsdpdoctor.commands.base import print_json, say
 from fsdpdoctor.errors import InputError
-
-MARKS = {"schedule": "S", "demand": "T", "anomaly": "A", "unknown": "?"}
+from fsdpdoctor.report.steps_plot import load, render
 
 
 def register(sub) -> None:
@@ -17,32 +16,10 @@ def register(sub) -> None:
                                    "(RUN_DIR/steps/rank<N>.steps) in the terminal, windows marked.")
     p.add_argument("run_dir", help="the folder given to capture()")
     p.add_argument("--json", action="store_true", help="print the series and the windows as JSON")
-    p.add_argument("--width", type=int, default=80, help="columns of the plot (default 80)")
+    p.add_argument("--width", type=int, default=None,
+                   help="columns of the plot (default: the terminal's width; 80 when piped)")
     p.add_argument("--height", type=int, default=12, help="rows of the plot (default 12)")
     p.set_defaults(func=run)
-
-
-def load(run_dir: Path):
-    from fsdpdoctor.capture.series import read_series, series_files
-    from fsdpdoctor.trace.windows import list_windows
-
-    if not run_dir.is_dir():
-        raise InputError(run_dir, "not a folder")
-    series, notes = [], []
-    for f in series_files(run_dir):
-        try:
-            s = read_series(f)
-        except (OSError, ValueError) as exc:
-            notes.append(f"{f.name} skipped: {exc}")
-            continue
-        if s.cut:
-            notes.append(f"rank {s.rank}: the series ends inside a record (the job stopped mid-write); "
-                         "whole records kept")
-        series.append(s)
-    if not series:
-        extra = f" ({'; '.join(notes)})" if notes else ""
-        raise InputError(run_dir, f"no step series here (steps/rank<N>.steps, written by capture()){extra}")
-    return sorted(series, key=lambda s: s.rank), list_windows(run_dir), notes
 
 
 def run(args) -> int:
@@ -58,74 +35,13 @@ def run(args) -> int:
                             "partial_steps": w.partial} for w in windows]}
         print_json(doc)
         return 0
+    if args.width is None:  # the terminal's width, COLUMNS when set, 80 when piped (as every verb's text)
+        args.width = shutil.get_terminal_size((80, 24)).columns
+    if args.width is None:  # the terminal's width, COLUMNS when set, 80 when piped (as every verb's text)
+        args.width = shutil.get_terminal_size((80, 24)).columns
     if args.width < 40 or args.height < 4:
         raise InputError(None, "--width must be >= 40 and --height >= 4")
     print("\n".join(render(series, windows, args.width, args.height)))
     for n in notes:
         say(f"note: {n}")
     return 0
-
-
-def _fmt_ms(s: float) -> str:
-    ms = s * 1e3
-    return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 1 else f"{ms:.2f}"
-
-
-def render(series, windows, width: int = 80, height: int = 12) -> list[str]:
-    """A scatter of per-column median step time per rank (rank digit, '*' where ranks share a cell),
-    a row marking the windows (S fixed schedule, T trigger, A anomaly), the step axis, one line per window."""
-    margin = 9
-    cols = width - margin - 1
-    lo = min(s.steps[0] for s in series if s.steps) if any(s.steps for s in series) else 0
-    hi = max(s.steps[-1] for s in series if s.steps) if any(s.steps for s in series) else 0
-    span = max(1, hi - lo + 1)
-    per_col = max(1, -(-span // cols))
-    cols = -(-span // per_col)
-    med: dict[int, list[float | None]] = {}
-    for s in series:
-        buckets: list[list[float]] = [[] for _ in range(cols)]
-        for k, d in zip(s.steps, s.duration_s):
-            buckets[(k - lo) // per_col].append(d)
-        med[s.rank] = [statistics.median(b) if b else None for b in buckets]
-    values = sorted(v for m in med.values() for v in m if v is not None)
-    peak = values[-1] if values else 1e-3
-    # one export or checkpoint step far above the rest would flatten the whole run into one row: the scale
-    # stops at 3x the 95th percentile and taller columns end in '^'
-    p95 = values[min(len(values) - 1, int(0.95 * len(values)))] if values else peak
-    top = min(peak, 3 * p95) * 1.05 or 1e-3
-    grid = [[" "] * cols for _ in range(height)]
-    for rank, m in med.items():
-        glyph = str(rank) if rank < 10 else "+"
-        for c, v in enumerate(m):
-            if v is None:
-                continue
-            r = height - 1 - min(height - 1, int(v / top * height))
-            g = "^" if v > top else glyph
-            grid[r][c] = g if grid[r][c] in (" ", g) else "*"
-    lines = [f"step time of {len(series)} rank{'s' if len(series) > 1 else ''} (ms), steps {lo}-{hi}"
-             + (f", median of {per_col} steps per column" if per_col > 1 else "")]
-    for r, row in enumerate(grid):
-        label = _fmt_ms(top * (height - r) / height) if r in (0, height // 2, height - 1) else ""
-        lines.append(f"{label:>{margin - 1}} |" + "".join(row))
-    marks = [" "] * cols
-    for w in windows:
-        if w.first is None:
-            continue
-        a = max(0, (w.first - lo) // per_col)
-        b = min(cols - 1, ((w.last if w.last is not None else w.first) - lo) // per_col)
-        for c in range(a, b + 1):
-            marks[c] = MARKS.get(w.trigger, "?")
-    lines.append(f"{'':>{margin - 1}} +" + "-" * cols)
-    lines.append(f"{'windows':>{margin - 1}}  " + "".join(marks))
-    axis = [" "] * cols
-    for c, k in ((0, lo), (cols // 2, lo + (cols // 2) * per_col), (cols - 1, hi)):
-        text = str(k)
-        start = max(0, min(cols - len(text), c - len(text) // 2))
-        axis[start:start + len(text)] = list(text)
-    lines.append(f"{'step':>{margin - 1}}  " + "".join(axis))
-    legend = ", ".join(f"{v} {k if k != 'demand' else 'trigger'}" for k, v in MARKS.items() if k != "unknown")
-    lines.append(f"{'':>{margin - 1}}  ranks by digit, * overlap, ^ off the scale (max {_fmt_ms(peak)} ms)"[:width])
-    lines.append(f"{'':>{margin - 1}}  windows: {legend}")
-    for w in windows:
-        lines.append(f"  {MARKS.get(w.trigger, '?')} {w.label()}")
-    return [ln[:width] if not ln.startswith("  ") or len(ln) <= width else ln for ln in lines]

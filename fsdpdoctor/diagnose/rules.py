@@ -23,7 +23,8 @@ RULE_MODULES: tuple[ModuleType, ...] = (prefetch_rules, comm_rules, ddp_rules, h
 
 
 def rules_of(module: ModuleType) -> list[Rule]:
-    return [v for v in vars(module).values() if isinstance(v, Rule)]
+    """The rules a module defines (not those it imports from another: each rule runs once)."""
+    return [v for v in vars(module).values() if isinstance(v, Rule) and v.fn.__module__ == module.__name__]
 
 
 RULES: tuple[Rule, ...] = tuple(r for m in RULE_MODULES for r in rules_of(m))

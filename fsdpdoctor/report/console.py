@@ -11,7 +11,7 @@ from rich.text import Text
 
 from fsdpdoctor.report.data_quality import lines as data_quality_lines
 from fsdpdoctor.report.format import (
-    CATEGORY_STYLE, SEVERITY_STYLE, categories, ms, num, pct, size, wrapping_line,
+    CATEGORY_STYLE, SEVERITY_STYLE, categories, ms, num, pct, size, straggler_rank, wrapping_line,
 )
 from fsdpdoctor.results import Analysis
 
@@ -130,12 +130,6 @@ def findings_table(a: Analysis, evidence_lines: int = 2) -> Group | Text:
             body.append(f"\nexplains: {', '.join(f.consequences)} (below)", style="dim")
         blocks += [head, Padding(body, (0, 0, 0, 2 + indent))]
     return Group(*blocks)
-
-
-def straggler_rank(a: Analysis) -> int | None:
-    """The straggler, when the diagnosis says there is one."""
-    f = next((f for f in a.findings if f.id == "straggler"), None)
-    return f.ranks[0] if f and f.ranks else None
 
 
 def ranks_table(a: Analysis) -> Table:

@@ -30,3 +30,9 @@ def wrapping_line(job) -> str:
         parts.append(f"{d.get('units')} units")
     parts.append(f"({job.wrapping_source})")
     return " ".join(str(p) for p in parts)
+
+
+def straggler_rank(a) -> int | None:
+    """The straggler, when the diagnosis says there is one (the console report and the TUI mark it)."""
+    f = next((f for f in a.findings if f.id == "straggler"), None)
+    return f.ranks[0] if f and f.ranks else None

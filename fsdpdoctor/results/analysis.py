@@ -14,6 +14,37 @@ from typing import Literal, get_args
 
 SCHEMA_VERSION = "1.0"
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def plain(v):
+    """``dataclasses.asdict`` of a result value without its deep copies of the leaves (a result is
+    turned into a dict to be written out: the copies cost more than the walk)."""
+    cls = type(v)
+    if cls is str or cls is float or cls is int or v is None or cls is bool:
+        return v
+    if hasattr(cls, "__dataclass_fields__"):
+        return {name: plain(getattr(v, name)) for name in _field_names(cls)}
+    if cls is list:
+        return [plain(x) for x in v]
+    if cls is dict:
+        return {plain(k): plain(x) for k, x in v.items()}
+    if isinstance(v, tuple) and hasattr(v, "_fields"):  # a named tuple, rebuilt as asdict does
+        return cls(*[plain(x) for x in v])
+    if isinstance(v, (list, tuple)):
+        return cls(plain(x) for x in v)
+    if isinstance(v, dict):
+        return {plain(k): plain(x) for k, x in v.items()}
+    return v
+
+
 CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier", "p2p",
                          "other"]
 COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = get_args(CollectiveKind)
@@ -319,10 +350,10 @@ class Analysis:
     schema_version: str = SCHEMA_VERSION
 
     def to_dict(self, include_events: bool = False) -> dict:
-        d = dataclasses.asdict(self)
-        if not include_events:
-            d.pop("collective_events")
-        return d
+        """What ``dataclasses.asdict`` gives, less the per-call collectives unless asked for: they are
+        not built to be dropped (a run holds thousands), and nothing is deep-copied to be written."""
+        return {name: plain(getattr(self, name)) for name in _field_names(Analysis)
+                if include_events or name != "collective_events"}
 
     def to_json(self, include_events: bool = False) -> str:
         """The versioned ``--json`` document (docs/json-schema.md); the manifest only with the events."""

@@ -84,7 +84,7 @@ def inflate(raw: bytes, path: Path) -> bytes:
 DOCUMENT_MAX = 64 << 20
 
 
-def read_raw(path: Path, limit: int | None = None, follow_links: bool = True) -> bytes:
+def read_raw(path: Path, limit: int | None = None, follow_links: bool = True, head: int | None = None) -> bytes:
     """The bytes of a regular file as they are on disk (read-only): the one way this package opens a file.
 
     A named pipe, a device, a socket or a folder is refused before it is opened (a FIFO waits for a
@@ -105,7 +105,7 @@ def read_raw(path: Path, limit: int | None = None, follow_links: bool = True) ->
     try:
         _check_kind(path, os.fstat(fd), limit)  # what was opened, had the name been swapped since the stat
         with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read() if limit is None else fh.read(limit + 1)
+            data = fh.read(head) if head is not None else fh.read() if limit is None else fh.read(limit + 1)
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
     finally:
@@ -113,6 +113,12 @@ def read_raw(path: Path, limit: int | None = None, follow_links: bool = True) ->
     if limit is not None and len(data) > limit:
         raise InputError(path, f"larger than {limit >> 20} MiB: not a file this tool wrote or reads")
     return data
+
+
+def read_head(path: Path, n: int) -> bytes:
+    """The first ``n`` bytes of a regular file (what kind of document it is), with ``read_raw``'s refusals
+    of what is not a regular file; any file size."""
+    return read_raw(path, head=n)
 
 
 def _check_kind(path: Path, st: os.stat_result, limit: int | None) -> None:

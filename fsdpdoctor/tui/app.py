@@ -16,7 +16,7 @@ from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.report.console import straggler_rank
+from fsdpdoctor.report.format import straggler_rank
 from fsdpdoctor.results import Analysis
 from fsdpdoctor.tui.findings import FindingList, FindingsPane
 from fsdpdoctor.tui.header import JobHeader
@@ -66,6 +66,7 @@ class FsdpDoctorApp(App[int]):
         # a run folder with windows (docs/capture.md): the previous / next window
         Binding("left_square_bracket", "window(-1)", "prev window", show=False),
         Binding("right_square_bracket", "window(1)", "next window", show=False),
+        Binding("s", "steps", "steps", show=False),
     ]
 
     def __init__(self, path: str | Path | None = None, *, analysis: Analysis | None = None,
@@ -175,6 +176,21 @@ class FsdpDoctorApp(App[int]):
         self.query_one(RanksView).show(a, self.rank)
         self.query_one(CollectivesView).show(a)
         self.query_one(TimelineView).show(a, self.rank)
+
+    def action_steps(self) -> None:
+        """The run's step series with its windows (a run folder captured armed, docs/capture.md)."""
+        from fsdpdoctor.report.steps_plot import load, render
+        from fsdpdoctor.tui.screens import StepsScreen
+
+        if self.path is None or isinstance(self.screen, StepsScreen):
+            return
+        try:
+            series, windows, notes = load(Path(self.path))
+        except InputError as exc:
+            self.notify(str(exc), severity="warning")
+            return
+        width = max(40, min(120, self.size.width - 6))
+        self.push_screen(StepsScreen(render(series, windows, width) + [f"note: {n}" for n in notes]))
 
     def action_window(self, delta: int) -> None:
         """Show the previous/next window of a run folder captured with windows."""

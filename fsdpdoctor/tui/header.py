@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from fsdpdoctor.report.console import straggler_rank
+from fsdpdoctor.report.format import straggler_rank
 from fsdpdoctor.report.data_quality import lines as data_quality_lines
 from fsdpdoctor.report.format import categories, ms, wrapping_line
 from fsdpdoctor.results import Analysis

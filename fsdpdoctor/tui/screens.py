@@ -62,6 +62,7 @@ HELP = """\
   [b]c[/b]              copy the selected finding's fix to the clipboard
   [b]r[/b]              show one rank (or all) in the Ranks and Timeline panes
   [b]d[/b]              data quality: what the loader dropped or ignored, and notes
+  [b]s[/b] [b][ ][/b]          a captured run: its step series; previous / next window
   [b]t[/b]              light / dark theme    [b]?[/b]  help    [b]q[/b]  quit
 
 [b]Panes[/b]
@@ -105,6 +106,25 @@ class NotesScreen(ModalScreen):
             for line in self.notes:
                 t.append(f"  {line}\n")
         t.append("\nesc, d or q closes this.", style="dim")
+        with VerticalScroll(id="notes-box"):
+            yield Static(t, id="notes-text")
+
+    def action_dismiss(self) -> None:  # type: ignore[override]
+        self.dismiss(None)
+
+
+class StepsScreen(ModalScreen):
+    """Every rank's step time over the whole run, windows marked (as ``fsdpdoctor steps`` draws it)."""
+
+    BINDINGS = [Binding("escape,q,s", "dismiss", "close")]
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def compose(self) -> ComposeResult:
+        t = Text("\n".join(self.lines) + "\n")
+        t.append("\n[ and ] move between the windows; esc, s or q closes this.", style="dim")
         with VerticalScroll(id="notes-box"):
             yield Static(t, id="notes-text")
 

@@ -8,7 +8,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.widgets import DataTable, Label
 
-from fsdpdoctor.report.console import straggler_rank
+from fsdpdoctor.report.format import straggler_rank
 from fsdpdoctor.report.format import num, size
 from fsdpdoctor.results import Analysis
 from fsdpdoctor.tui.palette import Palette
