@@ -55,6 +55,12 @@ def add_engine(p: argparse.ArgumentParser, summaries: bool = True) -> None:
                        help="re-read every trace even where a current rank<N>.summary.msgpack is present")
 
 
+def add_window(p: argparse.ArgumentParser) -> None:
+    """--window STEP: which of a run folder's profiled windows (capture's trigger and anomaly windows)."""
+    p.add_argument("--window", type=int, metavar="STEP",
+                   help="a run folder with windows: the window starting at STEP (default: the latest)")
+
+
 def add_progress(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
 
