@@ -83,3 +83,28 @@ def test_unnamed_kernel_of_a_described_collective_is_that_collective(tmp_path, o
     assert a.mean.comm_us == pytest.approx(original.mean.comm_us, rel=1e-6)
     assert sorted(c.kind for c in a.collective_events) == sorted(c.kind for c in original.collective_events)
     assert any("record_param_comms" in n and "my_backend_kernel_v2" in n for n in a.notes)
+
+
+@pytest.mark.parametrize("name, strength, kind", [
+    # DeepSeek's published H800 MoE training profile and DeepEP's own kernels
+    ("void dpsk::ep::internode::dispatch<false, 8, true, 8>(int4*, float*, long*)", "library", "all_to_all"),
+    ("void dpsk::ep::internode::cached_notify<false>(int, int, int, int, int*)", "library", "all_to_all"),
+    ("void deep_ep::internode_ll::combine<7168>(void*, int*, int)", "library", "all_to_all"),
+    ("void dpsk::ep::cuda::get_dispatch_layout<256>(long const*, int*)", None, None),  # local, no exchange
+    # PyTorch symmetric memory (B200 trace of TraceLens' tests), vLLM, TensorRT-LLM, MSCCL++, NVSHMEM
+    ("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)", "library",
+     "all_reduce"),
+    ("void vllm::cross_device_reduce_1stage<float, 8>(vllm::RankData*)", "library", "all_reduce"),
+    ("void tensorrt_llm::kernels::twoShotAllReduceKernel<float, 8>(AllReduceParams)", "word", "all_reduce"),
+    ("void mscclpp::allgather6<false>(void*, mscclpp::DeviceHandle*)", "library", "all_gather"),
+    ("nvshmemi_barrier_all_kernel", "library", "other"),
+    # names that are not communication: a GEMM epilogue, an elementwise kernel
+    ("sm90_xmma_gemm_bf16_allreduce_epilogue_kernel", None, None),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", None, None),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", None, "all_gather"),
+])
+def test_kernel_names_of_other_libraries(name, strength, kind):
+    from fsdpdoctor.analysis.collectives import kind_from_kernel, other_library_comm
+
+    assert other_library_comm(name) == strength
+    assert kind_from_kernel(name) == kind

@@ -148,8 +148,8 @@ def _launched_in_param_comms(ctx: RankContext, kernels: np.ndarray, param_rows: 
 
 def _short(name: str) -> str:
     """A kernel's name without its template and argument lists."""
-    base = name.split("(")[0].removeprefix("void ").strip()
-    return base.split("<")[0] or base
+    base = name.replace("(anonymous namespace)::", "").removeprefix("void ").split("(")[0].strip()
+    return base.split("<")[0] or base or name[:60]
 
 
 def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
@@ -161,8 +161,8 @@ def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
     is_comm = np.isin(t.name_id[kernels], comm_ids)
     if others:
         shown = sorted({f"{_short(n)} ({kind_from_words(n)})" for n in others})
-        ctx.notes.append("communication through kernels outside NCCL/RCCL, recognised by their names and "
-                         f"streams: {', '.join(shown[:6])}{' ...' if len(shown) > 6 else ''}; counted as "
+        ctx.notes.append("communication through kernels outside NCCL/RCCL, recognised by their names (a "
+                         f"collective's word alone: and their own streams): {', '.join(shown[:6])}{' ...' if len(shown) > 6 else ''}; counted as "
                          "communication (their message sizes are not in the trace)")
     if refused:
         shown = sorted({_short(n) for n in refused})
