@@ -3,7 +3,7 @@
 ``open_analysis`` opens a trace file, a run folder, a folder of per-rank summaries or a saved
 ``--json``. A trace goes through one pipeline: find the ranks' files -> the per-rank step on each
 rank (``rank_step``, mapped by an engine: this process, forked workers, a pool or Dask; or a current
-summary read instead) -> the reduce (``analysis.engine.reduce``) -> the post-reduce checks -> diagnose.
+summary read instead) -> the reduce (``analysis.map_reduce.reduce``) -> the post-reduce checks -> diagnose.
 The main process only ever holds the ranks' compact results (unless the tables are asked for).
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Callable, Literal, overload
 
 from fsdpdoctor.analysis import invariants, rankresult
-from fsdpdoctor.analysis.engine import analyze_rank, reduce, step_spec
-from fsdpdoctor.analysis.engine import param_dtype as model_dtype
+from fsdpdoctor.analysis.map_reduce import analyze_rank, reduce, step_spec
+from fsdpdoctor.analysis.map_reduce import param_dtype as model_dtype
 from fsdpdoctor.analysis.rankresult import RankResult
 from fsdpdoctor.diagnose import diagnose as run_rules
 from fsdpdoctor.engines import make_engine
