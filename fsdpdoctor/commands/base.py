@@ -13,7 +13,6 @@ import sys
 from typing import Protocol
 
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.results import SCHEMA_VERSION
 
 
 class Verb(Protocol):
@@ -97,6 +96,8 @@ def require_terminal() -> None:
 
 def json_document(doc: dict) -> str:
     """A verb's ``--json``: every document carries ``schema_version`` first (docs/json-schema.md)."""
+    from fsdpdoctor.results import SCHEMA_VERSION  # loaded by the verb that prints, not by every start
+
     return json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=2, default=str)
 
 

@@ -6,7 +6,6 @@ from fsdpdoctor.commands.base import add_analysis_flags, add_output, print_json
 from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds, run_analysis
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import SEVERITIES
-from fsdpdoctor.trace.io import check_output, write_atomic
 
 
 def _percent(v: str) -> float:
@@ -49,6 +48,8 @@ def run(args) -> int:
                                                            ("data_loading", args.max_data_loading),
                                                            ("idle", args.max_idle)) if limit is not None}
     if args.junit:
+        from fsdpdoctor.trace.io import check_output
+
         check_output(args.junit, [args.path])
     a = run_analysis(args)
     hang, notes = _hang(args)
@@ -65,6 +66,8 @@ def run(args) -> int:
         from fsdpdoctor.diagnose.hang import HANG_IDS
         from fsdpdoctor.diagnose.rules import RULE_IDS
         from fsdpdoctor.report.junit import to_junit
+
+        from fsdpdoctor.trace.io import write_atomic
 
         try:
             write_atomic(args.junit, to_junit(a, res.failing, RULE_IDS + (HANG_IDS if hang else [])))
