@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from fsdpdoctor import __version__
+from fsdpdoctor.version import __version__
 from fsdpdoctor.commands import (analyze, check, diff, export, hang, memory, reference, scaling, steps, summarize,
                                  trigger, tui)
 from fsdpdoctor.commands.base import Verb
