@@ -212,6 +212,9 @@ def judge(t: Trace, doc: dict) -> list[str]:
     for fid in t.expects:
         if fid not in found:
             out.append(f"missed {fid}, which the source shows")
+    # a source that rules out "never communicate" describes communication: it must be counted as such
+    if "ranks-never-communicate" in t.contradicts and not ((doc.get("mean") or {}).get("comm_us") or 0) > 0:
+        out.append("no communication counted, which the source describes")
     n_steps = max((len(r.get("steps", [])) for r in doc.get("ranks", [])), default=0)
     if n_steps <= 1 and len(doc.get("ranks", [])) <= 1:
         for f in doc.get("findings", []):
@@ -318,8 +321,9 @@ def write_report(outcomes: list[Outcome], path: Path = REPORT) -> None:
         "(shares in [0, 1], parts adding up to the step, a finding's impact at most its step, root findings",
         "together at most the step). *Agrees* compares our verdict with what the",
         "source says the trace is: a finding the source rules out at warning or error, a training-only",
-        "finding on an inference trace, an error from one step of one rank, or a miss of what the source",
-        "shows is a disagreement, and so is a refusal (exit 2, one line) of a valid recording. Marked",
+        "finding on an inference trace, an error from one step of one rank, a miss of what the source",
+        "shows, or no communication counted where the source describes it (all-to-all through DeepEP",
+        "included) is a disagreement, and so is a refusal (exit 2, one line) of a valid recording. Marked",
         "*suspicious* without a source statement: a root finding that claims the whole step (no fix saves",
         f"the work itself), a step under 1 % of its rank's median, or one more than {SPAN_FACTOR}x it (it",
         "spans a gap, not work). Each one is explained below the table.",

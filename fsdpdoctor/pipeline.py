@@ -3,7 +3,8 @@
 ``open_analysis`` opens a trace file, a run folder, a folder of per-rank summaries or a saved
 ``--json``. A trace goes through one pipeline: find the ranks' files -> the per-rank step on each
 rank (``rank_step``, mapped by an engine: this process, forked workers, a pool or Dask; or a current
-summary read instead) -> the reduce (``analysis.engine.reduce``) -> the post-reduce checks -> diagnose.
+summary read instead) -> the reduce (``analysis.map_reduce.reduce``) -> the rules -> the invariants
+(``analysis/invariants.py``: nothing leaves that breaks them).
 The main process only ever holds the ranks' compact results (unless the tables are asked for).
 """
 
@@ -17,11 +18,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, overload
+from typing import Literal, overload
 
 from fsdpdoctor.analysis import invariants, rankresult
-from fsdpdoctor.analysis.engine import analyze_rank, reduce, step_spec
-from fsdpdoctor.analysis.engine import param_dtype as model_dtype
+from fsdpdoctor.analysis.map_reduce import analyze_rank, reduce, step_spec
+from fsdpdoctor.analysis.map_reduce import param_dtype as model_dtype
 from fsdpdoctor.analysis.rankresult import RankResult
 from fsdpdoctor.diagnose import diagnose as run_rules
 from fsdpdoctor.engines import make_engine
@@ -33,10 +34,6 @@ from fsdpdoctor.trace.loader import Progress, _merge_cycles, _trace_files, input
 from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.table import RankTrace
 from fsdpdoctor.trace.windows import resolve_window, without_partial
-
-# Checks on the reduced job, before the rules see it: each may add notes or data-quality entries
-# (or refuse the input with an InputError). A saved --json was checked when it was made.
-POST_REDUCE_CHECKS: list[Callable[[Analysis], None]] = []
 
 # a saved ``--json`` starts with one of Analysis's keys (a trace starts with traceEvents/schemaVersion/...)
 _ANALYSIS_HEAD = re.compile(rb'^\s*\{\s*"(source|job|schema_version)"\s*:')
@@ -80,8 +77,6 @@ def open_analysis(source, *, ranks=None, steps=None, thresholds=None, dask=None,
     analysis.data_quality = quality
     if window_note:
         analysis.notes.insert(0, window_note)
-    for check in POST_REDUCE_CHECKS:
-        check(analysis)
     if diagnose:
         analysis.findings = run_rules(analysis, thresholds=thresholds)
     invariants.enforce(analysis)  # nothing is rendered that breaks them (analysis/invariants.py)

@@ -17,8 +17,8 @@ from fsdpdoctor.results import (
     StragglerReport,
 )
 
-GPU = DialectTraits(name="nccl-gpu", device_timeline=True, async_collectives=True, comm_includes_peer_wait=True,
-                    shared_host_cores=False, has_message_sizes=True, has_sequence_numbers=True)
+GPU = DialectTraits(name="nccl-gpu", device_timeline=True, async_collectives=True, shared_host_cores=False,
+                    has_message_sizes=True)
 CPU = DialectTraits()
 
 

@@ -70,6 +70,14 @@ def test_invariant_checks_catch_what_they_are_for():
     assert "compute_us" in v and "add up" in v and "205.0 %" in v and "together" in v
 
 
+def test_communication_the_source_describes_must_be_counted():
+    t = next(t for t in TRACES if t.id == "deepseek-v3-train-moe")
+    assert "ranks-never-communicate" in t.contradicts
+    silent = {"ranks": [], "findings": [], "mean": {"comm_us": 0.0}}
+    assert "no communication counted, which the source describes" in corpus.judge(t, silent)
+    assert corpus.judge(t, {"ranks": [], "findings": [], "mean": {"comm_us": 113e3}}) == []
+
+
 def test_a_step_spanning_two_recordings_is_suspicious():
     doc = {"ranks": [{"rank": 0, "steps": [{"duration_us": d} for d in (176e3, 174e3, 469e6, 159e3)]}],
            "findings": [{"id": "host-sync", "severity": "error", "impact_frac": 0.996}]}

@@ -1,6 +1,6 @@
 """One front door (``pipeline.open_analysis``): a saved ``--json`` opens wherever a trace does (analyze,
 check, diff, export, tui, the notebook), it reads back to the same document, the tables come from the
-same pipeline as the analysis, and the post-reduce checks run once per trace analysis."""
+same pipeline as the analysis, and the invariants are checked once per trace analysis."""
 
 from __future__ import annotations
 
@@ -102,15 +102,17 @@ def test_tables_come_from_the_same_pipeline(saved):
     assert none == [] and b.to_json() == a.to_json()
 
 
-def test_post_reduce_checks_run_before_the_rules(monkeypatch, saved):
+def test_the_invariants_hold_on_every_trace_analysis(monkeypatch, saved):
+    """The front door checks the reduced, diagnosed job once (analysis/invariants.py), whatever opens it."""
     seen = []
+    real = pipeline.invariants.enforce
 
-    def check(a):
-        seen.append((a.source, len(a.findings)))   # no findings yet: the rules come after
-        a.notes.append("checked")
+    def spy(a):
+        seen.append((a.source, len(a.findings)))
+        return real(a)
 
-    monkeypatch.setattr(pipeline, "POST_REDUCE_CHECKS", [check])
+    monkeypatch.setattr(pipeline.invariants, "enforce", spy)
     a = open_analysis(TRACES / "straggler", workers=1)
-    assert seen == [(str(TRACES / "straggler"), 0)] and "checked" in a.notes and a.findings
-    open_analysis(saved[0])                           # a saved JSON was checked when it was made
-    assert len(seen) == 1
+    assert seen == [(str(TRACES / "straggler"), len(a.findings))] and a.findings
+    rc, _ = _cli("analyze", str(TRACES / "ddp_default"), "--json")
+    assert rc == 0 and len(seen) == 2                 # the verbs come through the same door

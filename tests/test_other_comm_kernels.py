@@ -62,3 +62,49 @@ def test_a_collective_word_on_a_compute_stream_is_not_communication(tmp_path, or
     a = open_analysis(p, use_summaries=False)
     assert len(a.collective_events) == len(original.collective_events)
     assert any("compute streams" in n and "block_allreduce_sum_kernel" in n for n in a.notes)
+
+
+def test_unnamed_kernel_of_a_described_collective_is_that_collective(tmp_path, original):
+    """A custom backend's kernel with a name nobody knows, launched inside record_param_comms: the host's
+    description makes it the collective it describes (kind and size from record_param_comms)."""
+    import gzip
+    import json
+
+    p = rename_comm_kernels(A100, tmp_path / "renamed.json.gz", lambda _: "my_backend_kernel_v2", strip_host=False)
+    d = json.loads(gzip.open(p).read())
+    for e in d["traceEvents"]:  # the kernels' own description goes; the host's stays
+        if e.get("name") == "my_backend_kernel_v2":
+            e["args"] = {k: v for k, v in e["args"].items() if k in ("correlation", "stream", "device")}
+    with gzip.open(tmp_path / "rank0.json.gz", "wt") as fh:
+        json.dump(d, fh)
+    (tmp_path / "renamed.json.gz").unlink()
+    a = open_analysis(tmp_path / "rank0.json.gz", use_summaries=False)
+    assert not invariants.check(a)
+    assert a.mean.comm_us == pytest.approx(original.mean.comm_us, rel=1e-6)
+    assert sorted(c.kind for c in a.collective_events) == sorted(c.kind for c in original.collective_events)
+    assert any("record_param_comms" in n and "my_backend_kernel_v2" in n for n in a.notes)
+
+
+@pytest.mark.parametrize("name, strength, kind", [
+    # DeepSeek's published H800 MoE training profile and DeepEP's own kernels
+    ("void dpsk::ep::internode::dispatch<false, 8, true, 8>(int4*, float*, long*)", "library", "all_to_all"),
+    ("void dpsk::ep::internode::cached_notify<false>(int, int, int, int, int*)", "library", "all_to_all"),
+    ("void deep_ep::internode_ll::combine<7168>(void*, int*, int)", "library", "all_to_all"),
+    ("void dpsk::ep::cuda::get_dispatch_layout<256>(long const*, int*)", None, None),  # local, no exchange
+    # PyTorch symmetric memory (B200 trace of TraceLens' tests), vLLM, TensorRT-LLM, MSCCL++, NVSHMEM
+    ("void (anonymous namespace)::multimem_all_reduce_kernel<c10::BFloat16, 16>(c10::BFloat16*)", "library",
+     "all_reduce"),
+    ("void vllm::cross_device_reduce_1stage<float, 8>(vllm::RankData*)", "library", "all_reduce"),
+    ("void tensorrt_llm::kernels::twoShotAllReduceKernel<float, 8>(AllReduceParams)", "word", "all_reduce"),
+    ("void mscclpp::allgather6<false>(void*, mscclpp::DeviceHandle*)", "library", "all_gather"),
+    ("nvshmemi_barrier_all_kernel", "library", "other"),
+    # names that are not communication: a GEMM epilogue, an elementwise kernel
+    ("sm90_xmma_gemm_bf16_allreduce_epilogue_kernel", None, None),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", None, None),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", None, "all_gather"),
+])
+def test_kernel_names_of_other_libraries(name, strength, kind):
+    from fsdpdoctor.analysis.collectives import kind_from_kernel, other_library_comm
+
+    assert other_library_comm(name) == strength
+    assert kind_from_kernel(name) == kind

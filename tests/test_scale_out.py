@@ -48,7 +48,7 @@ class CommIsComputeDialect(GlooCpu):
     note = "test double in use"
 
     def __init__(self):
-        self.traits = DialectTraits(name=self.name, has_sequence_numbers=False, shared_host_cores=False)
+        self.traits = DialectTraits(name=self.name, shared_host_cores=False)
         self.calls = {"matches": 0, "step_windows": 0, "collectives": 0, "timelines": 0}
 
     def matches(self, trace):
@@ -228,9 +228,14 @@ def _imports(path: Path, top_level_only: bool) -> set[str]:
     tree = ast.parse(path.read_text())
     nodes = tree.body if top_level_only else ast.walk(tree)
     out = set()
+    # ``from PKG import SUBMODULE`` imports the submodule (PKG's __init__ is only its face)
     for n in nodes:
         if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
-            out.add(n.module)
+            folder = REPO.joinpath(*n.module.split("."))
+            subs = [a.name for a in n.names if (folder / f"{a.name}.py").is_file() or (folder / a.name).is_dir()]
+            out.update(f"{n.module}.{s}" for s in subs)
+            if len(subs) < len(n.names):
+                out.add(n.module)
         elif isinstance(n, ast.Import):
             out.update(a.name for a in n.names)
     return {m for m in out if m.startswith("fsdpdoctor")}

@@ -32,6 +32,20 @@ def test_every_verb_module_is_listed_and_nothing_else():
     assert set(sub.choices) >= listed
 
 
+def test_shared_flags_are_declared_once_in_the_base():
+    """--json, --tui, --rank, --steps, --threshold, --config, --jobs, --dask, --no-summaries,
+    --no-progress and --window come from commands/base.py; a verb that declares one itself fails here."""
+    shared = ("--json", "--tui", "--rank", "--steps", "--threshold", "--config", "--jobs", "--dask",
+              "--no-summaries", "--no-progress", "--window")
+    declared = re.compile(r"add_argument\(\s*\"(--[a-z-]+)\"")
+    own = {p.name: sorted(set(declared.findall(p.read_text())) & set(shared))
+           for p in (ROOT / "fsdpdoctor" / "commands").glob("*.py") if p.name != "base.py"}
+    # the --steps of `reference run` and `trigger` is a number of steps to run or profile, not a selection
+    for counts in ("reference.py", "trigger.py"):
+        own[counts] = [f for f in own.get(counts, []) if f != "--steps"]
+    assert not any(own.values()), {k: v for k, v in own.items() if v}
+
+
 # (argv, needs) per verb: the bundled traces; "{tmp}" is a fresh folder
 TEXT_VERBS = {
     "analyze": ["analyze", "traces/straggler", "--no-progress"],
@@ -47,6 +61,7 @@ TEXT_VERBS = {
                      "--layers", "32", "--hidden", "4096", "--seq", "2048", "--micro-batch", "1",
                      "--largest-unit-params", "200M"],
     "reference-list": ["reference", "list"],
+    "trigger": ["trigger", "{tmp}/run", "--steps", "3"],
     "hang-order": ["hang", "traces/hang_collective_order", "--no-trend"],
     "hang-dead": ["hang", "traces/hang_dead_rank", "--no-trend"],
     "hang-loader": ["hang", "traces/hang_loader"],
@@ -62,6 +77,7 @@ def _text(verb: str, columns: int, tmp: Path, monkeypatch, capsys) -> list[str]:
     monkeypatch.chdir(tmp)
     if not (tmp / "traces").exists():
         (tmp / "traces").symlink_to(TRACES)
+        (tmp / "run").mkdir()  # a run folder of a job to come (trigger)
     argv = [a.replace("{tmp}/", "") for a in TEXT_VERBS[verb]]
     rc = main(argv)
     out = capsys.readouterr()

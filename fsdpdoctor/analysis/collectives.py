@@ -4,6 +4,7 @@ collective on a rank, found by the rank's dialect: see ``fsdpdoctor.analysis.dia
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 
@@ -68,16 +69,17 @@ def is_comm_kernel(name: str) -> bool:
 # trace has (no record_param_comms, no c10d op), so two strengths:
 # - a library's own namespace or name, which only its communication kernels carry (DeepEP's
 #   intranode/internode/internode_ll kernels, not its local layout ones; NVSHMEM, MSCCL++, vLLM's
-#   custom all-reduce): communication by name;
+#   custom all-reduce, PyTorch's symmetric-memory multimem / one-shot / two-shot all-reduce kernels,
+#   which run on the caller's stream): communication by name;
 # - a collective's word in a kernel name (TensorRT-LLM's allreduce kernels, home-grown ones): only
 #   where the kernel's stream runs nothing FLOP-heavy, the way communication gets its own stream; a
 #   reduction helper inside a compute kernel's name is not communication.
-_LIBRARY_COMM = re.compile(r"\bep::(?:intranode|internode|internode_ll)::|mscclpp|nvshmem|cross_device_reduce_",
-                           re.I)
+_LIBRARY_COMM = re.compile(r"(?:\b|_)ep::(?:intranode|internode|internode_ll)::|mscclpp|nvshmem|cross_device_reduce_|"
+                           r"multimem_(?:all_reduce|all_gather|one_shot|reduce)|(?:one|two)_shot_all_reduce", re.I)
 _COLLECTIVE_WORD = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|\bdispatch\b|\bcombine\b",
                               re.I)
 _FLOP_HEAVY = re.compile(r"gemm|conv|cutlass|xmma|flash|attn|attention|matmul|cublas|cudnn|wgrad|dgrad|mma_", re.I)
-_EXPERT_PARALLEL = re.compile(r"\bep::(?:intranode|internode)|dispatch|combine", re.I)
+_EXPERT_PARALLEL = re.compile(r"(?:\b|_)ep::(?:intranode|internode)|dispatch|combine", re.I)
 _WORD_KINDS = (("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
                ("all_reduce", re.compile(r"all_?reduce|cross_device_reduce", re.I)),
                ("all_gather", re.compile(r"all_?gather", re.I)),
@@ -85,6 +87,7 @@ _WORD_KINDS = (("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
                ("broadcast", re.compile(r"broadcast", re.I)))
 
 
+@functools.lru_cache(maxsize=1 << 16)  # per distinct kernel name: a regex search of a long C++ name costs ~50 us
 def other_library_comm(name: str) -> str | None:
     """'library' (communication by its name), 'word' (communication if its stream says so) or None."""
     if is_comm_kernel(name):

@@ -52,7 +52,6 @@ _OPTIMIZER_ALIASES = {
     "adafactor": "adafactor", "fusedadam": "adam", "fusedadamw": "adamw",
 }
 
-STRATEGIES = ["ddp", "zero1", "zero2", "zero3", "hybrid_shard", "hybrid_shard_zero2"]
 STRATEGY_LABELS = {
     "ddp": "DDP / NO_SHARD (ZeRO-0)",
     "zero1": "ZeRO-1",

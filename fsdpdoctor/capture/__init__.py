@@ -16,7 +16,10 @@ Usage::
     @capture("runs/r1", model=model)
     def train_step(batch): ...
 
-See ``docs/manifest.md`` for the folder layout and the manifest schema.
+Every rank also keeps its step series for the whole run (``steps/rank<N>.steps``), and windows of
+profiled steps open later on demand (``fsdpdoctor trigger OUT``) or on a slowdown (``auto=True``) into
+``OUT/window-<first step>/``: see ``docs/capture.md``. See ``docs/manifest.md`` for the folder layout
+and the manifest schema.
 """
 
 from fsdpdoctor.capture.core import Capture, capture, track_fsdp2_prefetch_calls

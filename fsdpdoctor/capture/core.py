@@ -664,7 +664,7 @@ class Capture:
         if request is not None:
             n, requested = request
             plan = _win.Plan(seq=self._seq + 1, first=start, steps=n, why="demand", requested=requested,
-                             reason=f"requested with `fsdpdoctor trigger`" + (f" at {requested}" if requested else ""))
+                             reason="requested with `fsdpdoctor trigger`" + (f" at {requested}" if requested else ""))
         else:
             plan = _win.Plan(seq=self._seq + 1, first=start, steps=self.window_steps, why="anomaly", reason=reason)
         if self.world_size > 1:

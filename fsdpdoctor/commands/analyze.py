@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from fsdpdoctor.commands.base import add_output, add_window
 from fsdpdoctor.commands.common import add_selection_args, run_analysis
 
 
@@ -11,12 +12,9 @@ def register(sub) -> None:
     p = sub.add_parser("analyze", help="step-time breakdown, communication, prefetch, stragglers and findings",
                        description="Analyse a torch.profiler trace file or a folder of per-rank traces.")
     add_selection_args(p)
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="print the versioned JSON document instead")
-    out.add_argument("--tui", action="store_true", help="open the terminal UI on the result")
+    add_output(p, "the analysis", tui=True)
     p.add_argument("--events", action="store_true", help="with --json: include every collective call")
-    p.add_argument("--window", type=int, metavar="STEP",
-                   help="a run folder with windows: analyse the window starting at STEP (default: the latest)")
+    add_window(p)
     p.add_argument("--verbose", "-v", action="store_true", help="also print per-step tables")
     p.add_argument("--compare-hta", action="store_true",
                    help="print HTA's comm/compute overlap beside ours (needs `pip install fsdpdoctor[hta]`)")

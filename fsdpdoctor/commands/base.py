@@ -13,7 +13,6 @@ import sys
 from typing import Protocol
 
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.results import SCHEMA_VERSION
 
 
 class Verb(Protocol):
@@ -55,6 +54,12 @@ def add_engine(p: argparse.ArgumentParser, summaries: bool = True) -> None:
                        help="re-read every trace even where a current rank<N>.summary.msgpack is present")
 
 
+def add_window(p: argparse.ArgumentParser) -> None:
+    """--window STEP: which of a run folder's profiled windows (capture's trigger and anomaly windows)."""
+    p.add_argument("--window", type=int, metavar="STEP",
+                   help="a run folder with windows: the window starting at STEP (default: the latest)")
+
+
 def add_progress(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar while loading")
 
@@ -91,6 +96,8 @@ def require_terminal() -> None:
 
 def json_document(doc: dict) -> str:
     """A verb's ``--json``: every document carries ``schema_version`` first (docs/json-schema.md)."""
+    from fsdpdoctor.results import SCHEMA_VERSION  # loaded by the verb that prints, not by every start
+
     return json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=2, default=str)
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from fsdpdoctor.commands.base import add_analysis_flags, print_json
+from fsdpdoctor.commands.base import add_analysis_flags, add_output, print_json
 from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds, run_analysis
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import SEVERITIES
-from fsdpdoctor.trace.io import check_output, write_atomic
 
 
 def _percent(v: str) -> float:
@@ -25,8 +24,7 @@ def register(sub) -> None:
     p.add_argument("--max-exposed-comm", metavar="PCT", help="also fail if exposed comm exceeds this share of step")
     p.add_argument("--max-data-loading", metavar="PCT", help="also fail if data loading exceeds this share of step")
     p.add_argument("--max-idle", metavar="PCT", help="also fail if idle exceeds this share of step")
-    fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="print findings and verdict as JSON")
+    fmt = add_output(p, "the findings and the verdict")
     fmt.add_argument("--junit", metavar="FILE", help="also write JUnit XML to FILE")
     p.add_argument("--baseline", metavar="RUN_OR_JSON",
                    help="also fail on a significant regression against this run (trace folder/file or saved "
@@ -50,6 +48,8 @@ def run(args) -> int:
                                                            ("data_loading", args.max_data_loading),
                                                            ("idle", args.max_idle)) if limit is not None}
     if args.junit:
+        from fsdpdoctor.trace.io import check_output
+
         check_output(args.junit, [args.path])
     a = run_analysis(args)
     hang, notes = _hang(args)
@@ -66,6 +66,8 @@ def run(args) -> int:
         from fsdpdoctor.diagnose.hang import HANG_IDS
         from fsdpdoctor.diagnose.rules import RULE_IDS
         from fsdpdoctor.report.junit import to_junit
+
+        from fsdpdoctor.trace.io import write_atomic
 
         try:
             write_atomic(args.junit, to_junit(a, res.failing, RULE_IDS + (HANG_IDS if hang else [])))

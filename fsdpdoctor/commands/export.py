@@ -7,7 +7,6 @@ from fsdpdoctor.commands.common import (
     add_selection_args, engine_kwargs, parse_ranks, parse_steps, parse_thresholds, progress_bar,
 )
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.trace.io import check_output
 
 
 def register(sub) -> None:
@@ -25,6 +24,8 @@ def register(sub) -> None:
 def run(args) -> int:
     from fsdpdoctor.pipeline import open_analysis
     from fsdpdoctor.report.perfetto import write
+
+    from fsdpdoctor.trace.io import check_output
 
     check_output(args.perfetto, [args.path])
     engine = engine_kwargs(args)

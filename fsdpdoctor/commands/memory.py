@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fsdpdoctor.commands.base import print_json
+from fsdpdoctor.commands.base import add_output, print_json
 from fsdpdoctor.errors import InputError
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     p.add_argument("--micro-batch", help="micro-batch size per rank")
     p.add_argument("--heads", help="attention heads (default hidden/128)")
     p.add_argument("--activation-checkpointing", action="store_true", help="full activation recomputation")
-    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_output(p, "the prediction")
     p.set_defaults(func=run)
 
 

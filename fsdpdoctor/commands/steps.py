@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from fsdpdoctor.commands.base import print_json, say
+from fsdpdoctor.commands.base import add_output, print_json, say
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.report.steps_plot import load, render
 
@@ -15,7 +15,7 @@ def register(sub) -> None:
                        description="Plot the step series that fsdpdoctor.capture keeps for every rank "
                                    "(RUN_DIR/steps/rank<N>.steps) in the terminal, windows marked.")
     p.add_argument("run_dir", help="the folder given to capture()")
-    p.add_argument("--json", action="store_true", help="print the series and the windows as JSON")
+    add_output(p, "the series and the windows")
     p.add_argument("--width", type=int, default=None,
                    help="columns of the plot (default: the terminal's width; 80 when piped)")
     p.add_argument("--height", type=int, default=12, help="rows of the plot (default 12)")
@@ -35,8 +35,6 @@ def run(args) -> int:
                             "partial_steps": w.partial} for w in windows]}
         print_json(doc)
         return 0
-    if args.width is None:  # the terminal's width, COLUMNS when set, 80 when piped (as every verb's text)
-        args.width = shutil.get_terminal_size((80, 24)).columns
     if args.width is None:  # the terminal's width, COLUMNS when set, 80 when piped (as every verb's text)
         args.width = shutil.get_terminal_size((80, 24)).columns
     if args.width < 40 or args.height < 4:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fsdpdoctor.commands.base import require_terminal
+from fsdpdoctor.commands.base import add_window, require_terminal
 from fsdpdoctor.commands.common import (add_selection_args, engine_kwargs, parse_ranks, parse_steps,
                                         parse_thresholds)
 from fsdpdoctor.errors import InputError
@@ -15,8 +15,7 @@ def register(sub) -> None:
                        description="Open the terminal UI on a trace file or a folder of per-rank traces.")
     add_selection_args(p)
     p.add_argument("--light", action="store_true", help="start with the light theme (t toggles)")
-    p.add_argument("--window", type=int, metavar="STEP",
-                   help="a run folder with windows: start on the window at STEP (default the latest; [ and ] move)")
+    add_window(p)  # [ and ] move between the windows
     p.set_defaults(func=open_tui)
 
 

@@ -43,7 +43,10 @@ def render(res: CheckResult, console: Console | None = None) -> None:
         con.print(_line(f"note: {n}"))
     against = ""
     if res.comparison is not None:
-        against = f", {'a significant regression' if res.regressed else 'no regression'} against the baseline"
+        # an unattributed slow-down can fail the gate too: say what failed, not always "a regression"
+        failed = ("a significant regression" if res.comparison.verdict == "regression"
+                  else "a large slow-down it cannot attribute")
+        against = f", {failed if res.regressed else 'no regression'} against the baseline"
     con.print(_line(f"fsdpdoctor check: {'passed' if res.passed else 'FAILED'} ({len(res.failing)} finding(s) at "
                     f"or above {res.fail_on}, {len(res.budgets)} budget(s) exceeded{against})"))
 

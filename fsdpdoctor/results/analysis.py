@@ -248,10 +248,8 @@ class DialectTraits:
     name: str = "gloo-cpu"               # "nccl-gpu" (NCCL/RCCL kernels) or "gloo-cpu" (gloo worker spans)
     device_timeline: bool = False        # kernels on device streams with launch->start: GPU idle is measurable
     async_collectives: bool = False      # collectives can run beside compute (own stream); False: host blocks
-    comm_includes_peer_wait: bool = True # a collective's span includes waiting for the slowest peer
     shared_host_cores: bool = True       # ranks compete for the same CPU cores (exposure is contention-prone)
     has_message_sizes: bool = False      # sizes (and dtypes) are recorded per collective
-    has_sequence_numbers: bool = False   # collectives carry a process-group sequence number (`Seq`)
 
 
 @dataclass

@@ -60,17 +60,20 @@ def _window_of(folder: Path, fixed: bool) -> Window:
                   empty=not fixed and not _has_traces(folder))
 
 
+def _window_folders(run_dir: Path) -> list[Path]:
+    try:
+        return [p for p in run_dir.iterdir() if WINDOW_RE.match(p.name) and p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []
+
+
 def list_windows(run_dir: Path) -> list[Window]:
     """Every window of a run folder, by first step (the fixed schedule's first when it has traces)."""
     run_dir = Path(run_dir)
     out = []
     if _has_traces(run_dir):
         out.append(_window_of(run_dir, fixed=True))
-    try:
-        subs = [p for p in run_dir.iterdir() if WINDOW_RE.match(p.name) and p.is_dir() and not p.is_symlink()]
-    except OSError:
-        subs = []
-    out += [_window_of(p, fixed=False) for p in subs]
+    out += [_window_of(p, fixed=False) for p in _window_folders(run_dir)]
     return sorted(out, key=lambda w: (w.first if w.first is not None else -1, w.trigger != "schedule"))
 
 
@@ -80,12 +83,12 @@ def resolve_window(path: Path, window: int | None) -> tuple[Path, str | None]:
     A run folder with ``window-*`` folders: the latest window, or the one whose first step is
     ``window``. Anything else is returned as it is (``window`` then needs a run folder with windows)."""
     path = Path(path)
-    wins = list_windows(path) if path.is_dir() else []
-    subs = [w for w in wins if w.trigger != "schedule"]
-    if not subs:
+    # most folders have no window: only then is the fixed window's manifest read here
+    wins = list_windows(path) if path.is_dir() and _window_folders(path) else []
+    if not wins:
         if window is not None:
             raise InputError(path, "--window needs a run folder with window-<step> folders (none here)")
-        if wins == [] and path.is_dir() and (path / "steps").is_dir():
+        if path.is_dir() and (path / "steps").is_dir() and not _has_traces(path):
             raise InputError(path, f"no profiled window yet, only the step series: `fsdpdoctor steps {path}` shows "
                                    f"it, `fsdpdoctor trigger {path}` asks the running job for a window")
         return path, None

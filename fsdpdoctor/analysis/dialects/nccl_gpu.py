@@ -25,7 +25,7 @@ from fsdpdoctor.analysis.dialects.base import (
 from fsdpdoctor.analysis.dialects.host_spans import extract_spans
 from fsdpdoctor.analysis.stats import member
 from fsdpdoctor.results import Collective, DialectTraits
-from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, RankTrace
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, RankTrace, distinct
 from fsdpdoctor.trace.vocabulary import C10D_PREFIXES, NCCL_ANNOTATION, NOT_COLLECTIVE_OPS, PARAM_COMMS
 
 
@@ -120,17 +120,36 @@ def _comm_kernels(t) -> tuple[np.ndarray, list[str], list[str]]:
     if words:
         krows = np.nonzero(t.cat == KERNEL)[0]
         heavy = [i for i in kernel_ids if is_flop_heavy(names[i])]
-        heavy_tracks = np.unique(t.track[krows[np.isin(t.name_id[krows], heavy)]])
+        heavy_tracks = distinct(t.track[krows[np.isin(t.name_id[krows], heavy)]])  # np.unique imports numpy.ma
         for i in words:
-            tracks = np.unique(t.track[krows[t.name_id[krows] == i]])
+            tracks = distinct(t.track[krows[t.name_id[krows] == i]])
             (refused if np.isin(tracks, heavy_tracks).any() else library).append(i)
     return (np.array(ids + library, dtype=np.int32), [names[i] for i in library], [names[i] for i in refused])
 
 
+def _launched_in_param_comms(ctx: RankContext, kernels: np.ndarray, param_rows: np.ndarray) -> np.ndarray:
+    """The kernels (not FLOP-heavy) whose launch lies inside a ``record_param_comms`` span on the launching
+    thread: a collective the trace describes, run by a kernel no dialect names (a custom backend)."""
+    t = ctx.t
+    if not len(param_rows) or not len(kernels):
+        return np.empty(0, dtype=np.int64)
+    launch = ctx.launch_rows(kernels)
+    ok = launch >= 0
+    kernels, launch = kernels[ok], launch[ok]
+    inside = np.zeros(len(kernels), dtype=bool)
+    for track in np.unique(t.track[param_rows]).tolist():
+        on = t.track[launch] == track
+        if on.any():
+            spans = ctx.set_of(param_rows[t.track[param_rows] == track])
+            inside[on] = iv.contains_open(spans, t.ts[launch[on]])
+    picked = kernels[inside]
+    return np.array([r for r in picked.tolist() if not is_flop_heavy(t.name(r))], dtype=np.int64)
+
+
 def _short(name: str) -> str:
     """A kernel's name without its template and argument lists."""
-    base = name.split("(")[0].removeprefix("void ").strip()
-    return base.split("<")[0] or base
+    base = name.replace("(anonymous namespace)::", "").removeprefix("void ").split("(")[0].strip()
+    return base.split("<")[0] or base or name[:60]
 
 
 def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
@@ -142,18 +161,24 @@ def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
     is_comm = np.isin(t.name_id[kernels], comm_ids)
     if others:
         shown = sorted({f"{_short(n)} ({kind_from_words(n)})" for n in others})
-        ctx.notes.append("communication through kernels outside NCCL/RCCL, recognised by their names and "
-                         f"streams: {', '.join(shown[:6])}{' ...' if len(shown) > 6 else ''}; counted as "
+        ctx.notes.append("communication through kernels outside NCCL/RCCL, recognised by their names (a "
+                         f"collective's word alone: and their own streams): {', '.join(shown[:6])}{' ...' if len(shown) > 6 else ''}; counted as "
                          "communication (their message sizes are not in the trace)")
     if refused:
         shown = sorted({_short(n) for n in refused})
         ctx.notes.append(f"kernels named like communication run on compute streams and are counted as compute: "
                          f"{', '.join(shown[:6])}{' ...' if len(shown) > 6 else ''} (not classified)")
     with_meta = np.fromiter((r in t.args and "Collective name" in t.args[r] for r in kernels), bool, len(kernels))
-    rows = kernels[is_comm | with_meta]
+    param_rows = t.rows_named(lambda n: n == PARAM_COMMS, cat=CPU_OP)
+    under = _launched_in_param_comms(ctx, kernels[~(is_comm | with_meta)], param_rows)
+    if len(under):
+        shown = sorted({_short(t.name(r)) for r in under.tolist()})
+        ctx.notes.append("kernels launched inside record_param_comms (a collective the trace describes) and not "
+                         f"named by NCCL/RCCL: {', '.join(shown[:6])}{' ...' if len(shown) > 6 else ''}; counted "
+                         "as that collective")
+    rows = distinct(np.concatenate([kernels[is_comm | with_meta], under]))  # np.union1d imports numpy.ma
     if len(rows) == 0:
         return []
-    param_rows = t.rows_named(lambda n: n == PARAM_COMMS, cat=CPU_OP)
     op_rows = t.rows_named(lambda n: n.startswith(C10D_PREFIXES) and not n.startswith(NOT_COLLECTIVE_OPS), cat=CPU_OP)
     nccl_ann = t.rows_with_prefix(NCCL_ANNOTATION, cat=(ANNOTATION, CPU_OP))
     out = []

@@ -9,7 +9,6 @@ main process never holds more than one rank's tables.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from pathlib import Path
 
@@ -161,8 +160,6 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     res.offload = recompute_mod.offload(ctx, windows, None)
     res.user_frames = stragglers.user_frame_times(ctx, windows)
     res.work = stragglers.step_work(ctx, windows)
-    if any(c.seq is not None for c in colls):
-        res.traits = dataclasses.replace(res.traits, has_sequence_numbers=True)
     return res
 
 
