@@ -520,7 +520,7 @@ def test_a_step_under_the_timer_resolution_gives_no_finding():
 
 def test_a_marker_step_is_not_a_step():
     from fsdpdoctor.analysis.breakdown import StepWindow
-    from fsdpdoctor.analysis.engine import marker_windows
+    from fsdpdoctor.analysis.map_reduce import marker_windows
     # hta-mi250-toy-train's shape: a 9.3 ms step, then a 49 us ProfilerStep with nothing in it
     real, marker = StepWindow(1, 0.0, 9325.0), StepWindow(2, 9325.0, 9374.0)
     assert marker_windows([real, marker]) == [marker]
