@@ -26,7 +26,7 @@ def _numpy_one_thread() -> None:
 
 _numpy_one_thread()
 
-from fsdpdoctor import __version__  # noqa: E402
+from fsdpdoctor.version import __version__  # noqa: E402
 from fsdpdoctor.commands import (  # noqa: E402
     analyze, check, diff, export, hang, memory, reference, scaling, steps, summarize, trigger, tui,
 )
