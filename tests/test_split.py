@@ -64,11 +64,11 @@ def _count_forks(monkeypatch) -> list:
     in_share = []
     real, real_join = split._piece_columns, split.join_columns
 
-    def share(data, begin, end, columns):
+    def share(data, begin, end, columns, *rest):
         seen.append((begin, end))
         in_share.append(True)
         try:
-            return real(data, begin, end, columns)
+            return real(data, begin, end, columns, *rest)
         finally:
             in_share.pop()
 
