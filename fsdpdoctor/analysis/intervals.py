@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fsdpdoctor.analysis.stats import sorted_unique
+
 EMPTY = np.empty((0, 2), dtype=np.float64)
 
 
@@ -156,7 +158,7 @@ def share_density(starts, ends, within: np.ndarray | None = None) -> tuple[np.nd
     if starts.size == 0:
         return np.zeros(1), np.zeros(1)
     pts = [starts, ends] + ([within.ravel()] if within is not None and len(within) else [])
-    b = np.unique(np.concatenate(pts))
+    b = sorted_unique(np.concatenate(pts))
     if b.size < 2:
         return b[:1], np.zeros(1)
     left = b[:-1]
