@@ -1,20 +1,19 @@
-"""fsdpdoctor vs HTA: time and peak memory from a trace on disk to the comm/compute overlap number.
+"""In-process figures (the second table of benchmarks/README.md): fsdpdoctor vs HTA vs the decode floor,
+timed inside fresh child processes after their imports, with peak memory.
 
-Each measurement is a fresh child process (so both tools start cold and the
-peak RSS is the child's own, read with ``os.wait4``):
+What a user waits for is the whole process, start-up and imports included: that is
+``bench_whole.py`` (the headline). Here each child is timed from after its imports to its result:
 
-* ours: ``open_analysis(path, diagnose=False)`` (load + map + reduce) + Σoverlapped/Σcomm per rank;
-* bare: gunzip + ``msgspec.json.decode`` of every rank file (the floor for reading the JSON);
-* HTA:  ``TraceAnalysis(trace_dir=...)`` + ``get_comm_comp_overlap()``, run with
-  the Python of a separate virtualenv that has HolisticTraceAnalysis (HTA is not
-  a dependency of the main environment).
+* ours: ``open_analysis(path)`` (load + map + reduce + diagnosis) and its ``--json`` document;
+* bare: the decode floor of ``bench_whole.py`` (gunzip + a typed msgspec Struct per event, raw args);
+* HTA:  ``TraceAnalysis(trace_dir=...)`` + ``get_comm_comp_overlap()`` + ``get_temporal_breakdown()``
+  (the Python of ``--hta-python``, default this one).
 
-"work" is timed inside the child after imports (file -> overlap number);
-"process" is the child's whole wall time including interpreter start and imports.
-HTA parses several ranks in worker processes; their peak RSS is included.
+"work" is timed inside the child after imports; "process" is the child's whole wall time including
+interpreter start and imports. HTA parses several ranks in worker processes; their peak RSS is included.
 
 Usage (see benchmarks/README.md):
-    python benchmarks/bench_analyze.py [--reps 3] [--scale 10] [--hta-python /tmp/htavenv/bin/python]
+    python benchmarks/bench_analyze.py [--reps 3] [--scale 10] [--hta-python PY]
 """
 
 from __future__ import annotations
@@ -41,7 +40,8 @@ OURS_CHILD = r"""
 import json, sys, time
 from fsdpdoctor.pipeline import open_analysis
 t0 = time.perf_counter()
-a = open_analysis(sys.argv[1], diagnose=False, use_summaries=False)
+a = open_analysis(sys.argv[1], use_summaries=False)
+doc = a.to_json()
 out = {}
 for r in a.ranks:
     comm = sum(s.comm_us for s in r.steps)
@@ -50,36 +50,10 @@ t1 = time.perf_counter()
 print(json.dumps({"work_s": t1 - t0, "overlap": out}))
 """
 
-# the floor for any tool that reads the JSON: gunzip + msgspec decode of every rank file into Python objects
-BARE_CHILD = r"""
-import gzip, json, sys, time
-from pathlib import Path
-import msgspec
-t0 = time.perf_counter()
-n = 0
-for f in sorted(Path(sys.argv[1]).glob("*.json*")):
-    if f.name in ("manifest.json", "expected.json"):
-        continue
-    doc = msgspec.json.decode(gzip.decompress(f.read_bytes()) if f.name.endswith(".gz") else f.read_bytes())
-    n += len(doc["traceEvents"] if isinstance(doc, dict) else doc)
-    del doc
-t1 = time.perf_counter()
-print(json.dumps({"work_s": t1 - t0, "overlap": None, "events": n}))
-"""
-
-HTA_CHILD = r"""
-import json, logging, sys, time, warnings, contextlib, io, math
-warnings.simplefilter("ignore")
-from hta.trace_analysis import TraceAnalysis
-logging.getLogger("hta").setLevel(logging.ERROR)
-t0 = time.perf_counter()
-with contextlib.redirect_stdout(io.StringIO()):
-    ta = TraceAnalysis(trace_dir=sys.argv[1])
-    df = ta.get_comm_comp_overlap(visualize=False)
-t1 = time.perf_counter()
-out = {int(r): (None if math.isnan(v) else float(v)) for r, v in zip(df["rank"], df["comp_comm_overlap_pctg"])}
-print(json.dumps({"work_s": t1 - t0, "overlap": out}))
-"""
+# the decode floor and HTA's overlap + temporal breakdown, as the whole-process benchmark runs them
+# (bench_whole.py): the floor's typed decode, HTA's two calls; timed here after their imports
+from bench_whole import FLOOR as BARE_CHILD  # noqa: E402
+from bench_whole import HTA as HTA_CHILD  # noqa: E402
 
 
 def public_root() -> Path | None:
@@ -163,7 +137,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3, help="repetitions per trace and tool (median reported)")
     ap.add_argument("--scale", type=int, default=10, help="copies of the v100 trace in the synthetic trace (0: none)")
-    ap.add_argument("--hta-python", default=os.environ.get("FSDPDOCTOR_HTA_PYTHON", "/tmp/htavenv/bin/python"),
+    ap.add_argument("--hta-python", default=os.environ.get("FSDPDOCTOR_HTA_PYTHON", sys.executable),
                     help="python of a virtualenv with HolisticTraceAnalysis installed")
     ap.add_argument("--skip-hta", action="store_true")
     ap.add_argument("--traces", nargs="*", help="folders to benchmark instead of the public GPU traces")
@@ -196,7 +170,7 @@ def main(argv=None) -> int:
         have_hta = not args.skip_hta and Path(args.hta_python).exists()
         if not args.skip_hta and not have_hta:
             print(f"HTA python {args.hta_python} not found: timing fsdpdoctor only "
-                  "(python -m venv /tmp/htavenv && /tmp/htavenv/bin/pip install HolisticTraceAnalysis)")
+                  "(pip install --no-deps traceinsight, with what it imports: see the README's test command)")
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         results = []
         for folder in folders:

@@ -39,7 +39,7 @@ NOT_TRACES = ("manifest.json", "expected.json")
 
 # the decode floor: the same gunzip as the loader (ISA-L when installed), a typed struct per event
 FLOOR = r"""
-import sys
+import json, sys, time
 from pathlib import Path
 from typing import Any
 import msgspec
@@ -62,25 +62,29 @@ class Doc(msgspec.Struct, gc=False):
     traceEvents: list[Event] = []
 
 decoder = msgspec.json.Decoder(Doc)
+t0 = time.perf_counter()
 n = 0
 for f in sorted(Path(sys.argv[1]).iterdir()):
     if f.name in ("manifest.json", "expected.json") or not f.name.endswith((".json", ".json.gz")):
         continue
     data = f.read_bytes()
     n += len(decoder.decode(gunzip(data) if f.name.endswith(".gz") else data).traceEvents)
-print(n)
+print(json.dumps({"work_s": time.perf_counter() - t0, "overlap": None, "events": n}))
 """
 
 HTA = r"""
-import contextlib, io, logging, sys, warnings
+import contextlib, io, json, logging, math, sys, time, warnings
 warnings.simplefilter("ignore")
 from hta.trace_analysis import TraceAnalysis
 logging.getLogger("hta").setLevel(logging.ERROR)
+t0 = time.perf_counter()
 with contextlib.redirect_stdout(io.StringIO()):
     ta = TraceAnalysis(trace_dir=sys.argv[1])
-    overlap = ta.get_comm_comp_overlap(visualize=False)
+    df = ta.get_comm_comp_overlap(visualize=False)
     temporal = ta.get_temporal_breakdown(visualize=False)
-print(len(overlap), len(temporal))
+t1 = time.perf_counter()
+out = {int(r): (None if math.isnan(v) else float(v)) for r, v in zip(df["rank"], df["comp_comm_overlap_pctg"])}
+print(json.dumps({"work_s": t1 - t0, "overlap": out}))
 """
 
 HTA_VERSION = r"""

@@ -13,7 +13,7 @@ In a notebook::
 Importing this package loads nothing heavy; the analysis modules load on the first call.
 """
 
-__version__ = "0.1.0"
+from fsdpdoctor.version import __version__
 
 
 def analyze(path, *, ranks=None, steps=None, thresholds=None, dask=None, workers=None, use_summaries=True):

@@ -9,11 +9,29 @@ import argparse
 import os
 import sys
 
-from fsdpdoctor import __version__
-from fsdpdoctor.commands import (analyze, check, diff, export, hang, memory, reference, scaling, steps, summarize,
-                                 trigger, tui)
-from fsdpdoctor.commands.base import Verb
-from fsdpdoctor.errors import InputError
+
+def _numpy_one_thread() -> None:
+    """Load numpy with OpenBLAS on one thread: the verbs multiply no matrices, and the thread per core
+    OpenBLAS starts on load costs ~25-50 ms of CPU per run here. Before the verbs' modules are imported
+    (most of them load numpy); a setting of the user's wins, and the variable is removed again so that
+    the jobs a verb starts (torchrun, Dask workers) do not inherit it."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        del os.environ["OPENBLAS_NUM_THREADS"]
+
+
+_numpy_one_thread()
+
+from fsdpdoctor.version import __version__  # noqa: E402
+from fsdpdoctor.commands import (  # noqa: E402
+    analyze, check, diff, export, hang, memory, reference, scaling, steps, summarize, trigger, tui,
+)
+from fsdpdoctor.commands.base import Verb  # noqa: E402
+from fsdpdoctor.errors import InputError  # noqa: E402
 
 # the verbs, in the order `--help` lists them
 VERBS: tuple[Verb, ...] = (analyze, check, diff, export, tui, scaling, memory, summarize, reference, hang, steps,
@@ -32,26 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _numpy_one_thread() -> None:
-    """Load numpy with OpenBLAS on one thread: the verbs multiply no matrices, and the thread per core
-    OpenBLAS starts on load costs ~25 ms of CPU per run here. A setting of the user's wins, and the
-    variable is removed again so that the jobs a verb starts (torchrun, Dask workers) do not inherit it."""
-    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
-        return
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    try:
-        import numpy  # noqa: F401
-    finally:
-        del os.environ["OPENBLAS_NUM_THREADS"]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    _numpy_one_thread()
     try:
         return int(args.func(args) or 0)
     except InputError as exc:

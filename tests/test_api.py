@@ -4,6 +4,7 @@ JSON round trip."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -38,6 +39,17 @@ def test_import_is_light():
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="counts threads in /proc")
+def test_cli_starts_numpy_on_one_thread():
+    """The CLI loads numpy before its verbs do, with OpenBLAS on one thread (its default, a thread per
+    core, costs CPU at every start and is never used); the setting is not left for the jobs it starts."""
+    code = ("import os, fsdpdoctor.cli; print(open('/proc/self/status').read().split('Threads:')[1].split()[0], "
+            "'OPENBLAS_NUM_THREADS' in os.environ)")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.split() == ["1", "False"]
 
 
 def test_analyze_returns_the_typed_result(analysis):

@@ -29,9 +29,9 @@ def test_hanging_job(scenario, tmp_path, capsys):
     exp = HANG_SCENARIOS[scenario]["expected"]
     out = tmp_path / scenario
     want = {0, 1} - set(exp["silent"])
-    # a gloo job occasionally fails at start-up on a loaded machine; and where one rank aborts, the
-    # launcher may end the other before its watchdog has dumped (then the evidence of the desync is
-    # not there to diagnose): run it again
+    # a gloo job occasionally fails at start-up on a loaded machine (a rank writes nothing at all):
+    # run it again. A rank the launcher stopped while its watchdog was writing leaves its stacks, so
+    # it has dumped: the verdict is then judged on that evidence below, not run until it is complete
     for _attempt in range(3):
         res = run_hang(scenario, out, hang_timeout_s=3.0, deadline_s=150)
         if (out / "hang").is_dir() and _dumped(out) >= want:

@@ -6,6 +6,8 @@ and test_root_cause."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from synthetic import CPU, GPU, analysis, collectives, comm, ids, run, straggler_report
@@ -459,3 +461,70 @@ def test_each_rule_runs_once_even_where_a_module_imports_another_modules_rule():
     finally:
         del prefetch_rules.borrowed
     assert len({id(r) for r in RULES}) == len(RULES)
+
+
+# ------------------------------------------------------------------ what a recording can say (corpus findings)
+def test_single_bucket_needs_gradient_all_reduces_and_peers():
+    one = collectives(2, 4, "all_reduce", "backward", nelems=2_000_000, exposed_us=10 * MS)
+    single = Signals(ddp=_ddp(overlap_frac=0.02))
+    assert ids(run(ddp_rules.ddp_rules, analysis(signals=single, collective_events=one))) == ["ddp-single-bucket"]
+    # a DDP forward and nothing reduced (a host-only trace): the bucket layout is not in the trace
+    assert run(ddp_rules.ddp_rules, analysis(signals=single, collective_events=[])) == []
+    # world size 1: nothing to overlap with, whatever the buckets
+    alone = collectives(1, 4, "all_reduce", "backward", nelems=2_000_000, exposed_us=10 * MS)
+    assert run(ddp_rules.ddp_rules, analysis(ranks=1, signals=single, collective_events=alone)) == []
+
+
+def _unmarked(a):
+    """The same run recorded without ProfilerStep: each rank's one window has no step number."""
+    a.job.steps = []
+    for r in a.ranks:
+        r.steps = [replace(s, step=None) for s in r.steps[:1]]
+    return a
+
+
+def test_without_step_markers_findings_are_notes_and_say_why():
+    sig = Signals(dataloader=[_loader(r, 0.6) for r in (0, 1)])
+    marked = {f.id: f for f in run_rules(RULES, analysis(signals=sig, wrapping="none", data_loading_us=60 * MS),
+                                         resolve(None))}
+    assert marked["input-bound"].severity == "error"
+    bare = analysis(signals=sig, wrapping="none", data_loading_us=60 * MS)
+    found = {f.id: f for f in run_rules(RULES, _unmarked(bare), resolve(None))}
+    assert found["input-bound"].severity == "info"
+    assert any("no step markers" in e.text for e in found["input-bound"].evidence)
+
+
+def test_gpu_idle_in_a_graph_capture_is_not_launch_overhead():
+    def idle(captured_us):
+        g = [_idle("launch", 90 * MS, r) for r in (0, 1)]
+        for x in g:
+            x.graph_captures, x.capture_idle_us = (1 if captured_us else 0), captured_us
+        return Signals(gpu_idle=g)
+    plain = run(gpu_rules.gpu_idle, analysis(traits=GPU, signals=idle(0.0)))
+    assert plain[0].severity == "error" and "launch overhead" in plain[0].title
+    cap = run(gpu_rules.gpu_idle, analysis(traits=GPU, signals=idle(80 * MS)))
+    assert ids(cap) == ["gpu-idle"] and cap[0].severity == "info"
+    assert "CUDA-graph capture" in cap[0].title and "launch overhead" not in cap[0].title
+    assert cap[0].impact_us == pytest.approx(10 * MS)   # only the idle outside the capture
+
+
+def test_a_step_under_the_timer_resolution_gives_no_finding():
+    sig = Signals(dataloader=[_loader(r, 0.6) for r in (0, 1)])
+    tiny = analysis(step_ms=0.0003, signals=sig, wrapping="none", data_loading_us=0.18)
+    assert run_rules(RULES, tiny, resolve(None)) == []
+    assert any("timer resolution" in n for n in tiny.notes)
+    # 20 us is the floor with the default bands (1 us tick / severity_warning_frac): just above it, findings
+    short = analysis(step_ms=0.025, signals=sig, wrapping="none", data_loading_us=15.0)
+    assert "input-bound" in ids(run_rules(RULES, short, resolve(None))) and not short.notes
+
+
+def test_a_marker_step_is_not_a_step():
+    from fsdpdoctor.analysis.breakdown import StepWindow
+    from fsdpdoctor.analysis.map_reduce import marker_windows
+    # hta-mi250-toy-train's shape: a 9.3 ms step, then a 49 us ProfilerStep with nothing in it
+    real, marker = StepWindow(1, 0.0, 9325.0), StepWindow(2, 9325.0, 9374.0)
+    assert marker_windows([real, marker]) == [marker]
+    # a short step that still works (a tenth of the others) and a long one spanning a gap are steps
+    steps = [StepWindow(i, i * 1e4, i * 1e4 + d) for i, d in enumerate((9e3, 9e3, 900.0, 9e5))]
+    assert marker_windows(steps) == []
+    assert marker_windows([real]) == []

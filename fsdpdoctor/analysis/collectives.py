@@ -4,6 +4,7 @@ collective on a rank, found by the rank's dialect: see ``fsdpdoctor.analysis.dia
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 
@@ -86,6 +87,7 @@ _WORD_KINDS = (("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
                ("broadcast", re.compile(r"broadcast", re.I)))
 
 
+@functools.lru_cache(maxsize=1 << 16)  # per distinct kernel name: a regex search of a long C++ name costs ~50 us
 def other_library_comm(name: str) -> str | None:
     """'library' (communication by its name), 'word' (communication if its stream says so) or None."""
     if is_comm_kernel(name):

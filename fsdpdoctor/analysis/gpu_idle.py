@@ -16,6 +16,10 @@ device had nothing at all to do). Each idle instant gets one cause, the first th
    the part of it the profiler itself adds is ``profiler`` (``STACK_EVENT_COST_US`` per recorded
    Python frame that starts there).
 
+Stream capture (``cudaStreamBeginCapture`` ... ``cudaStreamEndCapture``, CUDA graphs being recorded)
+queues kernels into a graph without running them: idle inside a capture is the capture itself, not
+launch overhead, and is reported apart (``capture_idle_us``).
+
 The kernel queue tells a host-bound job from a busy GPU: a kernel that starts right after its launch
 call had nothing queued ahead of it.
 """
@@ -42,6 +46,9 @@ QUEUE_EMPTY_US = 50.0
 # Host time the profiler adds per recorded Python frame with with_stack=True: measured 200k calls of
 # a trivial Python function under torch.profiler (torch 2.13, CPU): 0.10 us/call without, 0.59 with.
 STACK_EVENT_COST_US = 0.5
+# stream capture records a CUDA graph: kernels launched inside it are queued into the graph, not run
+CAPTURE_BEGIN = ("cudaStreamBeginCapture", "hipStreamBeginCapture")
+CAPTURE_END = ("cudaStreamEndCapture", "hipStreamEndCapture")
 _CAUSE_ORDER = ("data_loading", "collective_wait", "host_sync", "other", "launch")  # the first that holds
 _MAX_SOURCE_PIECES = 150  # longest idle pieces per cause looked up for a user frame (each lookup scans the frames)
 
@@ -93,6 +100,10 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
     out = GpuIdle(rank=t.rank, steps=steps, idle_us=idle_us, idle_frac=idle_us / step_us if step_us else 0.0,
                   by_cause={c: sum(s.by_cause[c] for s in steps) / n for c in IDLE_CAUSES})
     _queue(ctx, dev, windows, out)
+    captures = _capture_set(ctx, in_steps)
+    if len(captures):
+        out.graph_captures = len(captures)
+        out.capture_idle_us = iv.total(iv.intersect(idle_all, captures)) / n
     out.stack_events_per_step = _starts_inside(stack_starts, in_steps) / n
     out.with_stack = bool(options.get("with_stack", t.has_stacks))
     rs = options.get("record_shapes")
@@ -104,6 +115,21 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
             if src:
                 out.sources[cause] = src
     return out
+
+
+def _capture_set(ctx: RankContext, in_steps: np.ndarray) -> np.ndarray:
+    """Stream captures inside the analysed steps: each begin to the first capture end after it (to the
+    end of the steps when the recording stops inside the capture)."""
+    t = ctx.t
+    begin = np.nonzero(np.isin(t.name_id, t.ids_with_prefix(CAPTURE_BEGIN)))[0]
+    if not len(begin) or not len(in_steps):
+        return iv.EMPTY
+    ends = np.sort((t.ts + t.dur)[np.isin(t.name_id, t.ids_with_prefix(CAPTURE_END))])
+    starts = t.ts[begin]
+    k = np.searchsorted(ends, starts)
+    stop = np.where(k < len(ends), ends[np.minimum(k, max(len(ends) - 1, 0))] if len(ends) else 0.0,
+                    float(in_steps[-1, 1]))
+    return iv.intersect(iv.as_set(starts, np.maximum(stop, starts)), in_steps)
 
 
 def _cause_sets(ctx: RankContext, dev: np.ndarray) -> dict[str, np.ndarray]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from fsdpdoctor.analysis.stats import sorted_unique
-
 EMPTY = np.empty((0, 2), dtype=np.float64)
 
 
@@ -158,7 +156,8 @@ def share_density(starts, ends, within: np.ndarray | None = None) -> tuple[np.nd
     if starts.size == 0:
         return np.zeros(1), np.zeros(1)
     pts = [starts, ends] + ([within.ravel()] if within is not None and len(within) else [])
-    b = sorted_unique(np.concatenate(pts))
+    b = np.sort(np.concatenate(pts))  # distinct breakpoints, without np.unique (it imports numpy.ma: 15-25 ms)
+    b = b[np.concatenate(([True], b[1:] != b[:-1]))]
     if b.size < 2:
         return b[:1], np.zeros(1)
     left = b[:-1]

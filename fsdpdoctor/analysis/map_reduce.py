@@ -23,7 +23,7 @@ from fsdpdoctor.analysis import recompute as recompute_mod
 from fsdpdoctor.analysis import setup as setup_mod
 from fsdpdoctor.analysis import signals as signals_mod
 from fsdpdoctor.analysis import stragglers
-from fsdpdoctor.analysis.breakdown import CommShares, breakdown_step, mean_breakdown
+from fsdpdoctor.analysis.breakdown import CommShares, StepWindow, breakdown_step, mean_breakdown
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects import detect
 from fsdpdoctor.analysis.rankresult import RankResult, TraceStamp, Window
@@ -35,6 +35,22 @@ from fsdpdoctor.trace.identity import of as identity_of
 from fsdpdoctor.trace.io import shown
 from fsdpdoctor.trace.table import RankTrace
 
+
+
+# A step repeats the work of its neighbours and lasts about as long; one under 1 % of the median of
+# the others holds no work: a marker (a ProfilerStep opened as the profiler stops), not a sample.
+MARKER_STEP_FRAC = 0.01
+
+
+def marker_windows(windows: list[StepWindow]) -> list[StepWindow]:
+    """Step windows under MARKER_STEP_FRAC of the median of the rank's other steps."""
+    durs = [w.end - w.start for w in windows]
+    out = []
+    for i, w in enumerate(windows):
+        others = sorted(durs[:i] + durs[i + 1:])
+        if others and durs[i] < MARKER_STEP_FRAC * others[len(others) // 2]:
+            out.append(w)
+    return out
 
 
 # ----------------------------------------------------------------------------- map
@@ -49,6 +65,13 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     windows = dialect.step_windows(ctx)
     if not len(ctx.step_rows):
         notes.append(f"rank {trace.rank}: no ProfilerStep annotations; the whole trace is treated as one step")
+    markers = marker_windows(windows)
+    if markers:
+        windows = [w for w in windows if not any(w is m for m in markers)]
+        notes.append(f"rank {trace.rank}: " + ", ".join(f"step {w.step} lasts {w.end - w.start:.0f} us"
+                                                        for w in markers[:3])
+                     + f"{' ...' if len(markers) > 3 else ''}, under {MARKER_STEP_FRAC:.0%} of the rank's other "
+                     "steps: a step marker with no work in it, not counted as a step")
     stamps = [TraceStamp.of(Path(f)) for f in (files or [trace.path]) if Path(f).is_file()]
     res = RankResult(
         rank=trace.rank, rank_source=trace.rank_source, files=stamps, dialect=dialect.name, family=dialect.family,

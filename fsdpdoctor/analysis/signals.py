@@ -13,10 +13,14 @@ from fsdpdoctor.analysis.context import RankContext, is_user_frame
 from fsdpdoctor.analysis.rankresult import DdpCounts
 from fsdpdoctor.results import Collective, DataLoaderInfo, DdpInfo, HostSync, StepBreakdown
 from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, PYFUNC
+from fsdpdoctor.trace.vocabulary import COMM_OPS, LIBRARY_ANNOTATIONS
 
 
-_LIBRARY_SCOPES = ("DistributedDataParallel", "FullyShardedDataParallel", "FSDP::", "c10d::", "nccl:", "gloo:",
-                   "record_param_comms", "Optimizer.", "enumerate(DataLoader)", "torch.distributed", "fsdp::")
+# ops of the training libraries (a runtime sync directly under one is theirs, not the user's):
+# communication (the trace vocabulary's ops and annotations), the wrappers, the optimizer, the loader
+_LIBRARY_SCOPES = COMM_OPS + LIBRARY_ANNOTATIONS + (
+    "DistributedDataParallel", "FullyShardedDataParallel", "FSDP::", "fsdp::", "Optimizer.", "enumerate(DataLoader)",
+    "torch.distributed")
 
 
 def _step_of(windows: list[StepWindow], t: float) -> int | None:

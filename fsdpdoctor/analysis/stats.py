@@ -21,15 +21,6 @@ def median(values) -> float:
     return float((p[k - 1] + p[k]) / 2.0)
 
 
-def sorted_unique(values) -> np.ndarray:
-    """``np.unique(values)`` (sorted, each value once) by a sort and a comparison of neighbours:
-    ``np.unique`` checks for a masked array, which imports ``numpy.ma`` on its first call."""
-    s = np.sort(np.asarray(values).ravel())
-    keep = np.ones(s.size, dtype=bool)
-    keep[1:] = s[1:] != s[:-1]
-    return s[keep]
-
-
 def member(values: np.ndarray, test: np.ndarray) -> np.ndarray:
     """``np.isin(values, test)`` for float arrays by binary search: ``np.isin`` sorts floats through
     ``np.unique``, whose first call imports ``numpy.ma``."""

@@ -898,7 +898,7 @@ class Capture:
                 nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
         except Exception:
             pass
-        from fsdpdoctor import __version__
+        from fsdpdoctor.version import __version__
 
         pr = self.profiled_ranks
         self._collect_hosts()

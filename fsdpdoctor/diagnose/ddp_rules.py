@@ -32,7 +32,9 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
     backwards = max(d.backwards_with_allreduce_per_step, 1.0)
     per_backward = len(grad_ar) / nrs / backwards
     exposed_ar = sum(c.exposed_us for c in grad_ar) / nrs
-    if per_backward <= 1.01 and (d.overlap_frac or 0.0) < ctx.th["ddp_single_bucket_overlap"]:
+    # one bucket is a claim about gradient all-reduces overlapping backward: it needs gradient all-reduces
+    # in the trace, and peers to reduce with (at world size 1 there is nothing to overlap: wrapper-world-size-1)
+    if grad_ar and ctx.a.job.world_size != 1 and per_backward <= 1.01 and (d.overlap_frac or 0.0) < ctx.th["ddp_single_bucket_overlap"]:
         biggest = max((c.nelems or 0 for c in grad_ar), default=0)
         ev = [Evidence(f"{per_backward:.0f} gradient all-reduce per backward pass, overlap {pct(d.overlap_frac)}"),
               Evidence(f"exposed all-reduce {ms(exposed_ar)} per step", time_us=exposed_ar)]

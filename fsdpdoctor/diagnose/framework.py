@@ -189,10 +189,37 @@ def run_rules(rules: Iterable[Rule], analysis: Analysis, table: Mapping[str, flo
     findings: list[Finding] = []
     for r in rules:
         findings.extend(r.run(ctx))
+    if below_resolution(analysis, table):
+        return []
     out = fold_consequences(findings)
     bound_impacts(out, ctx)
+    cap_unmarked_steps(out, analysis)
     cap_thin_evidence(out, analysis)
     return out
+
+
+# Chrome/Kineto trace timestamps are in microseconds: an interval's two edges carry about one tick
+# of rounding together, so a share of a step is known to about TICK_US / step.
+TICK_US = 1.0
+
+
+def resolution_floor_us(table: Mapping[str, float]) -> float:
+    """The shortest step whose shares can be told from timer rounding: one tick must be less than the
+    lowest severity band (severity_warning_frac of the step), 20 us with the defaults."""
+    return TICK_US / table["severity_warning_frac"]
+
+
+def below_resolution(a: Analysis, table: Mapping[str, float]) -> bool:
+    """A step shorter than the resolution floor gives no finding: its shares are timer rounding. Says so once
+    in the analysis notes."""
+    if not a.mean or a.mean.duration_us >= resolution_floor_us(table):
+        return False
+    note = (f"the mean step lasts {a.mean.duration_us:.2f} us, under {resolution_floor_us(table):.0f} us: at the "
+            f"trace's {TICK_US:.0f} us timer resolution its shares cannot be told from rounding, so no finding "
+            "is made")
+    if note not in a.notes:
+        a.notes.append(note)
+    return True
 
 
 def _cost_order(f: Finding) -> tuple:
@@ -289,3 +316,19 @@ def cap_thin_evidence(findings: list[Finding], a: Analysis) -> None:
             f.severity = "warning"
             f.evidence.append(Evidence("capped at warning: the trace holds one step of one rank, and an error "
                                        "needs evidence over at least 2 steps or 2 ranks"))
+
+
+def cap_unmarked_steps(findings: list[Finding], a: Analysis) -> None:
+    """Without step markers (no ProfilerStep on any rank) "the step" is the whole recording, and the time
+    between steps (setup, a benchmark harness between timed regions, the wait for the profiler to stop)
+    is in it: its figures are shares of the recording, not of a step, and no saving per step can be
+    claimed from them. Every finding is at most info, and says why."""
+    if a.job.steps or not a.ranks:
+        return
+    for f in findings:
+        if SEVERITY_RANK.get(f.severity, 0) > SEVERITY_RANK["info"]:
+            f.severity = "info"
+            f.evidence.append(Evidence(
+                "capped at info: the trace has no step markers (ProfilerStep), so this is a share of the whole "
+                "recording, including whatever ran between steps; record with torch.profiler's schedule and "
+                "prof.step() for a per-step verdict"))

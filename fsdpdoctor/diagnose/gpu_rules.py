@@ -77,17 +77,34 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
         ev.append(Evidence(f"with_stack=True: about {ms(m['profiler'])} of the idle is the profiler's own cost "
                            f"({profiled[0].stack_events_per_step:.0f} Python frames recorded per step)"))
     impact = m["data_loading"] if input_bound else fixable
+    title = (f"GPU idle {pct(ctx.frac(m['_idle']))} of the step, mostly {SHORT[cause]}"
+             + (" (host-bound)" if bound and cause != "data_loading" else ""))
+    summary = (f"No kernel runs on any stream for {ms(m['_idle'])} per step. Most of it the host was "
+               f"{CAUSE_LABEL[cause]}."
+               + (" Kernels start right after they are launched: the GPU waits for the host, not the other way "
+                  "round." if bound else ""))
+    captured = [g for g in idles if g.graph_captures]
+    if captured and not input_bound:
+        # kernels launched inside a stream capture are recorded into a graph, not run: that idle is the
+        # capture itself, which no launch fix shortens (the graph exists to remove it on replay)
+        capture_idle = sum(g.capture_idle_us for g in idles) / len(idles)
+        impact = max(fixable - capture_idle, 0.0)
+        title = (f"GPU idle {pct(ctx.frac(m['_idle']))} of the step, {pct(ctx.frac(capture_idle))} of the step "
+                 "in CUDA-graph capture")
+        summary = (f"The host captures CUDA graphs ({sum(g.graph_captures for g in captured)} stream capture(s)): "
+                   f"kernels launched during a capture are recorded into the graph, not run, so {ms(capture_idle)} "
+                   "per step of idle is the capture itself, not launch overhead. Only the idle outside captures "
+                   f"({ms(impact)} per step) counts as a saving.")
+        fix = ("Nothing to fix in the capture (it is a one-time cost the graph replays avoid); profile steps that "
+               "replay the graphs to judge the job")
+        ev.insert(0, Evidence(f"{ms(capture_idle)} of idle per step inside cudaStreamBeginCapture ... "
+                              "cudaStreamEndCapture", time_us=capture_idle))
     f = ctx.finding(
-        "gpu-idle",
-        f"GPU idle {pct(ctx.frac(m['_idle']))} of the step, mostly {SHORT[cause]}"
-        + (" (host-bound)" if bound and cause != "data_loading" else ""),
-        impact,
-        f"No kernel runs on any stream for {ms(m['_idle'])} per step. Most of it the host was "
-        f"{CAUSE_LABEL[cause]}."
-        + (" Kernels start right after they are launched: the GPU waits for the host, not the other way "
-           "round." if bound else ""),
+        "gpu-idle", title, impact, summary,
         fix, confidence=0.85 if bound else 0.7, evidence=ev, source=srcs[0][0] if srcs else None,
-        ranks=[g.rank for g in idles])
+        ranks=[g.rank for g in idles],
+        # a step that captures graphs is setup (warm-up runs, then the capture), not a step the job repeats
+        severity="info" if captured and not input_bound else None)
     if input_bound:
         f.caused_by = "input-bound"
     elif cause == "collective_wait":

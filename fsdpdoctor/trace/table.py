@@ -41,6 +41,15 @@ def distinct(indexes: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.bincount(np.asarray(indexes, dtype=np.int64)))
 
 
+def in_set(indexes: np.ndarray, members, size: int) -> np.ndarray:
+    """``np.isin`` for small non-negative indexes below ``size`` (name ids, category codes): one lookup
+    in a table of ``size`` flags, not a sort of the column (a tenth of the time on 68 k rows)."""
+    table = np.zeros(size, dtype=bool)
+    members = np.asarray(members, dtype=np.int64).ravel()
+    table[members[(members >= 0) & (members < size)]] = True
+    return table[indexes]
+
+
 def category_code(cat) -> int:
     if not cat:
         return OTHER
@@ -147,7 +156,7 @@ class RankTrace:
             self._ids_by_cat = {}
         got = self._ids_by_cat.get(key)
         if got is None:
-            got = self._ids_by_cat[key] = distinct(self.name_id[np.isin(self.cat, np.asarray(key, dtype=np.int8))])
+            got = self._ids_by_cat[key] = distinct(self.name_id[in_set(self.cat, key, len(CATEGORY_NAMES))])
         return got
 
     def _rows_of_ids(self, ids: np.ndarray, cat) -> np.ndarray:
@@ -157,7 +166,7 @@ class RankTrace:
         if len(ids) == 0:
             return np.empty(0, dtype=np.int64)
         if len(ids) > _INDEXED_IDS_MAX:  # many names (all user frames...): one test of every row is cheaper
-            rows = np.nonzero(np.isin(self.name_id, ids))[0]
+            rows = np.nonzero(in_set(self.name_id, ids, len(self.names)))[0]
         else:
             if self._rows_by_id is None or self._rows_by_id[2] is not self.name_id:
                 order = np.argsort(self.name_id, kind="stable")
@@ -168,7 +177,7 @@ class RankTrace:
                      if 0 <= i < len(self.names)]
             rows = np.sort(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
         if cat is not None and len(rows):
-            rows = rows[np.isin(self.cat[rows], np.atleast_1d(np.asarray(cat, dtype=np.int8)))]
+            rows = rows[in_set(self.cat[rows], cat, len(CATEGORY_NAMES))]
         rows = rows.astype(np.int64, copy=False)
         return rows[np.argsort(self.ts[rows], kind="stable")]
 

@@ -23,9 +23,9 @@ from fsdpdoctor.analysis.dialects.base import (
     CollectiveRecord, StepWindow, Timelines, comm_by_kind_and_phase, cycle_index, host_step_windows,
 )
 from fsdpdoctor.analysis.dialects.host_spans import extract_spans
-from fsdpdoctor.analysis.stats import member, sorted_unique
+from fsdpdoctor.analysis.stats import member
 from fsdpdoctor.results import Collective, DialectTraits
-from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, RankTrace
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, RankTrace, distinct
 from fsdpdoctor.trace.vocabulary import C10D_PREFIXES, NCCL_ANNOTATION, NOT_COLLECTIVE_OPS, PARAM_COMMS
 
 
@@ -120,9 +120,9 @@ def _comm_kernels(t) -> tuple[np.ndarray, list[str], list[str]]:
     if words:
         krows = np.nonzero(t.cat == KERNEL)[0]
         heavy = [i for i in kernel_ids if is_flop_heavy(names[i])]
-        heavy_tracks = sorted_unique(t.track[krows[np.isin(t.name_id[krows], heavy)]])
+        heavy_tracks = distinct(t.track[krows[np.isin(t.name_id[krows], heavy)]])  # np.unique imports numpy.ma
         for i in words:
-            tracks = sorted_unique(t.track[krows[t.name_id[krows] == i]])
+            tracks = distinct(t.track[krows[t.name_id[krows] == i]])
             (refused if np.isin(tracks, heavy_tracks).any() else library).append(i)
     return (np.array(ids + library, dtype=np.int32), [names[i] for i in library], [names[i] for i in refused])
 
@@ -137,7 +137,7 @@ def _launched_in_param_comms(ctx: RankContext, kernels: np.ndarray, param_rows: 
     ok = launch >= 0
     kernels, launch = kernels[ok], launch[ok]
     inside = np.zeros(len(kernels), dtype=bool)
-    for track in sorted_unique(t.track[param_rows]).tolist():
+    for track in np.unique(t.track[param_rows]).tolist():
         on = t.track[launch] == track
         if on.any():
             spans = ctx.set_of(param_rows[t.track[param_rows] == track])
@@ -176,7 +176,7 @@ def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
         ctx.notes.append("kernels launched inside record_param_comms (a collective the trace describes) and not "
                          f"named by NCCL/RCCL: {', '.join(shown[:6])}{' ...' if len(shown) > 6 else ''}; counted "
                          "as that collective")
-    rows = sorted_unique(np.concatenate((kernels[is_comm | with_meta], under)))
+    rows = distinct(np.concatenate([kernels[is_comm | with_meta], under]))  # np.union1d imports numpy.ma
     if len(rows) == 0:
         return []
     op_rows = t.rows_named(lambda n: n.startswith(C10D_PREFIXES) and not n.startswith(NOT_COLLECTIVE_OPS), cat=CPU_OP)
