@@ -469,8 +469,15 @@ async def test_real_findings(folder):
         ids = [f.id for f in pane.shown]
         for must in _expected(folder):
             assert must in ids
-        impacts = [f.impact_us for f in pane.shown]
-        assert impacts == sorted(impacts, reverse=True)
+        # root causes most costly first, each followed at once by the findings it explains (most costly
+        # first): a consequence is listed under its root, not by its own impact among the roots
+        roots = [f for f in pane.shown if not f.caused_by or f.caused_by not in ids]
+        assert [f.impact_us for f in roots] == sorted((f.impact_us for f in roots), reverse=True)
+        for root in roots:
+            at = pane.shown.index(root)
+            group = [f for f in pane.shown if f.caused_by == root.id]
+            assert pane.shown[at + 1:at + 1 + len(group)] == group
+            assert [f.impact_us for f in group] == sorted((f.impact_us for f in group), reverse=True)
         must = _expected(folder)[0]
         await pilot.press("slash", *f"id:{must}", "enter")
         assert pane.current is not None and pane.current.id == must
