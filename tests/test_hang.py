@@ -59,18 +59,24 @@ def test_bundled_dumps_verdict(run):
     assert f.fix and f.severity == "error" and f.impact_frac == 1.0 and f.ranks == rep.verdicts[0].ranks
 
 
-def test_a_rank_stopped_while_writing_its_dump():
-    """A real run of hang_skip_collective_default where the launcher, seeing rank 0 abort, stopped rank 1
-    (SIGTERM) while its watchdog was writing the dump of the exception the broken connection raised:
-    rank 1's flight recorder is lost, so the verdict is rank 0's abort in its collective (no desync
-    can be shown), and the report says what rank 1's dump was missing instead of calling it user code."""
-    rep = analyze_hang(load_hang_dumps(ROOT / "tests" / "data" / "hang_cut_short"))
+@pytest.mark.parametrize("run,activity,note", [
+    ("hang_cut_short", "exception", "flight recorder and the exception were not saved"),
+    ("hang_stopped_in_backward", "backward", "was sent SIGTERM (stacks only)"),
+])
+def test_a_rank_stopped_before_its_dump(run, activity, note):
+    """Real runs of hang_skip_collective_default where the launcher, seeing rank 0 abort, stopped rank 1
+    (SIGTERM) before its watchdog had dumped: while it wrote the dump of the exception the broken
+    connection raised, or still in its backward. Rank 1's flight recorder is lost, so the verdict is
+    rank 0's abort in its collective (no desync can be shown), and it says where rank 1 was and what
+    is unknown; a dump being written is named as such, not as user code."""
+    rep = analyze_hang(load_hang_dumps(ROOT / "tests" / "data" / run))
     v = rep.verdicts[0]
     assert (v.cause, v.ranks, v.frame.function) == ("aborted", [0], "log_metrics"), v.summary
     assert len(rep.verdicts) == 1, [x.summary for x in rep.verdicts]
+    assert any(e.startswith("rank 1: stopped by the launcher") and "unknown" in e for e in v.evidence), v.evidence
     r1 = rep.ranks[1]
-    assert (r1.dump, r1.trigger, r1.activity) == ("faulthandler", "sigterm", "exception")
-    assert "flight recorder and the exception were not saved" in r1.note
+    assert (r1.dump, r1.trigger, r1.activity) == ("faulthandler", "sigterm", activity)
+    assert note in r1.note
 
 
 def test_bundled_scenarios_all_present():

@@ -353,8 +353,13 @@ def _fatal_signal_verdicts(dumps: HangDumps, states: dict[int, RankState], done:
                                f"different collective: the ranks disagree on the collective sequence "
                                f"(gloo's size check aborts the process)", ev))
         else:
+            # peers the launcher stopped before they dumped their flight recorder: where they were is
+            # known from their stacks, the collective they were in is not, so no desync can be shown
+            ev = [f"rank {s.rank}: stopped by the launcher (SIGTERM) in {s.activity} at {_where(s.frame)}, "
+                  "no flight recorder: the collective it was in is unknown"
+                  for s in states.values() if s.rank != r and s.trigger == "sigterm" and not s.current]
             out.append(Verdict("aborted", [r], None, None, None, None, here,
-                               f"rank {r} died of a fatal signal ({d.fatal}) in {_where(here)}"))
+                               f"rank {r} died of a fatal signal ({d.fatal}) in {_where(here)}", ev))
         done.update(out[-1].ranks)
     return out
 
