@@ -113,8 +113,9 @@ class Drops:
             return
         comm = np.isin(t.name_id[rows], comm_name_ids(t))
         kinds = np.where(comm, len(CATEGORY_NAMES), t.cat[rows].astype(np.int64))
-        for k, n in zip(*np.unique(kinds, return_counts=True)):
-            self.by_kind["communication" if k == len(CATEGORY_NAMES) else CATEGORY_NAMES[k]] += int(n)
+        counts = np.bincount(kinds)  # not np.unique: it imports numpy.ma (15-25 ms)
+        for k in np.flatnonzero(counts).tolist():
+            self.by_kind["communication" if k == len(CATEGORY_NAMES) else CATEGORY_NAMES[k]] += int(counts[k])
         self.by_reason[reason] += len(rows)
         if located:
             self.starts.extend(t.ts[rows].tolist())

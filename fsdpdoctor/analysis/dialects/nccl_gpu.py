@@ -137,7 +137,7 @@ def _launched_in_param_comms(ctx: RankContext, kernels: np.ndarray, param_rows: 
     ok = launch >= 0
     kernels, launch = kernels[ok], launch[ok]
     inside = np.zeros(len(kernels), dtype=bool)
-    for track in np.unique(t.track[param_rows]).tolist():
+    for track in distinct(t.track[param_rows]).tolist():  # np.unique imports numpy.ma
         on = t.track[launch] == track
         if on.any():
             spans = ctx.set_of(param_rows[t.track[param_rows] == track])
