@@ -322,8 +322,13 @@ def test_change_mid_run_opens_a_window_that_names_it(tmp_path, change, cause):
     out = tmp_path / "run"
     # a 4x slower step from step 60 (rank 1 sleeps, or its loader takes, 3 healthy steps); min_rise 1.0 so
     # that the load of a shared test machine (steps 1.5x slower for seconds) does not open a window first;
-    # six profiled steps: enough for the straggler rule to tell a rank that is always last from chance
-    proc = drift(out, "--change", change, "--change-at", 60, "--min-rise", 1.0, "--window-steps", 6)
+    # six profiled steps: enough for the straggler rule to tell a rank that is always last from chance.
+    # The window starts a lead after the decision: two poll periods in healthy steps plus two, so the
+    # faster the machine the more steps (~70 of 15 ms on a loaded machine here, ~150 of 7 ms on an idle
+    # one: window-213), and the decision comes up to a poll after the third slow step. 300 steps leave
+    # room for steps down to 5 ms (130 did not: the window was planned at 139, after the job's end)
+    proc = drift(out, "--change", change, "--change-at", 60, "--min-rise", 1.0, "--window-steps", 6,
+                 "--steps", 300)
     check_ok(proc.returncode, proc.stderr, proc.stdout)
     wins = list(out.glob("window-*"))
     assert len(wins) == 1, proc.stdout
@@ -339,7 +344,10 @@ def test_change_mid_run_opens_a_window_that_names_it(tmp_path, change, cause):
 @pytest.mark.slow
 def test_trigger_from_another_process_profiles_the_same_steps_on_both_ranks(tmp_path):
     out = tmp_path / "run"
-    job = drift(out, "--change", "none", "--no-auto", "--steps", 160, wait=False)
+    # the trigger's CLI starts while the job runs (a second or more on a loaded machine), then the window
+    # waits a lead of two poll periods in steps (~150 steps of 7 ms on an idle machine here: window-246
+    # of 400): 600 steps leave room for both (160 did not: no window before the job's end)
+    job = drift(out, "--change", "none", "--no-auto", "--steps", 600, wait=False)
     try:
         series = out / "steps" / "rank0.steps"
         deadline = time.time() + 200

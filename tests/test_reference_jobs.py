@@ -186,9 +186,13 @@ def test_reference_run_never_synchronized_job(tmp_path):
         if rc == 0:
             break
     assert rc == 0
-    # capture also writes each rank's summary beside its trace
+    # capture also writes each rank's summary beside its trace, and every rank's step series in steps/
     assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == [
-        "manifest.json", "rank0.json.gz", "rank1.json.gz"]
+        "manifest.json", "rank0.json.gz", "rank1.json.gz", "steps"]
+    from fsdpdoctor.capture.series import read_series
+
+    for r in (0, 1):
+        assert read_series(out / "steps" / f"rank{r}.steps").steps == [0, 1, 2]
     m = json.loads((out / "manifest.json").read_text())
     assert m["world_size"] == 2 and m["backend"] is None and m["wrapping"] == {"kind": "none"}
     assert m["profiled_ranks"] == [0, 1] and m["profiled_steps"] == [1, 2]
