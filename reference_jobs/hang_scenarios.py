@@ -33,8 +33,8 @@ HANG_SCENARIOS: dict[str, dict] = {
         expected=dict(cause="desync", lagging=[0, 1], group="default_pg", op="all_reduce",
                       function="log_metrics", silent=[]),
         # rank 1 gets the broken connection as an exception and its watchdog dumps it; when the
-        # launcher, seeing rank 0 dead, stops rank 1 (SIGTERM) before that dump is written (under load:
-        # 4 runs of 52 while it wrote it, 1 of 43 still in its backward), rank 1's collective is lost
+        # launcher, seeing rank 0 dead, stops rank 1 (SIGTERM) before that dump is written (under load, of
+        # 136 recorded runs: 10 while it wrote it, 1 still in its backward), rank 1's collective is lost
         # with it: all the evidence says is rank 0's abort
         cut_short=dict(cause="aborted", lagging=[0], group=None, op=None, function="log_metrics", silent=[])),
     "hang_collective_order": dict(
