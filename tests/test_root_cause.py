@@ -337,14 +337,19 @@ def test_moderate_straggler_is_found_with_its_frame(tmp_path, kind):
         script = tmp_path / "compute_straggler.py"
         script.write_text(COMPUTE_STRAGGLER.format(ref=str(ROOT / "reference_jobs"), root=str(ROOT)))
     out = tmp_path / "run"
-    _torchrun(script, out, 100.0 if kind == "sleep" else 120.0)
+    delay_ms = 100.0 if kind == "sleep" else 120.0
+    _torchrun(script, out, delay_ms)
     a = open_analysis(out)
     f = next((f for f in a.findings if f.id == "straggler"), None)
     assert f is not None, (a.straggler, [x.id for x in a.findings])
     assert f.ranks == [1] and kind in f.title
     assert f.source and ("straggler_sleep_before_forward" if kind == "sleep" else "extra_matmul") in f.source
-    # moderate: well under the 0.45 of a step the old single-fraction test required on CPU
-    assert f.impact_frac < 0.8
+    # the impact is the time rank 0 waits for it: at least most of the injected delay, and inside rank 0's
+    # exposed communication of some step (the wait is spent there). Its share of the step is not bounded
+    # here: it depends on how fast this machine runs the rest of the step (0.82 on a fast CI machine)
+    waiter = next(r for r in a.ranks if r.rank == 0)
+    assert 0.5 * delay_ms * 1e3 <= f.impact_us <= max(s.exposed_comm_us for s in waiter.steps) * 1.001
+    assert f.impact_us < a.mean.duration_us
 
 
 # ------------------------------------------------------------------ rendering agrees with the finding
