@@ -120,7 +120,7 @@ def test_trigger_and_anomaly_windows_in_one_process(tmp_path):
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["job"]["steps"] == anomaly["profiled_steps"]
-    assert any(f"--window" in n and f"window-{first}" in n for n in doc["notes"])
+    assert any("--window" in n and f"window-{first}" in n for n in doc["notes"])
     doc = json.loads(cli("analyze", tmp_path, "--window", first, "--json").stdout)
     assert doc["job"]["steps"] == demand["profiled_steps"]
 

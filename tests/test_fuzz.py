@@ -242,6 +242,7 @@ def check_contract(target: Path) -> dict[str, int]:
     files = [target] if target.is_file() else sorted(p for p in target.rglob("*") if p.is_file())
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
     codes = {}
+    err = ""
     for verb in (["analyze", "--json"], ["check"]):
         if codes.get("analyze") == 2:
             # the same input is refused by the same loader: check's answer is analyze's (saves half the time)

@@ -4,6 +4,7 @@ malformed dumps, the console/JSON/TUI views, and the watchdog in one process."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -77,6 +78,23 @@ def test_a_rank_stopped_before_its_dump(run, activity, note):
     r1 = rep.ranks[1]
     assert (r1.dump, r1.trigger, r1.activity) == ("faulthandler", "sigterm", activity)
     assert note in r1.note
+
+
+def test_killed_rank_with_its_peer_stopped_before_its_dump(tmp_path):
+    """hang_killed_rank as it also ends under load (CI): rank 1 is SIGKILLed and torchrun stops rank 0
+    before rank 0's watchdog dumped, so rank 0 leaves only SIGTERM stacks. The verdict is still rank 1
+    vanished; it says where rank 0 was and that its collective is unknown. Built from the bundled run
+    and the stacks of a real rank stopped that way."""
+    run = tmp_path / "hang_killed_rank"
+    shutil.copytree(TRACES / "hang_killed_rank", run)
+    (run / "hang" / "rank0.json").unlink()
+    stacks = (ROOT / "tests" / "data" / "hang_stopped_in_backward" / "hang" / "rank1.faulthandler.txt").read_text()
+    (run / "hang" / "rank0.faulthandler.txt").write_text(stacks.replace("rank=1 ", "rank=0 ", 1))
+    rep = analyze_hang(load_hang_dumps(run))
+    v = rep.verdicts[0]
+    assert (v.cause, v.ranks, rep.silent) == ("no-dump", [1], [1]), v.summary
+    assert rep.ranks[0].trigger == "sigterm"
+    assert any(e.startswith("rank 0: stopped by the launcher") and "unknown" in e for e in v.evidence), v.evidence
 
 
 def test_bundled_scenarios_all_present():

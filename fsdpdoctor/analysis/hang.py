@@ -284,7 +284,8 @@ def _verdicts(dumps: HangDumps, states: dict[int, RankState], divs: list[GroupDi
     out += _fatal_signal_verdicts(dumps, states, done)
     for g in divs:
         out += _divergence_verdicts(g, divs, states, done)
-    out += [Verdict("no-dump", [r], None, None, None, None, None, f"rank {r} {states[r].note}")
+    out += [Verdict("no-dump", [r], None, None, None, None, None, f"rank {r} {states[r].note}",
+                    _stopped_peers(states, r))
             for r in silent if r not in done]
     if not out:
         out = _stall_verdicts(states)
@@ -353,15 +354,20 @@ def _fatal_signal_verdicts(dumps: HangDumps, states: dict[int, RankState], done:
                                f"different collective: the ranks disagree on the collective sequence "
                                f"(gloo's size check aborts the process)", ev))
         else:
-            # peers the launcher stopped before they dumped their flight recorder: where they were is
-            # known from their stacks, the collective they were in is not, so no desync can be shown
-            ev = [f"rank {s.rank}: stopped by the launcher (SIGTERM) in {s.activity} at {_where(s.frame)}, "
-                  "no flight recorder: the collective it was in is unknown"
-                  for s in states.values() if s.rank != r and s.trigger == "sigterm" and not s.current]
+            # no desync can be shown where the peers' collectives are unknown
             out.append(Verdict("aborted", [r], None, None, None, None, here,
-                               f"rank {r} died of a fatal signal ({d.fatal}) in {_where(here)}", ev))
+                               f"rank {r} died of a fatal signal ({d.fatal}) in {_where(here)}",
+                               _stopped_peers(states, r)))
         done.update(out[-1].ranks)
     return out
+
+
+def _stopped_peers(states: dict[int, RankState], culprit: int) -> list[str]:
+    """Peers the launcher stopped (SIGTERM) before they dumped their flight recorder, once ``culprit``
+    had died: where they were is known from their stacks, the collective they were in is not."""
+    return [f"rank {s.rank}: stopped by the launcher (SIGTERM) in {s.activity} at {_where(s.frame)}, "
+            "no flight recorder: the collective it was in is unknown"
+            for s in states.values() if s.rank != culprit and s.trigger == "sigterm" and not s.current]
 
 
 def _coll(g: GroupDivergence) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsdpdoctor.diagnose.facts import (
-    dominant_idle_cause, own_work_frame, straggler_verdict, straggler_wait_in, straggler_wait_us,
+    dominant_idle_cause, own_work_frame, straggler_verdict, straggler_wait_us,
 )
 from fsdpdoctor.diagnose.framework import RuleContext, rule
 from fsdpdoctor.results import Evidence, Finding
