@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 
+from capture_kit import run_captured, tiny_training
 from conftest import requires_torch
 
 
@@ -24,19 +25,6 @@ def read_trace(path):
 def step_numbers(trace) -> list[int]:
     return sorted(int(e["name"].split("#")[1]) for e in trace["traceEvents"]
                   if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#"))
-
-
-def tiny_training(torch):
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    def train_step():
-        loss = model(torch.randn(8, 16)).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-
-    return model, opt, train_step
 
 
 def test_import_does_not_need_torch():
@@ -132,19 +120,12 @@ def test_export_failure_warns_and_training_continues(tmp_path, monkeypatch):
     import torch
     import torch.profiler
 
-    from fsdpdoctor.capture import capture
-
     def disk_full(self, path, *a, **k):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", disk_full)
     _, _, train_step = tiny_training(torch)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with capture(tmp_path, wait=0, warmup=1, active=1) as cap:
-            for _ in range(4):
-                train_step()
-                cap.step()
+    cap, caught = run_captured(tmp_path, train_step, wait=0, warmup=1, active=1)
     assert cap.step_num == 4
     assert any("No space left" in str(w.message) for w in caught)
     assert not (tmp_path / "rank0.json.gz").exists()
@@ -466,8 +447,6 @@ def test_full_disk_on_manifest_warns_and_leaves_no_partial_file(tmp_path, monkey
 
     import torch
 
-    from fsdpdoctor.capture import capture
-
     real_write = pathlib.Path.write_text
 
     def disk_full(self, *a, **k):
@@ -478,12 +457,7 @@ def test_full_disk_on_manifest_warns_and_leaves_no_partial_file(tmp_path, monkey
 
     monkeypatch.setattr(pathlib.Path, "write_text", disk_full)
     _, _, train_step = tiny_training(torch)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with capture(tmp_path, wait=0, warmup=1, active=1) as cap:
-            for _ in range(4):
-                train_step()
-                cap.step()
+    cap, caught = run_captured(tmp_path, train_step, wait=0, warmup=1, active=1)
     assert cap.step_num == 4 and cap.exported
     assert any("No space left" in str(w.message) and "manifest" in str(w.message) for w in caught)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.json.gz", "steps"]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from capture_kit import run_captured, tiny_training
 from conftest import requires_torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,20 +33,6 @@ def step_numbers(path: Path) -> list[int]:
                    if str(e.get("name", "")).startswith("ProfilerStep#")})
 
 
-def tiny(torch):
-    m = torch.nn.Linear(16, 16)
-    opt = torch.optim.SGD(m.parameters(), lr=0.01)
-
-    def train_step(sleep_s=0.0):
-        m(torch.randn(4, 16)).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        if sleep_s:
-            time.sleep(sleep_s)
-
-    return m, opt, train_step
-
-
 # ------------------------------------------------------------------ the step series and `steps`
 @requires_torch
 def test_step_series_holds_every_step_and_steps_plots_it(tmp_path):
@@ -54,7 +41,7 @@ def test_step_series_holds_every_step_and_steps_plots_it(tmp_path):
     from fsdpdoctor.capture import capture
     from fsdpdoctor.capture.series import read_series
 
-    m, opt, train_step = tiny(torch)
+    m, opt, train_step = tiny_training(torch)
     with capture(tmp_path, model=m, fixed_window=False) as cap:
         for i in cap.batches(range(40)):
             train_step(0.002 if i < 30 else 0.02)
@@ -96,7 +83,7 @@ def test_trigger_and_anomaly_windows_in_one_process(tmp_path):
 
     from fsdpdoctor.capture import capture
 
-    m, opt, train_step = tiny(torch)
+    m, opt, train_step = tiny_training(torch)
     # min_rise=2: only steps 3x slower count, so that the load of a shared test machine on 10 ms steps does
     # not open a window before the 6x change at step 100
     with capture(tmp_path, model=m, optimizer=opt, fixed_window=False, auto=True, window_steps=2,
@@ -131,7 +118,7 @@ def test_malformed_trigger_is_set_aside_and_training_goes_on(tmp_path):
 
     from fsdpdoctor.capture import capture
 
-    m, opt, train_step = tiny(torch)
+    m, opt, train_step = tiny_training(torch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with capture(tmp_path, model=m, fixed_window=False) as cap:
@@ -167,7 +154,7 @@ def test_cut_step_is_partial_in_the_manifest_and_left_out_of_the_analysis(tmp_pa
 
     from fsdpdoctor.capture import capture
 
-    _, _, train_step = tiny(torch)
+    _, _, train_step = tiny_training(torch)
     with pytest.raises(KeyboardInterrupt):
         with capture(tmp_path, wait=1, warmup=1, active=4) as cap:
             for i in range(8):
@@ -202,7 +189,7 @@ def test_second_sigint_inside_the_export_still_writes_the_trace(tmp_path, monkey
         return real(self, path)
 
     monkeypatch.setattr(profile, "export_chrome_trace", interrupted_export)
-    _, _, train_step = tiny(torch)
+    _, _, train_step = tiny_training(torch)
     with pytest.raises(KeyboardInterrupt) as info:
         with capture(tmp_path, wait=1, warmup=1, active=4) as cap:
             for i in range(8):
@@ -233,7 +220,7 @@ def test_second_job_on_a_used_folder_writes_beside_it_with_a_warning(tmp_path):
 
     from fsdpdoctor.capture import capture
 
-    _, _, train_step = tiny(torch)
+    _, _, train_step = tiny_training(torch)
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     job_a = subprocess.Popen([sys.executable, "-c", JOB_A, str(out), "6"], env=env)
@@ -241,12 +228,7 @@ def test_second_job_on_a_used_folder_writes_beside_it_with_a_warning(tmp_path):
         deadline = time.time() + 60
         while time.time() < deadline and not (out / "steps" / "rank0.steps").exists():
             time.sleep(0.1)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with capture(out, wait=0, warmup=1, active=2) as b:
-                for _ in range(4):
-                    train_step()
-                    b.step()
+        b, caught = run_captured(out, train_step, wait=0, warmup=1, active=2)
         assert job_a.poll() is None, "job A ended before job B started: the test proves nothing"
     finally:
         job_a.wait(timeout=120)
@@ -278,7 +260,7 @@ def test_temp_names_are_per_writer_and_a_full_disk_leaves_none(tmp_path, monkeyp
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(profile, "export_chrome_trace", full)
-    _, _, train_step = tiny(torch)
+    _, _, train_step = tiny_training(torch)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         with capture(tmp_path, wait=0, warmup=1, active=2) as cap:
@@ -430,7 +412,7 @@ def test_full_disk_for_the_step_series_warns_once_and_training_goes_on(tmp_path)
         pytest.skip("no /dev/full here")
     (tmp_path / "steps").mkdir()
     (tmp_path / "steps" / "rank0.steps").symlink_to("/dev/full")  # every write: ENOSPC
-    _, _, train_step = tiny(torch)
+    _, _, train_step = tiny_training(torch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with capture(tmp_path, fixed_window=False) as cap:
@@ -491,7 +473,7 @@ async def test_tui_shows_the_step_series_with_its_windows(tmp_path):
     from fsdpdoctor.tui.app import FsdpDoctorApp
     from fsdpdoctor.tui.screens import StepsScreen
 
-    m, opt, train_step = tiny(torch)
+    m, opt, train_step = tiny_training(torch)
     with capture(tmp_path, model=m, wait=0, warmup=1, active=2) as cap:
         for _ in range(30):
             train_step(0.002)

@@ -374,27 +374,16 @@ def test_the_rate_line_of_a_slow_rank_reads_in_seconds_per_rank():
 # ------------------------------------------------------------------ odd environments
 @pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="torch is not installed")
 def test_the_background_summary_ignores_a_folder_named_fsdpdoctor_in_the_jobs_working_folder(tmp_path, monkeypatch):
-    import time
-
     import torch
 
-    from fsdpdoctor.capture import capture
+    from capture_kit import run_captured, tiny_training, wait_for_summary
 
     shadow = tmp_path / "cwd" / "fsdpdoctor"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('a checkout in the working folder, not fsdpdoctor')\n")
     monkeypatch.chdir(shadow.parent)
-    model = torch.nn.Linear(16, 16)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, train_step = tiny_training(torch)
     out = tmp_path / "run"
-    with capture(out, model=model, optimizer=opt, wait=0, warmup=1, active=2) as cap:
-        for _ in range(4):
-            model(torch.randn(8, 16)).sum().backward()
-            opt.step()
-            cap.step()
-    summary = out / "rank0.summary.msgpack"
-    deadline = time.monotonic() + 120
-    while not summary.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert summary.exists(), "the background summary was not written"
+    run_captured(out, train_step, model=model, optimizer=opt, wait=0, warmup=1, active=2)
+    wait_for_summary(out)
     assert rankresult.read_current(out / "rank0.json.gz")[0] is not None

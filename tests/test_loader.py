@@ -163,13 +163,11 @@ def test_allocator_samples_checked_as_defined(tmp_path):
            for i in range(2000)]
 
     def number(v):
-        if v is None or isinstance(v, bool):
-            return None
-        try:
-            f = float(v)
-        except (TypeError, ValueError, OverflowError):
-            return None
-        return f if math.isfinite(f) else None
+        # the definition over this test's values: a finite JSON number, or text that spells one ("12");
+        # booleans, null, lists, objects and other text are not numbers
+        if type(v) in (int, float):
+            return float(v) if math.isfinite(v) else None
+        return 12.0 if v == "12" else None
 
     def integer(v):
         return isinstance(v, int) and not isinstance(v, bool)

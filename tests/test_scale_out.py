@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -195,21 +194,12 @@ def test_summarize_never_writes_into_a_read_only_folder(tmp_path):
 def test_capture_writes_a_summary_beside_the_trace(tmp_path):
     import torch
 
-    from fsdpdoctor.capture import capture
+    from capture_kit import run_captured, tiny_training, wait_for_summary
 
-    model = torch.nn.Linear(16, 16)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, train_step = tiny_training(torch)
     out = tmp_path / "run"
-    with capture(out, model=model, optimizer=opt, wait=0, warmup=1, active=2) as cap:
-        for _ in range(4):
-            model(torch.randn(8, 16)).sum().backward()
-            opt.step()
-            cap.step()
-    summary = out / "rank0.summary.msgpack"
-    deadline = time.monotonic() + 120
-    while not summary.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert summary.exists(), "the background summary was not written"
+    run_captured(out, train_step, model=model, optimizer=opt, wait=0, warmup=1, active=2)
+    wait_for_summary(out)
     from_summary, from_trace = doc(out), doc(out, use_summaries=False)
     assert from_summary["data_quality"].pop("notes") == [
         "figures of 1 rank(s) read from rank0.summary.msgpack, made from these very traces "
