@@ -20,7 +20,7 @@ DUMP_VERSION = 1
 # why a JSON dump was written (the watchdog's timeout, or an exception leaving the training loop)
 # and what a faulthandler file's stacks say happened
 JsonTrigger = Literal["timeout", "exception"]
-FaultTrigger = Literal["fatal-signal", "sigterm", "gil-timeout"]
+Trigger = Literal["timeout", "exception", "fatal-signal", "sigterm", "gil-timeout"]  # a dump of either kind
 
 
 def dump_name(rank: int) -> str:

@@ -101,12 +101,7 @@ def main(argv=None) -> int:
     model.train()
     elapsed = jobkit.run_steps(args, steps, train_step, model=model, optimizer=opt, scenario=scenario,
                                samples_per_step=BATCH * world)
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    if rank == 0:
-        print(f"{args.scenario}: {steps} steps on {world} process(es) in {elapsed:.1f} s -> {args.out}")
-    return 0
+    return jobkit.finish(args, steps, world, elapsed)
 
 
 if __name__ == "__main__":

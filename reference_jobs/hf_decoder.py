@@ -147,14 +147,8 @@ def main(argv=None) -> int:
     scenario = {"name": args.scenario, "injects": sc["injects"], "params": {**p, **straggler.facts()}}
     elapsed = jobkit.run_steps(args, steps, train_step, model=model, optimizer=opt, scenario=scenario,
                                samples_per_step=BATCH * world, tokens_per_step=BATCH * SEQ * world)
-    if dist.is_initialized() and synchronized:
-        dist.barrier()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    if rank == 0:
-        print(f"{args.scenario}: {steps} steps on {world} process(es) in {elapsed:.1f} s -> {args.out}"
-              + (f"; straggler {straggler.facts()}" if calib else ""))
-    return 0
+    return jobkit.finish(args, steps, world, elapsed, barrier=synchronized,
+                         extra=f"; straggler {straggler.facts()}" if calib else "")
 
 
 if __name__ == "__main__":

@@ -169,4 +169,22 @@ def run_steps(args, steps: int, train_step, *, model, optimizer, scenario: dict,
             train_step()
             if cap is not None:
                 cap.step()
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # the elapsed time includes the last step's kernels
     return time.perf_counter() - t0
+
+
+def finish(args, steps: int, world: int, elapsed: float, *, barrier: bool = True, extra: str = "") -> int:
+    """End the job as every reference job does: wait for the other ranks (``barrier``), leave the process
+    group, and say on rank 0 what was recorded where. The exit status."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        if barrier:
+            dist.barrier()
+        dist.destroy_process_group()
+    if launcher_rank()[0] == 0:
+        print(f"{args.scenario}: {steps} steps on {world} process(es) in {elapsed:.1f} s -> {args.out}{extra}")
+    return 0

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E4
 
 from scenarios import SCENARIOS  # noqa: E402
 
-from fsdpdoctor.capture import capture, track_fsdp2_prefetch_calls  # noqa: E402
+from fsdpdoctor.capture import track_fsdp2_prefetch_calls  # noqa: E402  (capture: jobkit.run_steps)
 
 
 # --------------------------------------------------------------------------- model
@@ -236,29 +236,12 @@ def main(argv=None) -> int:
         opt.zero_grad(set_to_none=True)
 
     scenario = {"name": args.scenario, "injects": sc["injects"], "params": params}
-    if args.no_profile:
-        cm = contextlib.nullcontext(None)
-    else:
-        ranks = None if args.ranks is None else [int(r) for r in args.ranks.split(",") if r != ""]
-        cm = capture(args.out, model=model, optimizer=opt, wait=args.wait, warmup=args.warmup,
-                     active=args.active, ranks=ranks, with_stack=not args.no_stack,
-                     samples_per_step=args.batch * world * accum,
-                     tokens_per_step=args.batch * args.seq * world * accum, scenario=scenario)
-    t0 = time.perf_counter()
-    with cm as cap:
-        for _ in range(steps):
-            train_step()
-            if cap is not None:
-                cap.step()
-    if use_cuda:
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - t0
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    if rank == 0:
-        print(f"{args.scenario}: {steps} steps on {world} rank(s) in {elapsed:.1f} s -> {args.out}")
-    return 0
+    import jobkit  # here, not at the top: the recorded traces name this file's lines above
+
+    elapsed = jobkit.run_steps(args, steps, train_step, model=model, optimizer=opt, scenario=scenario,
+                               samples_per_step=args.batch * world * accum,
+                               tokens_per_step=args.batch * args.seq * world * accum)
+    return jobkit.finish(args, steps, world, elapsed)
 
 
 if __name__ == "__main__":

@@ -7,17 +7,13 @@ import os
 import sys
 from contextlib import contextmanager
 
-from fsdpdoctor.commands.base import add_analysis_flags, add_engine
+from fsdpdoctor.commands.base import add_analysis_flags
 from fsdpdoctor.errors import InputError
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
     """The flags of a verb that analyses one PATH (declared once, in commands/base.py)."""
     add_analysis_flags(p)
-
-
-def add_engine_args(p: argparse.ArgumentParser, summaries: bool = True) -> None:
-    add_engine(p, summaries=summaries)
 
 
 def parse_ranks(values: list[str] | None) -> list[int] | None:

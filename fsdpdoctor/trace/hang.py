@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fsdpdoctor.hang_format import (DUMP_NAME, DUMP_VERSION, FAULTHANDLER_NAME, FOLDER, FaultHeader, Frame,
+from fsdpdoctor.hang_format import (DUMP_NAME, DUMP_VERSION, FAULTHANDLER_NAME, FOLDER, FaultHeader, Frame, Trigger,
                                    parse_header)
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.io import DOCUMENT_MAX, read_raw, read_text
@@ -69,7 +69,7 @@ class RankDump:
     rank: int
     source: str                  # the file it came from
     kind: str                    # "json" or "faulthandler"
-    trigger: str                 # "timeout", "exception", "fatal-signal", "sigterm", "gil-timeout"
+    trigger: Trigger
     last_step: int | None        # completed steps (faulthandler: at the last re-arm, a lower bound)
     seconds_since_step: float | None = None
     world_size: int | None = None
