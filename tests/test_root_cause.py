@@ -77,6 +77,27 @@ def test_saving_is_the_next_latest_ranks_wait_with_three_ranks():
     assert rep.chance == pytest.approx(3 * (1 / 3) ** 4)
 
 
+def test_wait_is_a_share_of_the_waiting_ranks_step_never_more_than_it():
+    """The waiting rank's step is longer than the late rank's (its steps hold the wait), and its
+    collective runs past its step's end: the share is of the waiter's step and at most the whole of it
+    (a median of the ranks' steps gave 1.07 in a hang trend)."""
+    from fsdpdoctor.results import Collective
+
+    colls = []
+    for st in range(4):
+        t0 = st * 1e6
+        colls.append(Collective(rank=0, index=st, step=st, kind="all_reduce", raw_name="allreduce",
+                                phase="backward", start_us=t0, end_us=t0 + 900e3 + 300e3 * (st == 3)))
+        colls.append(Collective(rank=1, index=st, step=st, kind="all_reduce", raw_name="allreduce",
+                                phase="backward", start_us=t0 + 899e3, end_us=t0 + 900e3))
+    ranks = [_rank(0, [1e6] * 4), _rank(1, [0.2e6] * 4)]
+    rep = stragglers.analyze(colls, ranks, same_clock=False)
+    assert rep.straggler == 1
+    fracs = [p["imbalance_frac"] for p in rep.per_step]
+    assert fracs[:3] == pytest.approx([0.899] * 3)          # of rank 0's 1 s step, not the 0.6 s median
+    assert fracs[3] == 1.0 and 0.0 <= rep.spread_frac <= 1.0
+
+
 def _ctx(report: StragglerReport, step_us: float = 1000.0, nranks: int = 2) -> RuleContext:
     mean = StepBreakdown(rank=-1, step=None, start_us=0.0, duration_us=step_us)
     ranks = [RankSummary(rank=r, file="", dialect="cpu", steps=[mean], mean=mean) for r in range(nranks)]

@@ -78,10 +78,13 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
         wait, ci, k, lead, waits, coll = max(cands, key=lambda c: c[0])
         for r, w in zip(rank_ids, waits):
             total_wait[r] += float(w)
-        st_time = float(median([step_time.get((r, st), 0.0) for r in rank_ids])) or 1.0
+        # a share of the step of the rank that waits longest: the wait is spent in its step, and a
+        # collective that runs past that step's end still cannot make the wait more than the whole step
+        waiter_step = step_time.get((rank_ids[int(np.argmax(waits))], st), 0.0)
+        st_time = waiter_step or float(median([step_time.get((r, st), 0.0) for r in rank_ids])) or 1.0
         culprits[rank_ids[ci]] += 1
         per_step.append({"step": st, "straggler": rank_ids[ci], "imbalance_us": wait,
-                         "imbalance_frac": wait / st_time, "collective_index": k, "arrival_lead_us": lead,
+                         "imbalance_frac": min(wait / st_time, 1.0), "collective_index": k, "arrival_lead_us": lead,
                          # where the wait lands (rules subtract it from what a comm fix would save there)
                          "kind": coll.kind, "phase": coll.phase, "mean_wait_us": float(waits.mean()),
                          # had it arrived with the others, the step ends when the next-latest rank arrives:
