@@ -361,6 +361,32 @@ def test_no_impact_above_the_step_and_roots_together_within_it():
     assert trimmed and all(f.severity != "error" or f.impact_frac * f.confidence >= 0.25 for f in trimmed)
 
 
+def test_findings_in_the_exposed_communication_claim_it_once():
+    """FSDP1 without backward prefetch whose all-gathers overlap each other (summed call by call: 60 ms a
+    step) and slow large all-reduces (30 ms), in a step with 40 ms of exposed communication: no finding
+    claims more than the 40 ms, the roots drawing on it claim it once, and a clipped one says why."""
+    ag = collectives(2, 4, "all_gather", "backward", per_step=4, dur_us=16 * MS, exposed_us=15 * MS)
+    ar = collectives(2, 4, "all_reduce", "backward", dur_us=30 * MS, exposed_us=30 * MS, size_bytes=64 << 20,
+                     busbw_gbps=2.0)
+    found = run_rules(RULES, analysis(traits=GPU, backend="nccl", wrapping="fsdp1", prefetch=_fsdp1("none"),
+                                      collective_events=ag + ar, **comm("all_gather", 40 * MS)), resolve(None))
+    by_id = {f.id: f for f in found}
+    assert {"fsdp1-no-backward-prefetch", "low-bus-bandwidth"} <= set(by_id)
+    in_comm = [f for f in found if f.id in ("exposed-comm-high", "low-overlap", "fsdp1-no-backward-prefetch",
+                                            "low-bus-bandwidth", "latency-bound-collectives")]
+    assert all(f.impact_us <= 40 * MS + 1e-6 for f in in_comm)
+    assert sum(f.impact_us for f in in_comm if not f.caused_by) <= 40 * MS + 1e-6
+    pf = by_id["fsdp1-no-backward-prefetch"]
+    assert any("counted once" in e.text for e in pf.evidence), [e.text for e in pf.evidence]
+
+
+def test_a_rule_declares_parts_only_of_its_own_ids_and_known_parts():
+    with pytest.raises(RuleDefect):
+        rule(ids=("a",), parts={"b": "exposed_comm_us"})
+    with pytest.raises(RuleDefect):
+        rule(ids=("a",), parts={"a": "exposed_comm"})
+
+
 def test_one_step_of_one_rank_caps_errors_at_warning_and_says_why():
     sig = Signals(dataloader=[_loader(0, 0.6)])
     thin = {f.id: f for f in run_rules(RULES, analysis(ranks=1, steps=1, signals=sig, wrapping="none",

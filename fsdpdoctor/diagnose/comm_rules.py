@@ -9,7 +9,8 @@ from fsdpdoctor.units import ms, pct, size
 
 
 @rule(ids=("exposed-comm-high", "low-overlap"),
-      thresholds=("exposed_comm_frac", "exposed_comm_frac_sync", "overlap_low_frac"))
+      thresholds=("exposed_comm_frac", "exposed_comm_frac_sync", "overlap_low_frac"),
+      parts={"exposed-comm-high": "exposed_comm_us", "low-overlap": "exposed_comm_us"})
 def exposed_comm(ctx: RuleContext) -> list[Finding]:
     m = ctx.a.mean
     if not m or m.comm_us <= 0 or m.compute_us + m.optimizer_us <= 0:
@@ -92,7 +93,8 @@ def _comm_fix(ctx: RuleContext, kind: str) -> str:
 
 
 @rule(ids=("latency-bound-collectives", "low-bus-bandwidth"),
-      thresholds=("small_message_bytes", "latency_bound_per_step", "low_busbw_gbps"))
+      thresholds=("small_message_bytes", "latency_bound_per_step", "low_busbw_gbps"),
+      parts={"latency-bound-collectives": "exposed_comm_us", "low-bus-bandwidth": "exposed_comm_us"})
 def message_sizes(ctx: RuleContext) -> list[Finding]:
     out = []
     nrs = rank_steps(ctx)

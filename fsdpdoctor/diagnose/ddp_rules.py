@@ -18,7 +18,8 @@ def _grad_dtype_bytes(ctx: RuleContext) -> int:
 
 @rule(ids=("ddp-single-bucket", "ddp-tiny-buckets", "ddp-find-unused-unneeded", "grad-accum-without-no-sync"),
       thresholds=("ddp_single_bucket_overlap", "small_message_bytes", "ddp_tiny_buckets_per_backward",
-                  "ddp_tiny_bucket_bytes"))
+                  "ddp_tiny_bucket_bytes"),
+      parts={"ddp-single-bucket": "exposed_comm_us"})
 def ddp_rules(ctx: RuleContext) -> list[Finding]:
     d = ctx.a.signals.ddp if ctx.a.signals else None
     if d is None:

@@ -17,7 +17,7 @@ never to "error" without the measured cost.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Literal, Mapping, get_args
 
 from fsdpdoctor.diagnose.thresholds import BY_NAME
 from fsdpdoctor.results import SEVERITY_RANK, Analysis, DialectTraits, Evidence, Finding
@@ -115,13 +115,20 @@ def severity_for(weighted_frac: float, th: Mapping[str, float], floor: str = "in
 RuleFn = Callable[[RuleContext], list[Finding]]
 
 
+# the parts of a step (StepBreakdown fields) a finding's impact may be declared to lie in
+Part = Literal["exposed_comm_us", "idle_us", "data_loading_us", "compute_us", "optimizer_us"]
+
+
 @dataclass(frozen=True)
 class Rule:
-    """A rule as the framework sees it: the function, the ids it may emit, the thresholds it reads."""
+    """A rule as the framework sees it: the function, the ids it may emit, the thresholds it reads, and
+    for ids whose impact is time inside one part of the step (their exposed collectives are exposed
+    communication), that part."""
 
     fn: RuleFn
     ids: tuple[str, ...]
     thresholds: tuple[str, ...]
+    parts: Mapping[str, Part] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -143,15 +150,19 @@ class RuleDefect(RuntimeError):
     """A rule broke its declaration (an id or threshold it did not declare)."""
 
 
-def rule(*, ids: Iterable[str], thresholds: Iterable[str] = ()) -> Callable[[RuleFn], Rule]:
-    """Declare a rule: the finding ids it emits and the thresholds (names in diagnose/thresholds.py) it reads."""
-    ids, thresholds = tuple(ids), tuple(thresholds)
+def rule(*, ids: Iterable[str], thresholds: Iterable[str] = (),
+         parts: Mapping[str, Part] | None = None) -> Callable[[RuleFn], Rule]:
+    """Declare a rule: the finding ids it emits, the thresholds (names in diagnose/thresholds.py) it reads,
+    and ``parts``: for an id whose impact is time inside one part of the step, that part (roots drawing
+    on one part together claim at most that part's time)."""
+    ids, thresholds, parts = tuple(ids), tuple(thresholds), dict(parts or {})
     unknown = [t for t in thresholds if t not in BY_NAME]
-    if not ids or unknown:
-        raise RuleDefect(f"a rule needs ids and known thresholds (unknown: {unknown})")
+    if not ids or unknown or set(parts) - set(ids) or set(parts.values()) - set(get_args(Part)):
+        raise RuleDefect(f"a rule needs ids, known thresholds (unknown: {unknown}) and parts of its own ids "
+                         f"among {get_args(Part)}")
 
     def deco(fn: RuleFn) -> Rule:
-        return Rule(fn, ids, thresholds)
+        return Rule(fn, ids, thresholds, parts)
     return deco
 
 
@@ -187,12 +198,14 @@ def run_rules(rules: Iterable[Rule], analysis: Analysis, table: Mapping[str, flo
     """Every rule on one context, then root causes folded, impacts bounded, thin evidence capped."""
     ctx = RuleContext(analysis, table)
     findings: list[Finding] = []
+    parts: dict[str, Part] = {}
     for r in rules:
         findings.extend(r.run(ctx))
+        parts.update(r.parts)
     if below_resolution(analysis, table):
         return []
     out = fold_consequences(findings)
-    bound_impacts(out, ctx)
+    bound_impacts(out, ctx, parts)
     cap_unmarked_steps(out, analysis)
     cap_thin_evidence(out, analysis)
     return out
@@ -276,34 +289,60 @@ def fold_consequences(findings: list[Finding]) -> list[Finding]:
     return out
 
 
-def bound_impacts(findings: list[Finding], ctx: RuleContext) -> None:
-    """No finding saves more than its step, and the roots together save at most the step.
+PART_WORDS = {"exposed_comm_us": "exposed communication", "idle_us": "idle time", "data_loading_us": "data loading",
+              "compute_us": "compute", "optimizer_us": "optimizer time"}
 
-    A fix cannot give back more than the step it shortens, so each impact is capped at the step.
-    Roots may explain the same time twice (a rank that waits for a late peer shows it as exposed
-    communication and as the peer's lateness); time one root explains is left out of the next:
-    in cost order (as folded) each root keeps at most what the roots before it left of the step,
-    so the roots' impacts together are a union, never more than the step. A root whose saving
-    shrinks this way says so in its evidence.
+
+def bound_impacts(findings: list[Finding], ctx: RuleContext, parts: Mapping[str, Part] | None = None) -> None:
+    """No finding saves more than its step or its part of it, and the roots together save at most the step.
+
+    A fix cannot give back more than the step it shortens, so each impact is capped at the step; one
+    whose time lies in a declared part of the step (``parts``: id -> part) is capped at that part's
+    mean time too (exposed collectives summed call by call can overlap each other). Roots may explain
+    the same time twice (a rank that waits for a late peer shows it as exposed communication and as the
+    peer's lateness; exposed all-gathers as unprefetched and as slow): time one root explains is left out
+    of the next. In cost order (as folded) each root keeps at most what the roots before it left of the
+    step, and of its part, so the roots' impacts together are a union, never more than the step or the
+    part. A root whose saving shrinks this way says so in its evidence.
     """
     step = ctx.step_us
     if step <= 0:
         return
-    left = step
+    parts = parts or {}
+    mean = ctx.a.mean
+    part_us = {p: max(float(getattr(mean, p, 0.0)), 0.0) if mean else 0.0 for p in set(parts.values())}
+    left, left_in = step, dict(part_us)
     for f in findings:
-        own = min(f.impact_us, step)
+        part = parts.get(f.id)
+        own = min(f.impact_us, step, part_us[part] if part else step)
+        if part and own < min(f.impact_us, step) - 1e-6:
+            f.evidence.append(Evidence(
+                f"impact limited to the step's {PART_WORDS[part]}, {own / 1e3:.1f} ms of the {f.impact_us / 1e3:.1f} "
+                "ms its calls add up to: calls that run at the same time are counted once", time_us=own))
         if not f.caused_by:
-            kept = min(own, left)
-            if kept < own - 1e-6:
+            kept = min(own, left, left_in[part] if part else left)
+            if kept <= own - TICK_US:  # a cut below the trace's resolution is not a measured one
+                digits = 1 if own - kept >= 50.0 else 3
+                rest = (f"the rest of the step's {PART_WORDS[part]} ({part_us[part] / 1e3:.1f} ms per step)"
+                        if part and left_in[part] < left else "the rest of the step")
                 f.evidence.append(Evidence(
-                    f"impact limited to {kept / 1e3:.1f} ms of its {own / 1e3:.1f} ms: the rest of the step is "
+                    f"impact limited to {kept / 1e3:.{digits}f} ms of its {own / 1e3:.{digits}f} ms: {rest} is "
                     "already explained by the findings above", time_us=kept))
-                # an error must be earned by the time it alone explains
-                if f.severity == "error" and severity_for(ctx.frac(kept) * f.confidence, ctx.table) != "error":
-                    f.severity = "warning"
+                f.severity = _severity_after_cut(f, own, kept, ctx)
             own, left = kept, max(left - kept, 0.0)
+            if part:
+                left_in[part] = max(left_in[part] - kept, 0.0)
         if own != f.impact_us:
             f.impact_us, f.impact_frac = own, ctx.frac(own)
+
+
+def _severity_after_cut(f: Finding, own_us: float, kept_us: float, ctx: RuleContext) -> str:
+    """The severity the time a root alone explains earns: never more than it had, and not below a floor
+    its rule set for a configuration known to be wrong (a severity above what its own impact earned)."""
+    earned = severity_for(ctx.frac(own_us) * f.confidence, ctx.table)
+    floor = f.severity if SEVERITY_RANK.get(f.severity, 0) > SEVERITY_RANK[earned] else "info"
+    now = severity_for(ctx.frac(kept_us) * f.confidence, ctx.table, floor)
+    return now if SEVERITY_RANK[now] < SEVERITY_RANK.get(f.severity, 0) else f.severity
 
 
 def cap_thin_evidence(findings: list[Finding], a: Analysis) -> None:

@@ -14,7 +14,8 @@ from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct
 
 
-@rule(ids=("fsdp1-no-backward-prefetch", "fsdp1-backward-post"))
+@rule(ids=("fsdp1-no-backward-prefetch", "fsdp1-backward-post"),
+      parts={"fsdp1-no-backward-prefetch": "exposed_comm_us", "fsdp1-backward-post": "exposed_comm_us"})
 def fsdp1_backward_prefetch(ctx: RuleContext) -> list[Finding]:
     p = ctx.a.prefetch
     if not p or p.framework != "fsdp1" or p.backward_mode not in ("none", "post"):
@@ -50,7 +51,8 @@ def fsdp1_backward_prefetch(ctx: RuleContext) -> list[Finding]:
         confidence=sync_confidence(ctx, 0.9), evidence=ev, source=src, floor="warning")]
 
 
-@rule(ids=("fsdp-forward-prefetch-off",), thresholds=("forward_exposed_frac",))
+@rule(ids=("fsdp-forward-prefetch-off",), thresholds=("forward_exposed_frac",),
+      parts={"fsdp-forward-prefetch-off": "exposed_comm_us"})
 def forward_prefetch(ctx: RuleContext) -> list[Finding]:
     p = ctx.a.prefetch
     if not p or p.forward_mode != "off":
@@ -83,7 +85,7 @@ def forward_prefetch(ctx: RuleContext) -> list[Finding]:
         source=wrap_site(ctx) or first_source(ctx.a, lambda c: c.kind == "all_gather" and c.phase == "forward"))]
 
 
-@rule(ids=("fsdp2-backward-prefetch-ineffective",))
+@rule(ids=("fsdp2-backward-prefetch-ineffective",), parts={"fsdp2-backward-prefetch-ineffective": "exposed_comm_us"})
 def fsdp2_backward_prefetch(ctx: RuleContext) -> list[Finding]:
     p = ctx.a.prefetch
     if not p or p.framework != "fsdp2" or p.backward_mode in ("n/a", "unknown"):

@@ -124,7 +124,7 @@ def ranks_never_communicate(ctx: RuleContext) -> list[Finding]:
         consequences=[])]
 
 
-@rule(ids=("wrapper-world-size-1",))
+@rule(ids=("wrapper-world-size-1",), parts={"wrapper-world-size-1": "exposed_comm_us"})
 def wrapper_world_size_1(ctx: RuleContext) -> list[Finding]:
     job = ctx.a.job
     if job.world_size != 1 or job.wrapping not in ("ddp", "fsdp1", "fsdp2"):
