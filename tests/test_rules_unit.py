@@ -194,6 +194,24 @@ def test_gpu_idle():
     assert run(gpu_rules.gpu_idle, analysis(traits=GPU, signals=few)) == []
 
 
+def test_gpu_idle_names_the_largest_part_it_cannot_fix():
+    """Idle that is mostly host work outside torch ops (Python, I/O: 'other', which no launch fix
+    shortens) with a smaller launch part (kineto's tb_plugin GPU-metrics input, param's linear trace): the
+    title must not say the idle is mostly launch overhead; its impact is still the launch part."""
+    def mixed(rank):
+        g = _idle("launch", 20 * MS, rank)
+        g.by_cause["other"] = 50 * MS
+        g.idle_us, g.idle_frac = 70 * MS, 0.7
+        return g
+    f = run(gpu_rules.gpu_idle, analysis(traits=GPU, signals=Signals(gpu_idle=[mixed(r) for r in (0, 1)])))[0]
+    assert "mostly" not in f.title and "28.6% of it kernel launch overhead" in f.title
+    assert "50.0 ms" in f.summary and "does not shorten" in f.summary
+    assert f.impact_us == pytest.approx(20 * MS)
+    plain = run(gpu_rules.gpu_idle, analysis(traits=GPU, signals=Signals(gpu_idle=[_idle("launch", 40 * MS, r)
+                                                                                    for r in (0, 1)])))[0]
+    assert "mostly kernel launch overhead" in plain.title and "Most of it the host was launching" in plain.summary
+
+
 def test_activation_recompute():
     rc = [RecomputeInfo(rank=r, method="checkpoint frames", regions_per_step=4, recompute_us=30 * MS,
                         recompute_frac=0.3, compute_frac=0.4) for r in (0, 1)]
