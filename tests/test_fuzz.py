@@ -340,11 +340,15 @@ def _settings(default: int, share: float):
 @given(muts=st.lists(mutation(), min_size=1, max_size=4))
 def test_fuzz_mutated_run_folder(muts):
     r0, r1, manifest = base_run()
-    docs, man, opts = apply([r0, r1], manifest, muts)
+    fuzz_folder(*apply([r0, r1], manifest, muts))
+
+
+def fuzz_folder(docs: list, manifest, opts: dict) -> None:
+    """Write one mutated run folder, hold it to the contract, count its exit codes."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "run"
         folder.mkdir()
-        write_run(folder, docs, man, opts)
+        write_run(folder, docs, manifest, opts)
         codes = check_contract(folder)
     for verb, rc in codes.items():
         HISTOGRAM[verb][rc] = HISTOGRAM[verb].get(rc, 0) + 1
@@ -357,14 +361,7 @@ def test_fuzz_mutated_run_folder(muts):
 def test_fuzz_mutated_gpu_run_folder(muts):
     """The same contract on a GPU/NCCL recording: kernel and launch fields, flows, record_param_comms
     arguments (the EXTREMES include a negative element count and integers past 64 bits) mutated."""
-    docs, man, opts = apply([msgspec.json.decode(b) for b in _gpu_base_bytes()], None, muts)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "run"
-        folder.mkdir()
-        write_run(folder, docs, man, opts)
-        codes = check_contract(folder)
-    for verb, rc in codes.items():
-        HISTOGRAM[verb][rc] = HISTOGRAM[verb].get(rc, 0) + 1
+    fuzz_folder(*apply([msgspec.json.decode(b) for b in _gpu_base_bytes()], None, muts))
 
 
 @pytest.mark.skipif(not GPU_TRACE.is_file(), reason="../shared/traces-public absent")
@@ -381,11 +378,7 @@ def test_every_edge_value_of_a_gpu_argument(key):
                 if isinstance(e.get("args"), dict) and (("Collective name" in e["args"]) if key in COMM_ARGS else
                                                         e.get("cat") in ("kernel", "cuda_runtime", "gpu_memcpy")):
                     e["args"][key] = value
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tmp) / "run"
-            folder.mkdir()
-            write_run(folder, docs, None, opts)
-            check_contract(folder)
+        fuzz_folder(docs, None, opts)
 
 
 @seed(SEED + 1)
