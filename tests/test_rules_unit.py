@@ -310,6 +310,20 @@ def test_straggler_folds_the_communication_that_waits_for_it_but_not_a_prefetch_
     assert f["straggler"].consequences == [] and f["exposed-comm-high"].caused_by is None
 
 
+def test_a_straggler_claims_the_communication_only_its_own_lateness_holds():
+    """Eight ranks arriving one after another (facebookresearch/param's DLRM traces): the last one's peers
+    wait 50 ms for it, but the next-latest arrives 2 ms before it, so on time it would save 2 ms. The
+    exposed communication is the spread of all arrivals, not this rank's: it stays a root."""
+    spread = replace(straggler_report(wait_us=50 * MS, own_frame="job.py(5): train"), saving_us=2 * MS)
+    f = _diag(analysis(straggler=spread, **comm("all_reduce", 60 * MS)))
+    assert f["straggler"].impact_us == pytest.approx(2 * MS)
+    assert f["straggler"].consequences == [] and f["exposed-comm-high"].caused_by is None
+    # the same wait where the next-latest rank was on time: its lateness is the communication's cause
+    alone = straggler_report(wait_us=50 * MS, own_frame="job.py(5): train")
+    f = _diag(analysis(straggler=alone, **comm("all_reduce", 60 * MS)))
+    assert f["exposed-comm-high"].caused_by == "straggler"
+
+
 def test_input_bound_folds_a_rank_late_in_its_loader_and_not_a_sleeper():
     sig = Signals(dataloader=[_loader(0, 0.01), _loader(1, 0.6)])
     loader_late = straggler_report(wait_us=60 * MS, cause="data loading", own_frame="data.py(3): __getitem__")

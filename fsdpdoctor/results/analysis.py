@@ -405,7 +405,8 @@ class HostSync:
     total_us: float
     steps: list[int]
     source: str | None = None
-    bubble_us: float = 0.0           # GPU: device idle from each sync's end to the next device activity
+    # GPU: device idle from each sync's end to the next device activity, at most as long as it blocked
+    bubble_us: float = 0.0
 
 
 @dataclass
