@@ -140,13 +140,19 @@ class RankContext:
 
     def launch_rows(self, rows: np.ndarray) -> np.ndarray:
         """For device rows, the runtime call (cudaLaunchKernel...) that launched each (same
-        correlation id), -1 where none did. Vectorised: a trace has 10^4..10^5 of them."""
+        correlation id), -1 where none did. A device row that starts before the call that would have
+        launched it began is not that call's (a reused or corrupt id): -1. Vectorised: a trace has
+        10^4..10^5 of them."""
         keys, launch = self._launch_index
-        corr = self.t.corr[np.asarray(rows, dtype=np.int64)]
+        rows = np.asarray(rows, dtype=np.int64)
+        corr = self.t.corr[rows]
         if not len(keys):
             return np.full(len(corr), -1, dtype=np.int64)
         i = np.minimum(np.searchsorted(keys, corr), len(keys) - 1)
-        return np.where((keys[i] == corr) & (corr >= 0), launch[i], -1)
+        found = np.where((keys[i] == corr) & (corr >= 0), launch[i], -1)
+        # one timer tick of slack: host and device times are rounded to the microsecond apart
+        causal = self.t.ts[rows] >= self.t.ts[np.maximum(found, 0)] - 1.0
+        return np.where(causal, found, -1)
 
     def launch_times(self, rows: np.ndarray) -> np.ndarray:
         """Host time of each device row's launch, NaN where it has none."""

@@ -186,7 +186,8 @@ def _queue(ctx: RankContext, dev: np.ndarray, windows: list[StepWindow], out: Gp
         inside |= (lts >= w.start) & (lts < w.end)
     if not inside.any():
         return
-    delay = t.ts[k[inside]] - (t.ts[la[inside]] + t.dur[la[inside]])
+    # a kernel that starts before its launch call returns waited for nothing: no queue
+    delay = np.maximum(t.ts[k[inside]] - (t.ts[la[inside]] + t.dur[la[inside]]), 0.0)
     out.kernels = int(inside.sum())
     out.queue_delay_median_us = float(median(delay))
     out.queue_empty_frac = float(np.mean(delay <= QUEUE_EMPTY_US))
