@@ -5,14 +5,16 @@
     python benchmarks/corpus.py run [--only ID ...]        # analyse all, check invariants, write docs/corpus.md
 
 ``benchmarks/corpus.toml`` lists every trace: repository, commit, path, licence, sha256 and what the
-source says it is. ``fetch`` puts the files into a cache outside the repository
+source says it is (a file inside a tarball the repository holds is named by ``member``; its sha256 is
+the member's). ``fetch`` puts the files into a cache outside the repository
 (``$FSDPDOCTOR_CORPUS``, default ``~/.cache/fsdpdoctor-corpus``), one folder per trace, each file
 verified against its sha256; nothing of the traces is ever committed. ``run`` analyses every cached
 trace with ``fsdpdoctor analyze --json``, checks the invariants of the result (the project's own
 checker, ``fsdpdoctor.analysis.invariants``: what it had to bound before rendering and what it still
 finds; and, independently of it, shares in [0, 1], the parts adding up to the step, each finding's
 impact at most its step, the root findings together at most the step) and compares the verdict with what the source says (``contradicts``: findings the
-source rules out; ``expects``: what it shows). The report is ``docs/corpus.md``; the raw results go
+source rules out; ``expects``: what it shows; kind ``not-kineto``: another tool's file in Chrome's event
+format, which is rightly refused). The report is ``docs/corpus.md``; the raw results go
 to ``results.json`` in the cache.
 """
 
@@ -20,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -39,12 +43,22 @@ PARTS = ("compute_us", "optimizer_us", "exposed_comm_us", "data_loading_us", "id
 SEVERITY = {"info": 0, "warning": 1, "error": 2}
 # findings about a training configuration: the source contradicts them on an inference trace
 TRAINING_ONLY = ("ddp-", "fsdp", "grad-accum", "optimizer")
+# the kind of a file that holds no torch.profiler recording (another tool's trace in Chrome's format):
+# a refusal in one line is the right answer, a finding at warning or above is not
+NOT_A_RECORDING = "not-kineto"
 
 
 @dataclass
 class TraceFile:
     path: str
     sha256: str
+    # a file inside the archive at ``path`` (a .tar.gz the repository holds); sha256 is then the member's
+    member: str = ""
+
+    @property
+    def name(self) -> str:
+        """The file's name in the cache."""
+        return Path(self.member or self.path).name
 
 
 @dataclass
@@ -81,12 +95,12 @@ def load_list(path: Path = LIST) -> list[Trace]:
 def trace_input(t: Trace, root: Path | None = None) -> Path:
     """What `analyze` is given: the file of a one-file trace, the folder of a multi-file one."""
     d = (root or cache_dir()) / t.id
-    return d / Path(t.files[0].path).name if len(t.files) == 1 else d
+    return d / t.files[0].name if len(t.files) == 1 else d
 
 
 def is_cached(t: Trace, root: Path | None = None) -> bool:
     d = (root or cache_dir()) / t.id
-    return all((d / Path(f.path).name).is_file() for f in t.files)
+    return all((d / f.name).is_file() for f in t.files)
 
 
 # ------------------------------------------------------------------------------------------ fetch
@@ -105,6 +119,16 @@ def _git_dir(mirrors: Path | None, repo: str, clones: Path) -> Path:
     return dest
 
 
+def _member(archive: bytes, member: str) -> bytes | None:
+    """One file of a tar archive (compressed or not), or None where it holds no such file."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            got = tar.extractfile(member)
+            return got.read() if got is not None else None
+    except (tarfile.TarError, KeyError):
+        return None
+
+
 def fetch(mirrors: Path | None) -> int:
     root = cache_dir()
     root.mkdir(parents=True, exist_ok=True)
@@ -112,7 +136,7 @@ def fetch(mirrors: Path | None) -> int:
     for t in load_list():
         d = root / t.id
         for f in t.files:
-            target = d / Path(f.path).name
+            target = d / f.name
             if target.is_file() and hashlib.sha256(target.read_bytes()).hexdigest() == f.sha256:
                 have += 1
                 continue
@@ -123,14 +147,15 @@ def fetch(mirrors: Path | None) -> int:
                       f"{r.stderr.decode(errors='replace').strip()[:120]}", file=sys.stderr)
                 bad += 1
                 continue
-            digest = hashlib.sha256(r.stdout).hexdigest()
+            data = _member(r.stdout, f.member) if f.member else r.stdout
+            digest = hashlib.sha256(data).hexdigest() if data is not None else "(member absent)"
             if digest != f.sha256:
                 print(f"corpus: {t.id}: {f.path}: sha256 {digest[:16]}..., expected {f.sha256[:16]}...",
                       file=sys.stderr)
                 bad += 1
                 continue
             d.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(r.stdout)
+            target.write_bytes(data)
             done += 1
     print(f"corpus: {done} file(s) fetched, {have} already cached, {bad} failed -> {root}")
     return 1 if bad else 0
@@ -194,7 +219,8 @@ class Outcome:
 
     @property
     def agrees(self) -> bool:
-        return not self.disagreements and not self.violations and self.rc == 0
+        refused_rightly = self.rc == 2 and NOT_A_RECORDING in self.trace.kind
+        return not self.disagreements and not self.violations and (self.rc == 0 or refused_rightly)
 
 
 def judge(t: Trace, doc: dict) -> list[str]:
@@ -205,6 +231,10 @@ def judge(t: Trace, doc: dict) -> list[str]:
         f = found.get(fid)
         if f is not None and SEVERITY.get(f["severity"], 0) >= 1:
             out.append(f"{fid} at {f['severity']}, which the source rules out")
+    if NOT_A_RECORDING in t.kind:
+        for f in doc.get("findings", []):
+            if SEVERITY.get(f["severity"], 0) >= 1:
+                out.append(f"{f['id']} at {f['severity']} from a file that holds no profiler recording")
     if "inference" in t.kind:
         for f in doc.get("findings", []):
             if f["id"].startswith(TRAINING_ONLY) and SEVERITY.get(f["severity"], 0) >= 1:
@@ -265,7 +295,7 @@ def run_one(t: Trace, root: Path, out_dir: Path) -> Outcome:
         o.error = (err[-1] if err else f"exit {p.returncode}").replace(str(root), "<cache>")
         if p.returncode != 2 or len(err) != 1:
             o.violations.append(f"exit {p.returncode} with {len(err)} stderr line(s): not one clear line")
-        else:
+        elif NOT_A_RECORDING not in t.kind:
             o.disagreements.append("refused a trace the source describes as a valid recording")
         return o
     doc_path.write_bytes(p.stdout)
@@ -323,7 +353,8 @@ def write_report(outcomes: list[Outcome], path: Path = REPORT) -> None:
         "source says the trace is: a finding the source rules out at warning or error, a training-only",
         "finding on an inference trace, an error from one step of one rank, a miss of what the source",
         "shows, or no communication counted where the source describes it (all-to-all through DeepEP",
-        "included) is a disagreement, and so is a refusal (exit 2, one line) of a valid recording. Marked",
+        "included) is a disagreement, and so is a refusal (exit 2, one line) of a valid recording (another",
+        "tool's file in Chrome's event format, kind `not-kineto`, is rightly refused). Marked",
         "*suspicious* without a source statement: a root finding that claims the whole step (no fix saves",
         f"the work itself), a step under 1 % of its rank's median, or one more than {SPAN_FACTOR}x it (it",
         "spans a gap, not work). Each one is explained below the table.",

@@ -30,18 +30,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E4
 
 from fsdpdoctor.capture import capture  # noqa: E402
 
+import jobkit  # noqa: E402  (beside this file)
+
 BATCH, SEQ, FEATURES, HIDDEN, CLASSES = 16, 32, 16, 48, 5
-
-
-class GRUClassifier(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.gru = nn.GRU(FEATURES, HIDDEN, num_layers=2, batch_first=True)
-        self.head = nn.Linear(HIDDEN, CLASSES)
-
-    def forward(self, x):
-        out, _ = self.gru(x)
-        return self.head(out[:, -1])
 
 
 class Sequences(Dataset):
@@ -81,7 +72,7 @@ def main(argv=None) -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(GRUClassifier())
+    model = nn.parallel.DistributedDataParallel(jobkit.GRUClassifier(FEATURES, HIDDEN, CLASSES))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ds = Sequences(BATCH * world * (args.steps + 2))
     loader = DataLoader(ds, batch_size=BATCH, sampler=DistributedSampler(ds, world, rank, shuffle=False),

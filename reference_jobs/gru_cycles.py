@@ -31,6 +31,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E4
 
 from fsdpdoctor.capture import capture  # noqa: E402
 
+import jobkit  # noqa: E402  (beside this file)
+
 BATCH, SEQ, FEATURES, HIDDEN, CLASSES = 8, 32, 16, 64, 5
 WAIT, WARMUP, ACTIVE, REPEAT = 1, 1, 3, 2
 PAUSE_S = 2.0             # between the cycles: not profiled, in no step
@@ -47,17 +49,6 @@ class Sequences(Dataset):
         return torch.randn(SEQ, FEATURES, generator=g), int(torch.randint(CLASSES, (1,), generator=g))
 
 
-class GruClassifier(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.gru = nn.GRU(FEATURES, HIDDEN, num_layers=2, batch_first=True)
-        self.head = nn.Linear(HIDDEN, CLASSES)
-
-    def forward(self, x):
-        out, _ = self.gru(x)
-        return self.head(out[:, -1])
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--via", choices=("capture", "handler"), required=True)
@@ -67,7 +58,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = DDP(GruClassifier())
+    model = DDP(jobkit.GRUClassifier(FEATURES, HIDDEN, CLASSES))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = Sequences()
     loader = iter(DataLoader(data, batch_size=BATCH, sampler=DistributedSampler(data, world, rank), num_workers=0))

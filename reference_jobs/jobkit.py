@@ -1,5 +1,6 @@
-"""Shared plumbing of the user-style reference jobs (hf_decoder.py, cnn.py):
-command line, the injected stragglers and their calibration.
+"""Shared plumbing of the user-style reference jobs (hf_decoder.py, cnn.py, ...):
+command line, the injected stragglers and their calibration, the steps under capture, the end of a
+job, and the GRU sequence classifier two of them train.
 
 The straggler is sized from the job's own step time, measured before the
 profiled window, so the injected share of the step is what the scenario says
@@ -34,6 +35,19 @@ def parse_args(scenarios: dict, doc: str, argv=None):
                     help="straggler: fixed extra time instead of the calibrated share")
     ap.add_argument("--no-profile", action="store_true", help="run without capture (timing)")
     return ap.parse_args(argv)
+
+
+class GRUClassifier(torch.nn.Module):
+    """A two-layer GRU over a sequence of feature vectors, classified from its last step."""
+
+    def __init__(self, features: int, hidden: int, classes: int):
+        super().__init__()
+        self.gru = torch.nn.GRU(features, hidden, num_layers=2, batch_first=True)
+        self.head = torch.nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        out, _ = self.gru(x)
+        return self.head(out[:, -1])
 
 
 def launcher_rank() -> tuple[int, int]:

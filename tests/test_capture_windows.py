@@ -515,6 +515,27 @@ def test_a_window_the_job_died_in_is_named_and_skipped(tmp_path):
     assert out.returncode == 2 and "holds no trace" in out.stderr
 
 
+@pytest.mark.skipif(not (TRACES / "ab" / "conv1d_sleep").is_dir(), reason="bundled traces not present")
+def test_diff_compares_two_windows_of_one_run(tmp_path):
+    """A healthy window and a later one where rank 1 sleeps, in one run folder: `diff RUN RUN
+    --base-window A --new-window B` is the regression, as diff of the two folders is."""
+    import shutil
+
+    shutil.copytree(TRACES / "ab" / "conv1d_healthy", tmp_path / "window-20")
+    shutil.copytree(TRACES / "ab" / "conv1d_sleep", tmp_path / "window-300")
+    by_window = cli("diff", tmp_path, tmp_path, "--base-window", 20, "--new-window", 300, "--json",
+                    "--fail-on-regression")
+    by_folder = cli("diff", tmp_path / "window-20", tmp_path / "window-300", "--json", "--fail-on-regression")
+    assert by_window.returncode == by_folder.returncode == 1, by_window.stderr
+    a, b = json.loads(by_window.stdout), json.loads(by_folder.stdout)
+    assert a["verdict"] == b["verdict"] and a["step"] == b["step"]
+    # the latest window by default on both sides: the same run, nothing to tell
+    same = cli("diff", tmp_path, tmp_path, "--json")
+    assert same.returncode == 0 and not json.loads(same.stdout)["regressed"]
+    bad = cli("diff", tmp_path, tmp_path, "--base-window", 21)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "windows start at: 20, 300" in bad.stderr
+
+
 @requires_torch
 @pytest.mark.slow
 def test_two_torchrun_jobs_aimed_at_one_folder(tmp_path):

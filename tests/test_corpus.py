@@ -49,7 +49,7 @@ def test_list_has_provenance():
 
 def test_nothing_of_the_traces_is_committed():
     digests = {f.sha256 for t in TRACES for f in t.files}
-    names = {Path(f.path).name for t in TRACES for f in t.files}
+    names = {f.name for t in TRACES for f in t.files}
     same_name = [p for p in ROOT.rglob("*") if p.name in names and p.is_file() and ".git" not in p.parts]
     assert not [p for p in same_name if hashlib.sha256(p.read_bytes()).hexdigest() in digests]
 
@@ -94,7 +94,7 @@ def test_a_step_spanning_two_recordings_is_suspicious():
 @pytest.mark.parametrize("trace", CACHED, ids=[t.id for t in CACHED])
 def test_cached_trace_is_analysed_within_the_invariants(trace, tmp_path):
     for f in trace.files:
-        data = (corpus.cache_dir() / trace.id / Path(f.path).name).read_bytes()
+        data = (corpus.cache_dir() / trace.id / f.name).read_bytes()
         assert hashlib.sha256(data).hexdigest() == f.sha256
     o = corpus.run_one(trace, corpus.cache_dir(), tmp_path)
     # a result within the invariants, or a refusal in one clear line (exit 2)
@@ -147,3 +147,30 @@ def test_what_a_recording_cannot_show_is_not_claimed(trace, tmp_path):
     assert o.rc == 0, o.error
     doc = json.loads((tmp_path / f"{trace.id}.json").read_text())
     assert HONEST[trace.id](doc), [(f["id"], f["severity"], f["title"]) for f in doc["findings"]]
+
+
+def test_a_member_of_a_tarball_is_fetched_and_named_by_itself():
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = b'{"traceEvents": []}'
+        info = tarfile.TarInfo("dlrm_kineto/worker3.pt.trace.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    archive = buf.getvalue()
+    assert corpus._member(archive, "dlrm_kineto/worker3.pt.trace.json") == b'{"traceEvents": []}'
+    assert corpus._member(archive, "dlrm_kineto/worker4.pt.trace.json") is None
+    assert corpus._member(b"not an archive", "x") is None
+    f = corpus.TraceFile(path="inputs/dlrm_kineto.tar.gz", sha256="0" * 64, member="dlrm_kineto/worker3.pt.trace.json")
+    assert f.name == "worker3.pt.trace.json"
+
+
+def test_another_tools_file_is_rightly_refused_and_never_diagnosed():
+    t = next(t for t in TRACES if corpus.NOT_A_RECORDING in t.kind)
+    refused = corpus.Outcome(trace=t, rc=2, seconds=0.1, error="fsdpdoctor: error: not a trace")
+    assert refused.agrees
+    doc = {"ranks": [], "findings": [{"id": "gpu-idle", "severity": "warning", "impact_frac": 0.3}]}
+    assert any("holds no profiler recording" in d for d in corpus.judge(t, doc))
+    valid = next(t for t in TRACES if corpus.NOT_A_RECORDING not in t.kind)
+    assert not corpus.Outcome(trace=valid, rc=2, seconds=0.1, error="x").agrees

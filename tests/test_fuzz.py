@@ -86,6 +86,51 @@ def base_run() -> tuple[dict, dict, dict]:
     return tuple(msgspec.json.decode(b) for b in _base_bytes())
 
 
+# a real NCCL recording of a public project (../shared beside the repository; never copied into it)
+SHARED = Path(os.environ.get("FSDPDOCTOR_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+GPU_TRACE = SHARED / "traces-public" / "ddp_a100_rank0" / "nccl_data.json.gz"
+
+
+def _comm_related(e: dict) -> bool:
+    name, args = str(e.get("name", "")), e.get("args") if isinstance(e.get("args"), dict) else {}
+    return "nccl" in name.lower() or "Collective name" in args or name.startswith(("c10d", "record_param_comms"))
+
+
+@lru_cache(maxsize=1)
+def _gpu_base_bytes() -> tuple[bytes, bytes]:
+    """Two ranks of a GPU/NCCL recording (the other dialect: kernels on streams, runtime launches and
+    their flows, record_param_comms and NCCL kernels): one step of rank 0 of a public 2-rank A100 DDP
+    run, every collective with its launch and kernel, one in eight of the other launches (with their
+    kernels and flows, by correlation id), ops and frames (about 2,000 events); rank 1 is a copy of
+    rank 0 that says it is rank 1."""
+    doc = json.loads(gzip.decompress(GPU_TRACE.read_bytes()))
+    step = next(e for e in doc["traceEvents"] if e.get("name") == "ProfilerStep#5")
+    lo, hi = step["ts"], step["ts"] + 1.3 * step["dur"]  # the step's last kernels run after its host side
+    comm_corr = {e["args"].get("correlation") for e in doc["traceEvents"]
+                 if isinstance(e.get("args"), dict) and "nccl" in str(e.get("name", "")).lower()}
+    kept, sampled = [], 0
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "M":
+            kept.append(e)
+            continue
+        if not lo <= e.get("ts", -1) <= hi:
+            continue
+        corr = (e.get("args") or {}).get("correlation") if e.get("ph") == "X" else e.get("id")
+        if isinstance(corr, int):
+            if corr in comm_corr or corr % 8 == 0:
+                kept.append(e)
+        elif _comm_related(e) or e.get("cat") not in ("cpu_op", "python_function"):
+            kept.append(e)
+        else:
+            sampled += 1
+            if sampled % 8 == 0:
+                kept.append(e)
+    doc["traceEvents"] = kept
+    docs = [doc, copy.deepcopy(doc)]
+    docs[1]["distributedInfo"] = dict(docs[1]["distributedInfo"], rank=1)
+    return tuple(msgspec.json.encode(d) for d in docs)
+
+
 def encode(doc) -> bytes:
     """JSON bytes; NaN/Infinity and integers beyond 64 bits as Python's json writes them (a case of their own)."""
     try:
@@ -120,10 +165,18 @@ EXTREMES = st.sampled_from([
     None, 0, -1, -61.4, -1e40, 1e40, 1e300, 2 ** 63, 2 ** 64 + 1, 10 ** 30, -(2 ** 63), 1e-300, True, False,
     "", "x", "123", "ProfilerStep#3", "gloo:all_reduce", [], [1, 2], {}, {"a": 1}, float("nan"), float("inf"),
     float("-inf"), "nan", 3.5, 7,
+    # GPU recordings: a record_param_comms' arguments, a kernel's, a category or a flow's
+    {"Collective name": "all_reduce", "In msg nelems": -5, "Group size": 0, "Seq": 2 ** 64 + 1},
+    {"stream": -1, "correlation": 1, "device": "x"}, "kernel", "cuda_runtime", "ac2g", "ncclDevKernel_AllReduce",
 ]) | st.builds(_deep, st.integers(1, 60))
 FIELDS = ["ph", "ts", "dur", "name", "cat", "pid", "tid", "args"]
 TOP_FIELDS = ["distributedInfo", "deviceProperties", "host_name", "baseTimeNanoseconds", "traceEvents"]
 DIST_FIELDS = ["rank", "world_size", "backend", "pg_config", "pg_count"]
+COMM_ARGS = ["Collective name", "In msg nelems", "Out msg nelems", "Group size", "dtype", "Seq", "Process Group Name",
+             "In split size", "Out split size", "Process Group Ranks"]
+# what a count, a size, an id or a stream may be in a file written by anyone
+NUMERIC_EDGES = [-1, -5, -2.5, 0, 3.5, 2 ** 63, 2 ** 64 + 1, 1e300, float("nan"), float("inf"), "12", None, True]
+DEVICE_ARGS = ["stream", "correlation", "device", "External id", "context", "queued", "grid", "block"]
 MANIFEST_FIELDS = ["fsdpdoctor_manifest", "world_size", "backend", "files", "cycle_files", "hosts", "devices",
                    "profiled_steps", "samples_per_step", "tokens_per_step", "options", "model", "wrapping",
                    "schedule", "versions", "profiled_ranks"]
@@ -133,7 +186,8 @@ MANIFEST_FIELDS = ["fsdpdoctor_manifest", "world_size", "backend", "files", "cyc
 def mutation(draw):
     kind = draw(st.sampled_from(["event_field", "event_field", "event_field", "many_events", "drop_events",
                                  "duplicate_events", "reorder", "top_field", "dist_field", "manifest_field",
-                                 "manifest_raw", "truncate", "extra_file", "bom"]))
+                                 "manifest_raw", "truncate", "extra_file", "bom", "comm_arg", "comm_arg",
+                                 "device_arg"]))
     return kind, draw(st.integers(0, 2 ** 31)), draw(EXTREMES), draw(st.integers(0, 1)), draw(st.floats(0, 1))
 
 
@@ -167,6 +221,15 @@ def apply(docs: list, manifest: dict | None, muts: list) -> tuple[list, dict | s
             events.extend(copy.deepcopy(rnd.sample(events, min(len(events), 1 + int(frac * 50)))))
         elif kind == "reorder" and isinstance(events, list):
             rnd.shuffle(events)
+        elif kind in ("comm_arg", "device_arg") and isinstance(events, list):
+            # one argument of every collective's record (record_param_comms, c10d ops) or every kernel
+            # and launch: what the analysis reads sizes, kinds, streams and correlations from
+            keys, pick = ((COMM_ARGS, lambda e: "Collective name" in e["args"]) if kind == "comm_arg" else
+                          (DEVICE_ARGS, lambda e: e.get("cat") in ("kernel", "cuda_runtime", "gpu_memcpy")))
+            key, value = rnd.choice(keys), rnd.choice(NUMERIC_EDGES + [value])
+            for e in events:
+                if isinstance(e, dict) and isinstance(e.get("args"), dict) and pick(e):
+                    _set_or_drop(e["args"], key, value, which == 1)
         elif kind == "top_field" and isinstance(doc, dict):
             _set_or_drop(doc, rnd.choice(TOP_FIELDS), value, rnd.random() < 0.3)
         elif kind == "dist_field" and isinstance(doc, dict) and isinstance(doc.get("distributedInfo"), dict):
@@ -277,14 +340,45 @@ def _settings(default: int, share: float):
 @given(muts=st.lists(mutation(), min_size=1, max_size=4))
 def test_fuzz_mutated_run_folder(muts):
     r0, r1, manifest = base_run()
-    docs, man, opts = apply([r0, r1], manifest, muts)
+    fuzz_folder(*apply([r0, r1], manifest, muts))
+
+
+def fuzz_folder(docs: list, manifest, opts: dict) -> None:
+    """Write one mutated run folder, hold it to the contract, count its exit codes."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "run"
         folder.mkdir()
-        write_run(folder, docs, man, opts)
+        write_run(folder, docs, manifest, opts)
         codes = check_contract(folder)
     for verb, rc in codes.items():
         HISTOGRAM[verb][rc] = HISTOGRAM[verb].get(rc, 0) + 1
+
+
+@pytest.mark.skipif(not GPU_TRACE.is_file(), reason="../shared/traces-public absent")
+@seed(SEED + 2)
+@_settings(80, 0.25)
+@given(muts=st.lists(mutation(), min_size=1, max_size=4))
+def test_fuzz_mutated_gpu_run_folder(muts):
+    """The same contract on a GPU/NCCL recording: kernel and launch fields, flows, record_param_comms
+    arguments (the EXTREMES include a negative element count and integers past 64 bits) mutated."""
+    fuzz_folder(*apply([msgspec.json.decode(b) for b in _gpu_base_bytes()], None, muts))
+
+
+@pytest.mark.skipif(not GPU_TRACE.is_file(), reason="../shared/traces-public absent")
+@pytest.mark.parametrize("key", COMM_ARGS + DEVICE_ARGS)
+def test_every_edge_value_of_a_gpu_argument(key):
+    """Each argument the GPU reading takes a count, a size, an id or a stream from, set on every collective
+    record (or every kernel and launch) to each edge value in turn: the contract holds for each. A
+    random sample meets a given (argument, value) pair rarely; this meets them all."""
+    for value in NUMERIC_EDGES + ["x", [1], {"a": 1}]:
+        docs = [msgspec.json.decode(b) for b in _gpu_base_bytes()]
+        docs, _, opts = apply(docs, None, [("comm_arg" if key in COMM_ARGS else "device_arg", 0, value, 0, 0.0)])
+        for doc in docs:  # the key under test, on both ranks (apply picks a key at random)
+            for e in doc["traceEvents"]:
+                if isinstance(e.get("args"), dict) and (("Collective name" in e["args"]) if key in COMM_ARGS else
+                                                        e.get("cat") in ("kernel", "cuda_runtime", "gpu_memcpy")):
+                    e["args"][key] = value
+        fuzz_folder(docs, None, opts)
 
 
 @seed(SEED + 1)

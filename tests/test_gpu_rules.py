@@ -572,18 +572,44 @@ def test_pipeline_parallel_p2p_is_not_called_silent(tmp_path):
 
 def test_host_sync_bubble_is_device_idle_counted_once(tmp_path):
     """Three .item() syncs before the next launch share one bubble; a sync that returns while another
-    stream still runs leaves no bubble there. Per step: kernel [0, 100) on stream 7, syncs ending at
-    150, 250, 350, next kernel at 500: one bubble [150, 500) = 350 us, not one per sync.
-    A kernel on stream 8 runs [300, 400): the device is idle 250 of those 350 us."""
+    stream still runs leaves no bubble there. Per step: kernel [0, 400) on stream 7; the first sync waits
+    for it ([2, 400), blocked 398 us), two more return at once ([410, 420), [430, 440)); next kernel at
+    900. One bubble [400, 798) (as long as the first sync blocked, not one per sync); a kernel on stream 8
+    still runs [350, 450) when the first sync returns: the device is idle 348 of those 398 us."""
+    tr = Trace()
+    for i, n in enumerate((1, 2, 3)):
+        s = i * 1000.0
+        tr.step(n, s, 999)
+        tr.launch(s + 1, s, 400)
+        for start, dur in ((2, 398), (410, 10), (430, 10)):
+            tr.x("aten::_local_scalar_dense", "cpu_op", s + start, dur)
+        tr.launch(s + 890, s + 900, 50)
+        tr.x("void other_stream_kernel()", "kernel", s + 350, 100, tid=8, pid=0)
+    a = open_analysis(tr.write(tmp_path))
+    h = a.signals.host_syncs[0]
+    assert h.count == 9 and h.bubble_us == pytest.approx(3 * 348.0)
+
+
+def test_a_sync_that_returns_at_once_costs_no_more_than_it_blocked(tmp_path):
+    """A sync called when the device queue is already empty blocks only a moment (the DLRM traces of
+    facebookresearch/param and our own host_sync job: 10-20 us), and the device then idles while the host
+    goes on (an optimizer's launches, Python). That idle is the host's pace, not the sync's: removing the
+    sync would launch the next kernel no earlier than the time it blocked. Per step: kernel [0, 100), a
+    20 us .item() at [130, 150), the host busy in one op [150, 900) that launches the next kernel at 900."""
     tr = Trace()
     for i, n in enumerate((1, 2, 3)):
         s = i * 1000.0
         tr.step(n, s, 999)
         tr.launch(s + 1, s, 100)
-        for end in (150, 250, 350):
-            tr.x("aten::_local_scalar_dense", "cpu_op", s + end - 20, 20)
-        tr.launch(s + 490, s + 500, 100)
-        tr.x("void other_stream_kernel()", "kernel", s + 300, 100, tid=8, pid=0)
+        tr.x("aten::_local_scalar_dense", "cpu_op", s + 130, 20)
+        tr.x("aten::_foreach_add_", "cpu_op", s + 150, 745)
+        tr.launch(s + 890, s + 900, 50)
     a = open_analysis(tr.write(tmp_path))
     h = a.signals.host_syncs[0]
-    assert h.count == 9 and h.bubble_us == pytest.approx(3 * 250.0)
+    assert h.count == 3 and h.bubble_us == pytest.approx(3 * 20.0)
+    g = a.signals.gpu_idle[0]
+    # the idle after the sync is the host launching, at most the sync's own 20 us (and its 20 us of
+    # blocking) are the sync's
+    for st in g.steps[:2]:
+        assert st.by_cause["host_sync"] <= 40.0 + 1e-6
+        assert st.by_cause["launch"] > 700.0

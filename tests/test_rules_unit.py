@@ -194,6 +194,24 @@ def test_gpu_idle():
     assert run(gpu_rules.gpu_idle, analysis(traits=GPU, signals=few)) == []
 
 
+def test_gpu_idle_names_the_largest_part_it_cannot_fix():
+    """Idle that is mostly host work outside torch ops (Python, I/O: 'other', which no launch fix
+    shortens) with a smaller launch part (kineto's tb_plugin GPU-metrics input, param's linear trace): the
+    title must not say the idle is mostly launch overhead; its impact is still the launch part."""
+    def mixed(rank):
+        g = _idle("launch", 20 * MS, rank)
+        g.by_cause["other"] = 50 * MS
+        g.idle_us, g.idle_frac = 70 * MS, 0.7
+        return g
+    f = run(gpu_rules.gpu_idle, analysis(traits=GPU, signals=Signals(gpu_idle=[mixed(r) for r in (0, 1)])))[0]
+    assert "mostly" not in f.title and "28.6% of it kernel launch overhead" in f.title
+    assert "50.0 ms" in f.summary and "does not shorten" in f.summary
+    assert f.impact_us == pytest.approx(20 * MS)
+    plain = run(gpu_rules.gpu_idle, analysis(traits=GPU, signals=Signals(gpu_idle=[_idle("launch", 40 * MS, r)
+                                                                                    for r in (0, 1)])))[0]
+    assert "mostly kernel launch overhead" in plain.title and "Most of it the host was launching" in plain.summary
+
+
 def test_activation_recompute():
     rc = [RecomputeInfo(rank=r, method="checkpoint frames", regions_per_step=4, recompute_us=30 * MS,
                         recompute_frac=0.3, compute_frac=0.4) for r in (0, 1)]
@@ -308,6 +326,20 @@ def test_straggler_folds_the_communication_that_waits_for_it_but_not_a_prefetch_
     small = straggler_report(wait_us=10 * MS, own_frame="job.py(5): train")
     f = _diag(analysis(straggler=small, **comm("all_reduce", 80 * MS)))
     assert f["straggler"].consequences == [] and f["exposed-comm-high"].caused_by is None
+
+
+def test_a_straggler_claims_the_communication_only_its_own_lateness_holds():
+    """Eight ranks arriving one after another (facebookresearch/param's DLRM traces): the last one's peers
+    wait 50 ms for it, but the next-latest arrives 2 ms before it, so on time it would save 2 ms. The
+    exposed communication is the spread of all arrivals, not this rank's: it stays a root."""
+    spread = replace(straggler_report(wait_us=50 * MS, own_frame="job.py(5): train"), saving_us=2 * MS)
+    f = _diag(analysis(straggler=spread, **comm("all_reduce", 60 * MS)))
+    assert f["straggler"].impact_us == pytest.approx(2 * MS)
+    assert f["straggler"].consequences == [] and f["exposed-comm-high"].caused_by is None
+    # the same wait where the next-latest rank was on time: its lateness is the communication's cause
+    alone = straggler_report(wait_us=50 * MS, own_frame="job.py(5): train")
+    f = _diag(analysis(straggler=alone, **comm("all_reduce", 60 * MS)))
+    assert f["exposed-comm-high"].caused_by == "straggler"
 
 
 def test_input_bound_folds_a_rank_late_in_its_loader_and_not_a_sleeper():

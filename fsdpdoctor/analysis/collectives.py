@@ -8,8 +8,6 @@ import functools
 import math
 import re
 
-import numpy as np
-
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.results import Collective
 from fsdpdoctor.trace.vocabulary import KERNEL_LIBRARIES
@@ -136,11 +134,13 @@ def bus_bandwidth(kind: str, size_bytes: int | None, group: int | None, dur_us: 
 
 
 def to_int(v) -> int | None:
-    if isinstance(v, bool):
+    """A count from a trace argument (elements, group size, sequence number): a whole number from 0 up
+    to 2**63 - 1; anything else (negative, fractional, non-finite, text, a bool) is unknown (None)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    if isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
-        return int(v)
-    return None
+    if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+        return None
+    return int(v) if 0 <= v < 2 ** 63 else None
 
 
 def first_tensor_numel(dims) -> int | None:
@@ -148,14 +148,16 @@ def first_tensor_numel(dims) -> int | None:
     if isinstance(dims, str):
         try:
             dims = ast.literal_eval(dims)
-        except (ValueError, SyntaxError):
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
             return None
     stack = [dims]
     while stack:
         d = stack.pop(0)
         if isinstance(d, list):
-            if d and all(isinstance(x, int) for x in d):
-                return int(np.prod(d))
+            if d and all(isinstance(x, int) and not isinstance(x, bool) for x in d):
+                # a shape's dimensions are counts: a negative one, or a product past 2**63, is no shape
+                n = math.prod(d) if all(x >= 0 for x in d) else -1
+                return n if 0 <= n < 2 ** 63 else None
             stack = [x for x in d if isinstance(x, list)] + stack
     return None
 

@@ -11,7 +11,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from fsdpdoctor.analysis import intervals as iv
-from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, PYFUNC, RUNTIME, RankTrace, distinct
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, PYFUNC, RUNTIME, RankTrace, distinct
 from fsdpdoctor.trace.vocabulary import STEP_NAME
 
 DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__")
@@ -140,13 +140,19 @@ class RankContext:
 
     def launch_rows(self, rows: np.ndarray) -> np.ndarray:
         """For device rows, the runtime call (cudaLaunchKernel...) that launched each (same
-        correlation id), -1 where none did. Vectorised: a trace has 10^4..10^5 of them."""
+        correlation id), -1 where none did. A device row that starts before the call that would have
+        launched it began is not that call's (a reused or corrupt id): -1. Vectorised: a trace has
+        10^4..10^5 of them."""
         keys, launch = self._launch_index
-        corr = self.t.corr[np.asarray(rows, dtype=np.int64)]
+        rows = np.asarray(rows, dtype=np.int64)
+        corr = self.t.corr[rows]
         if not len(keys):
             return np.full(len(corr), -1, dtype=np.int64)
         i = np.minimum(np.searchsorted(keys, corr), len(keys) - 1)
-        return np.where((keys[i] == corr) & (corr >= 0), launch[i], -1)
+        found = np.where((keys[i] == corr) & (corr >= 0), launch[i], -1)
+        # one timer tick of slack: host and device times are rounded to the microsecond apart
+        causal = self.t.ts[rows] >= self.t.ts[np.maximum(found, 0)] - 1.0
+        return np.where(causal, found, -1)
 
     def launch_times(self, rows: np.ndarray) -> np.ndarray:
         """Host time of each device row's launch, NaN where it has none."""
@@ -263,6 +269,26 @@ class RankContext:
     def sync_rows(self) -> np.ndarray:
         rows = self.t.rows_named(lambda n: n in SYNC_NAMES, cat=(CPU_OP, RUNTIME))
         return rows
+
+    @cached_property
+    def device_starts(self) -> np.ndarray:
+        """Start of every kernel, copy and memset on this rank's device, sorted."""
+        t = self.t
+        return np.sort(t.ts[np.isin(t.cat, DEVICE_CATEGORIES)])
+
+    def sync_reach(self, rows: np.ndarray) -> np.ndarray:
+        """How long each sync in ``rows`` can have kept the device idle after it returned: until the next
+        device activity, and no longer than the host was blocked in it. A sync drains what was queued when
+        it was called, at most the time it blocked; without it the host would have queued the next kernels
+        that much earlier and no more (a sync that returns at once found the queue empty already: the idle
+        after it is the host launching, not the sync)."""
+        t, starts = self.t, self.device_starts
+        ends = t.ts[rows] + t.dur[rows]
+        if not len(starts):
+            return ends
+        k = np.searchsorted(starts, ends)
+        nxt = np.where(k < len(starts), starts[np.minimum(k, len(starts) - 1)], ends)
+        return np.maximum(np.minimum(nxt, ends + t.dur[rows]), ends)
 
     @cached_property
     def wait_set(self) -> np.ndarray:

@@ -61,7 +61,7 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
         return None
     options = options if isinstance(options, dict) else {}
     busy = ctx.set_of(dev)
-    causes = _cause_sets(ctx, dev)
+    causes = _cause_sets(ctx)
     stack_starts = np.sort(t.ts[(t.cat == PYFUNC) & np.isin(t.track, ctx.compute_tracks)])
     # each idle instant of all the steps gets its cause once; each step then takes its part of them
     in_steps = iv.as_set([w.start for w in windows], [w.end for w in windows])
@@ -132,7 +132,7 @@ def _capture_set(ctx: RankContext, in_steps: np.ndarray) -> np.ndarray:
     return iv.intersect(iv.as_set(starts, np.maximum(stop, starts)), in_steps)
 
 
-def _cause_sets(ctx: RankContext, dev: np.ndarray) -> dict[str, np.ndarray]:
+def _cause_sets(ctx: RankContext) -> dict[str, np.ndarray]:
     t = ctx.t
     host = np.isin(t.track, ctx.compute_tracks)
     ops = np.nonzero(host & np.isin(t.cat, (CPU_OP, RUNTIME)))[0]
@@ -142,15 +142,12 @@ def _cause_sets(ctx: RankContext, dev: np.ndarray) -> dict[str, np.ndarray]:
     comm_ids = t.ids_with_prefix(COMM_OPS)
     comm = ops[np.isin(t.name_id[ops], comm_ids)]
     collective = iv.union(ctx.set_of(comm) if len(comm) else iv.EMPTY, ctx.wait_set)
-    # a sync drains the queue: its cost lasts until the device runs something again
+    # a sync drains the queue: its cost lasts until the device runs something again, as far as it
+    # drained it (RankContext.sync_reach)
     sync = ctx.sync_rows[np.isin(t.track[ctx.sync_rows], ctx.compute_tracks)] if len(ctx.sync_rows) else ctx.sync_rows
     shadow = iv.EMPTY
     if len(sync):
-        starts = np.sort(t.ts[dev])
-        ends = t.ts[sync] + t.dur[sync]
-        k = np.searchsorted(starts, ends)
-        nxt = np.where(k < len(starts), starts[np.minimum(k, len(starts) - 1)], ends)
-        shadow = iv.as_set(t.ts[sync], np.maximum(nxt, ends))
+        shadow = iv.as_set(t.ts[sync], ctx.sync_reach(sync))
     # launching: inside ops, or in gaps between them shorter than LONG_GAP_US
     launch = _close_gaps(op_set, LONG_GAP_US)
     sleep = ctx.set_of(ctx.sleep_rows) if len(ctx.sleep_rows) else iv.EMPTY
@@ -189,7 +186,8 @@ def _queue(ctx: RankContext, dev: np.ndarray, windows: list[StepWindow], out: Gp
         inside |= (lts >= w.start) & (lts < w.end)
     if not inside.any():
         return
-    delay = t.ts[k[inside]] - (t.ts[la[inside]] + t.dur[la[inside]])
+    # a kernel that starts before its launch call returns waited for nothing: no queue
+    delay = np.maximum(t.ts[k[inside]] - (t.ts[la[inside]] + t.dur[la[inside]]), 0.0)
     out.kernels = int(inside.sum())
     out.queue_delay_median_us = float(median(delay))
     out.queue_empty_frac = float(np.mean(delay <= QUEUE_EMPTY_US))

@@ -61,25 +61,23 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
         groups[(t.name(r), src)].append(int(r))
     out = []
     # on GPU the cost of a sync is the bubble after it: the device queue is empty until the host
-    # launches again, so measure from the sync's end to the next device activity
+    # launches again, as far as the sync drained it (RankContext.sync_reach)
     dev = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
-    dev_starts = np.sort(t.ts[dev])
     dev_busy = iv.as_set(t.ts[dev], t.ts[dev] + t.dur[dev]) if len(dev) else iv.EMPTY
     for (name, src), rows in groups.items():
         steps = sorted({s for s in (_step_of(windows, float(t.ts[r])) for r in rows) if s is not None})
         bubble = 0.0
-        if len(dev_starts):
-            ends = t.ts[rows] + t.dur[rows]
-            nxt = np.searchsorted(dev_starts, ends)
-            ok = nxt < len(dev_starts)
+        if len(dev):
+            rows_a = np.asarray(rows)
+            ends = t.ts[rows_a] + t.dur[rows_a]
             # idle until the next device activity, but not past the end of the sync's own step
-            step_end = np.array([next((w.end for w in windows if w.start <= e < w.end), e) for e in ends[ok]])
-            until = np.minimum(dev_starts[nxt[ok]], np.maximum(step_end, ends[ok]))
+            step_end = np.array([next((w.end for w in windows if w.start <= e < w.end), e) for e in ends])
+            until = np.minimum(ctx.sync_reach(rows_a), np.maximum(step_end, ends))
             # several syncs before the next launch share one bubble, and a stream still running when a
             # sync returns (it waited on another stream) is no bubble: the union of the gaps, minus
             # device activity, counted once
-            keep = until > ends[ok]
-            gaps = iv.as_set(ends[ok][keep], until[keep]) if keep.any() else iv.EMPTY
+            keep = until > ends
+            gaps = iv.as_set(ends[keep], until[keep]) if keep.any() else iv.EMPTY
             bubble = iv.total(iv.subtract(gaps, dev_busy)) if len(gaps) else 0.0
         out.append(HostSync(rank=t.rank, name=name, count=len(rows), total_us=float(t.dur[rows].sum()),
                             steps=steps, source=src, bubble_us=bubble))

@@ -14,6 +14,12 @@ def register(sub) -> None:
     p.add_argument("base", help="trace file, run folder or saved --json of the base run")
     p.add_argument("new", help="trace file, run folder or saved --json of the new run")
     add_selection(p, " on both sides")
+    # a run folder with capture windows (docs/capture.md): which window each side is, e.g. the same folder
+    # twice with --base-window 60 --new-window 178 compares a healthy window with the anomaly's
+    p.add_argument("--base-window", type=int, metavar="STEP",
+                   help="BASE is a run folder with windows: the window starting at STEP (default: the latest)")
+    p.add_argument("--new-window", type=int, metavar="STEP",
+                   help="NEW is a run folder with windows: the window starting at STEP (default: the latest)")
     add_thresholds(p, "diff_confidence=0.99")
     add_output(p, "the comparison")
     p.add_argument("--fail-on-regression", action="store_true",
@@ -29,7 +35,8 @@ def run(args) -> int:
     th = parse_thresholds(args)
     # the engine options apply to a side that is a trace; a saved --json is read back without one
     kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th, **engine_kwargs(args))
-    sides = [open_analysis(p, **kw) for p in (args.base, args.new)]
+    sides = [open_analysis(p, window=w, **kw)
+             for p, w in ((args.base, args.base_window), (args.new, args.new_window))]
     for path, a in zip((args.base, args.new), sides):
         if not any(r.steps for r in a.ranks):
             raise InputError(path, "no analysed step to compare (check --steps/--rank)")

@@ -77,10 +77,17 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
         ev.append(Evidence(f"with_stack=True: about {ms(m['profiler'])} of the idle is the profiler's own cost "
                            f"({profiled[0].stack_events_per_step:.0f} Python frames recorded per step)"))
     impact = m["data_loading"] if input_bound else fixable
-    title = (f"GPU idle {pct(ctx.frac(m['_idle']))} of the step, mostly {SHORT[cause]}"
+    # the cause a fix reaches is not always the largest: host work outside torch ops ("other") can hold
+    # more of the idle, and then "mostly" would name the wrong one
+    largest = max(SHORT, key=lambda c: m.get(c, 0.0))
+    mostly = largest == cause or m.get(largest, 0.0) <= m[cause]
+    share = f"mostly {SHORT[cause]}" if mostly else f"{pct(m[cause] / m['_idle'])} of it {SHORT[cause]}"
+    title = (f"GPU idle {pct(ctx.frac(m['_idle']))} of the step, {share}"
              + (" (host-bound)" if bound and cause != "data_loading" else ""))
-    summary = (f"No kernel runs on any stream for {ms(m['_idle'])} per step. Most of it the host was "
-               f"{CAUSE_LABEL[cause]}."
+    summary = (f"No kernel runs on any stream for {ms(m['_idle'])} per step. "
+               + (f"Most of it the host was {CAUSE_LABEL[cause]}." if mostly else
+                  f"For {ms(m[cause])} of it the host was {CAUSE_LABEL[cause]}; the most of it "
+                  f"({ms(m[largest])}) is {CAUSE_LABEL[largest]}, which the fix below does not shorten.")
                + (" Kernels start right after they are launched: the GPU waits for the host, not the other way "
                   "round." if bound else ""))
     captured = [g for g in idles if g.graph_captures]

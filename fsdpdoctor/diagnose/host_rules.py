@@ -109,7 +109,7 @@ def straggler(ctx: RuleContext) -> list[Finding]:
         summary += (f" Without it each step would end when the next-latest rank arrives: {ms(impact)} "
                     f"({pct(ctx.frac(impact))}) shorter.")
     if explained:
-        summary += (f" That wait is {pct(explained)} of the other ranks' exposed communication: the "
+        summary += (f" Its lateness holds {pct(explained)} of the other ranks' exposed communication: the "
                     "communication is slow because of this rank, not the network.")
     label = f"waiting on the host: {cause}" if cause in HOST_WAITS else cause
     return [ctx.finding(
@@ -136,11 +136,14 @@ def _sleep_source(ctx: RuleContext, rank: int) -> str | None:
 
 
 def _straggler_explains_comm(ctx: RuleContext) -> float:
-    """Share of the waiting ranks' exposed communication that is waiting for the straggler (0 if < half)."""
+    """Share of the waiting ranks' exposed communication that this rank's lateness holds (0 if < half):
+    what they would stop waiting were it on time. With more than two ranks that is the next-latest
+    rank's wait (``saving_us``), not the whole wait: the rest is waiting for the next-latest rank too."""
     s = ctx.a.straggler
     waiters = [r.mean.exposed_comm_us for r in ctx.a.ranks if r.rank != s.straggler and r.mean]
     exposed = sum(waiters) / len(waiters) if waiters else 0.0
-    share = min(straggler_wait_us(ctx) / exposed, 1.0) if exposed else 0.0
+    held = min(straggler_wait_us(ctx), s.saving_us or s.wait_us)
+    share = min(held / exposed, 1.0) if exposed else 0.0
     return share if share >= 0.5 else 0.0
 
 

@@ -101,7 +101,10 @@ def straggler_line(a: Analysis) -> str | None:
 def _steps(steps: list[int]) -> str:
     if not steps:
         return "-"
-    return f"{steps[0]}..{steps[-1]} ({len(steps)})" if len(steps) > 3 else ", ".join(map(str, steps))
+    # numbered as the trace numbers them: "steps: 10" would read as ten steps, "#10" is step number 10
+    if len(steps) > 3:
+        return f"#{steps[0]}..#{steps[-1]} ({len(steps)})"
+    return ", ".join(f"#{s}" for s in steps) + f" ({len(steps)})"
 
 
 def findings_table(a: Analysis, evidence_lines: int = 2) -> Group | Text:

@@ -405,7 +405,8 @@ class HostSync:
     total_us: float
     steps: list[int]
     source: str | None = None
-    bubble_us: float = 0.0           # GPU: device idle from each sync's end to the next device activity
+    # GPU: device idle from each sync's end to the next device activity, at most as long as it blocked
+    bubble_us: float = 0.0
 
 
 @dataclass
@@ -462,7 +463,7 @@ class GpuIdle:
     idle_frac: float                      # idle / step time
     by_cause: dict[str, float]            # mean per step
     kernels: int = 0                      # device events with a launch record in the analysed steps
-    queue_delay_median_us: float | None = None   # kernel start - end of its launch call (median)
+    queue_delay_median_us: float | None = None   # kernel start - end of its launch call, 0 if before (median)
     queue_empty_frac: float | None = None        # share of kernels that started at most QUEUE_EMPTY_US after launch
     sources: dict[str, list[list]] = field(default_factory=dict)  # cause -> [[user frame, us per step], ...]
     stack_events_per_step: float = 0.0   # Python-frame events recorded per step (with_stack)

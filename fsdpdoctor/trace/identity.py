@@ -90,7 +90,8 @@ def of(t: RankTrace) -> RankIdentity:
     pg = _default_pg(t)
     pid = main_pid(t)
     return RankIdentity(base_time_ns=t.base_time_ns, window_us=window_us(t),
-                        main_pid=pid if isinstance(pid, (int, float, str)) else None, host=t.host,
+                        # an identity token, compared only: as text, whatever a trace puts there
+                        main_pid=None if pid is None else str(pid), host=t.host,
                         default_pg=None if pg is None else str(pg), digest=_digest(t))
 
 

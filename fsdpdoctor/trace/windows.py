@@ -87,7 +87,7 @@ def resolve_window(path: Path, window: int | None) -> tuple[Path, str | None]:
     wins = list_windows(path) if path.is_dir() and _window_folders(path) else []
     if not wins:
         if window is not None:
-            raise InputError(path, "--window needs a run folder with window-<step> folders (none here)")
+            raise InputError(path, "a window was asked for (--window STEP), but this is no run folder with window-<step> folders")
         if path.is_dir() and (path / "steps").is_dir() and not _has_traces(path):
             raise InputError(path, f"no profiled window yet, only the step series: `fsdpdoctor steps {path}` shows "
                                    f"it, `fsdpdoctor trigger {path}` asks the running job for a window")
