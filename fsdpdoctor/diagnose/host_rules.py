@@ -43,8 +43,9 @@ def input_bound(ctx: RuleContext) -> list[Finding]:
     found = ctx.finding(
         "input-bound", f"{'Highly' if high else 'Moderately'} input-bound: data loading is {pct(f)} of the step",
         impact,
-        f"The training loop waits {ms(m.data_loading_us)} per step for the next batch "
-        f"({'single-process loading in the training process' if single else 'the worker processes do not keep up'}).",
+        # "the loop", not "the training loop": inference pipelines load through a DataLoader too
+        f"The loop waits {ms(m.data_loading_us)} per step for the next batch "
+        f"({'single-process loading in the main process' if single else 'the worker processes do not keep up'}).",
         fix, confidence=0.9, evidence=ev, source=worst.slow_frame, floor="warning",
         consequences=["straggler"] if loader_straggler else ())
     if dominant_idle_cause(ctx) == "data_loading":
