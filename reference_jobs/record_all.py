@@ -7,7 +7,7 @@ Each folder gets manifest.json, rank<N>.json.gz and expected.json
 ({"scenario", "must", "must_not"}). CPU/gloo here; CUDA/NCCL where available.
 Schedule: wait 1, warmup 1, active 3 (FSDP2: active 2, its with_stack traces are
 ~4x larger; stragglers: active 4, so the verdict has several steps). Each scenario
-runs its own script (train.py, hf_decoder.py or cnn.py).
+runs its own script (train.py, hf_decoder.py, cnn.py, seq_encoder.py or moe.py).
 
 Record on a machine as quiet as you can make it (CPU/gloo step times are shared-core
 timings), e.g. ``nice -n -5 python reference_jobs/record_all.py --only hf_ddp``.
@@ -43,7 +43,7 @@ def active_steps(name: str) -> int:
     if sc["wrap"] == "fsdp2" or sc["params"].get("act_ckpt", "none") != "none":
         return 2
     if (name == "straggler" or sc["params"].get("straggler", "none") != "none" or sc["params"].get("delay_ms")
-            or sc["params"].get("length_skew", 1.0) != 1.0):
+            or sc["params"].get("length_skew", 1.0) != 1.0 or sc["params"].get("expert_skew", 1.0) != 1.0):
         return 4
     return 3
 

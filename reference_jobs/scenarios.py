@@ -130,6 +130,7 @@ USER_JOB_PARAMS = {
     "straggler_share": 0.3,      # injected extra time / step time, sized from the measured step
     "slow_rank": 1,
     "length_skew": 1.0,          # seq_encoder.py: slow_rank's sequences are this many times longer
+    "expert_skew": 1.0,          # moe.py: slow_rank's expert gets this many times the tokens of each other one
 }
 
 USER_SCENARIOS: dict[str, dict] = {
@@ -177,6 +178,14 @@ USER_SCENARIOS: dict[str, dict] = {
         script="seq_encoder.py", wrap="ddp",
         injects="rank 1's batches hold 2.7x longer sequences (no length-grouped batching)",
         params={"length_skew": 2.7}, must=["straggler"]),
+    "moe_balanced": dict(
+        script="moe.py", wrap="ddp",
+        injects="nothing (healthy): mixture of experts, one expert per rank, all-to-all dispatch/combine, "
+                "balanced routing", params={}, must=[]),
+    "moe_routing_skew": dict(
+        script="moe.py", wrap="ddp",
+        injects="the router sends rank 1's expert 3x the tokens of rank 0's (all-to-all dispatch/combine)",
+        params={"expert_skew": 3.0}, must=["straggler"]),
     "cnn_no_process_group": dict(
         script="cnn.py", wrap="none",
         injects="torchrun without init_process_group: two independent models, no communication",

@@ -27,6 +27,8 @@ REQUIRED = [
     # a sleeper beside each prefetch fault; a Transformer encoder with and without length skew
     "fsdp1_no_backward_prefetch_sleeper", "fsdp1_backward_post_sleeper", "fsdp2_no_backward_prefetch_sleeper",
     "seq_ddp", "seq_length_skew",
+    # a mixture of experts exchanging tokens with all_to_all, balanced and with a skewed router
+    "moe_balanced", "moe_routing_skew",
 ]
 MUST = {
     # forward_prefetch=False in every FSDP1 scenario but fsdp1_forward_prefetch (the on/off pair)
@@ -55,9 +57,10 @@ MUST = {
     "fsdp1_backward_post_sleeper": ["fsdp1-backward-post", "fsdp-forward-prefetch-off", "straggler"],
     "fsdp2_no_backward_prefetch_sleeper": ["fsdp2-backward-prefetch-ineffective", "straggler"],
     "seq_length_skew": ["straggler"],
+    "moe_routing_skew": ["straggler"],
 }
 HEALTHY = ["fsdp1_backward_pre", "fsdp2_default", "ddp_default", "dataloader_fixed", "grad_accum_no_sync"]
-HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp", "seq_ddp"]
+HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp", "seq_ddp", "moe_balanced"]
 UNSYNCHRONIZED = {"hf_accelerate_unsynchronized", "cnn_no_process_group"}
 
 
@@ -84,6 +87,7 @@ def test_scenario_table():
     for name in HEALTHY_USER_JOBS:
         p = sc[name]["params"]
         assert p["straggler"] == "none" and p["act_ckpt"] == "none" and not p["item_sleep_ms"], name
+        assert p["length_skew"] == 1.0 and p["expert_skew"] == 1.0, name
         assert p["launch"] in {"torchrun", "accelerate"}, name
 
 

@@ -2,7 +2,7 @@
 
 `run` is a thin wrapper over
 ``python -m torch.distributed.run --nproc_per_node N --master_port P reference_jobs/<script> ...``
-where the script is the scenario's (train.py, hf_decoder.py or cnn.py).
+where the script is the scenario's (train.py, hf_decoder.py, cnn.py, seq_encoder.py or moe.py).
 """
 
 from __future__ import annotations
