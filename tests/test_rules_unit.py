@@ -333,9 +333,12 @@ def test_a_straggler_claims_the_communication_only_its_own_lateness_holds():
     wait 50 ms for it, but the next-latest arrives 2 ms before it, so on time it would save 2 ms. The
     exposed communication is the spread of all arrivals, not this rank's: it stays a root."""
     spread = replace(straggler_report(wait_us=50 * MS, own_frame="job.py(5): train"), saving_us=2 * MS)
-    f = _diag(analysis(straggler=spread, **comm("all_reduce", 60 * MS)))
+    f = _diag(analysis(ranks=8, straggler=spread, **comm("all_reduce", 60 * MS)))
     assert f["straggler"].impact_us == pytest.approx(2 * MS)
     assert f["straggler"].consequences == [] and f["exposed-comm-high"].caused_by is None
+    # 50 ms is the longest wait; the others wait between 2 and 50 ms, for every rank arriving after them
+    assert "wait up to 50.0 ms" in f["straggler"].summary
+    assert "waiting for ranks that arrive later" in f["exposed-comm-high"].summary
     # the same wait where the next-latest rank was on time: its lateness is the communication's cause
     alone = straggler_report(wait_us=50 * MS, own_frame="job.py(5): train")
     f = _diag(analysis(straggler=alone, **comm("all_reduce", 60 * MS)))

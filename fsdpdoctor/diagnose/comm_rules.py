@@ -33,7 +33,9 @@ def exposed_comm(ctx: RuleContext) -> list[Finding]:
     summary = (f"{ms(m.exposed_comm_us)} per step of communication ({pct(total)} of the step) is not hidden by "
                f"compute (by kind: {top}; by phase: {phases})")
     if waiting:
-        summary += f"; {ms(waiting)} of it is waiting for the straggler, {ms(exposed)} is left for a fix."
+        # with more than two ranks the waiters wait for every rank that arrives after them, not only the last
+        whom = "ranks that arrive later (the straggler and others)" if len(ctx.a.ranks) > 2 else "the straggler"
+        summary += f"; {ms(waiting)} of it is waiting for {whom}, {ms(exposed)} is left for a fix."
     else:
         summary += "."
     if sync:

@@ -43,8 +43,9 @@ def input_bound(ctx: RuleContext) -> list[Finding]:
     found = ctx.finding(
         "input-bound", f"{'Highly' if high else 'Moderately'} input-bound: data loading is {pct(f)} of the step",
         impact,
-        f"The training loop waits {ms(m.data_loading_us)} per step for the next batch "
-        f"({'single-process loading in the training process' if single else 'the worker processes do not keep up'}).",
+        # "the loop", not "the training loop": inference pipelines load through a DataLoader too
+        f"The loop waits {ms(m.data_loading_us)} per step for the next batch "
+        f"({'single-process loading in the main process' if single else 'the worker processes do not keep up'}).",
         fix, confidence=0.9, evidence=ev, source=worst.slow_frame, floor="warning",
         consequences=["straggler"] if loader_straggler else ())
     if dominant_idle_cause(ctx) == "data_loading":
@@ -89,12 +90,15 @@ def straggler(ctx: RuleContext) -> list[Finding]:
                  "check its device (clocks, thermal, other processes on it)" if ctx.traits.device_timeline else
                  "check that no other process takes its cores (pin ranks to cores, fewer jobs per host)"),
              "idle": "Rank {r} is idle outside ops: look for Python work, logging or I/O only it does"}
+    # wait_us is the longest wait of a step (median over steps): with more than two ranks the others
+    # wait between the next-latest rank's wait and that
+    upto = "up to " if len(ctx.a.ranks) > 2 else ""
     ev = [Evidence(f"rank {r} was the last to arrive in {s.steps_last} of {s.steps_total} steps; a healthy rank "
                    f"is last that often by chance with probability {s.chance:.2f} ({len(ctx.a.ranks)} ranks)",
                    rank=r),
-          Evidence(f"the others wait {ms(s.wait_us)} per step for it (median), {s.wait_us / s.noise_us:.1f}x this "
-                   f"run's step-to-step noise of {ms(s.noise_us)}" if s.noise_us else
-                   f"the others wait {ms(s.wait_us)} per step for it (median; one step: no noise estimate)",
+          Evidence(f"the others wait {upto}{ms(s.wait_us)} per step for it (median), "
+                   f"{s.wait_us / s.noise_us:.1f}x this run's step-to-step noise of {ms(s.noise_us)}" if s.noise_us else
+                   f"the others wait {upto}{ms(s.wait_us)} per step for it (median; one step: no noise estimate)",
                    rank=r, time_us=s.wait_us)]
     if s.cause_evidence:
         ev.append(Evidence(s.cause_evidence, rank=r, time_us=s.extra_us))
@@ -108,7 +112,7 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     explained = _straggler_explains_comm(ctx)
     conseq = ["exposed-comm-high", "low-overlap", "low-bus-bandwidth"] if explained else []
     summary = (f"Rank {r} was the last to arrive in {s.steps_last} of {s.steps_total} steps and the others wait "
-               f"{ms(s.wait_us)} per step for it ({pct(ctx.frac(s.wait_us))} of the step) in their first "
+               f"{upto}{ms(s.wait_us)} per step for it ({pct(ctx.frac(s.wait_us))} of the step) in their first "
                "collective after the delay.")
     if impact < 0.99 * s.wait_us:
         summary += (f" Without it each step would end when the next-latest rank arrives: {ms(impact)} "

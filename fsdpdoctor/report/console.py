@@ -91,8 +91,7 @@ def straggler_line(a: Analysis) -> str | None:
     f = next((f for f in a.findings if f.id == "straggler"), None)
     if f is not None:
         return (f"straggler: rank {f.ranks[0] if f.ranks else s.straggler} (last in {s.steps_last} of "
-                f"{s.steps_total} steps; the others wait {ms(f.impact_us)} = {pct(f.impact_frac)} of the step "
-                "for it)")
+                f"{s.steps_total} steps; it costs {ms(f.impact_us)} = {pct(f.impact_frac)} of the step)")
     noise = f"; step-to-step noise {ms(s.noise_us)}" if s.noise_us else ""
     return (f"no straggler: rank {s.straggler} was last in {s.steps_last} of {s.steps_total} steps, the others "
             f"waiting {ms(s.wait_us)} per step for it (median{noise})")
