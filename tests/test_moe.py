@@ -51,6 +51,9 @@ def test_all_to_all_is_communication_of_its_own_kind(run):
         kinds = Counter((c.kind, c.phase) for c in cs)
         assert kinds == {("all_to_all", "forward"): 3, ("all_to_all", "backward"): 2,
                          ("all_reduce", "backward"): 1}, (rank, step, kinds)
+        # the first exchange of a step is the token counts: one int64 per rank (the host op names it "long int")
+        counts = cs[0]
+        assert counts.kind == "all_to_all" and counts.dtype == "long int" and counts.size_bytes == 8 * a.job.world_size
     rows = {(r.kind, r.phase): r for r in a.collectives}
     assert set(rows) == {("all_to_all", "forward"), ("all_to_all", "backward"), ("all_reduce", "backward")}
     for phase, n in A2A_PER_STEP.items():

@@ -35,7 +35,10 @@ _KERNEL_KIND = {"allgather": "all_gather", "reducescatter": "reduce_scatter", "a
 _DTYPE_BYTES = {"float": 4, "float32": 4, "bfloat16": 2, "half": 2, "float16": 2, "double": 8, "float64": 8,
                 "int": 4, "int32": 4, "long": 8, "int64": 8, "byte": 1, "char": 1, "bool": 1, "uint8": 1,
                 "int8": 1, "short": 2, "int16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
-                "unsigned char": 1, "signed char": 1, "c10::bfloat16": 2, "c10::half": 2}
+                "unsigned char": 1, "signed char": 1, "c10::bfloat16": 2, "c10::half": 2,
+                # the C++ names the host ops' "Input type" gives the other integer dtypes (int64 is "long int")
+                "long int": 8, "long long int": 8, "short int": 2, "unsigned short": 2, "unsigned int": 4,
+                "unsigned long": 8, "c10::complex<float>": 8, "c10::complex<double>": 16}
 
 
 def kind_from_collective_name(name: str | None) -> str | None:
