@@ -301,12 +301,13 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-def check_contract(target: Path) -> dict[str, int]:
+def check_contract(target: Path, gate: bool = True) -> dict[str, int]:
+    """The contract for ``analyze --json`` and (``gate``) ``check`` on ``target``: their exit codes."""
     files = [target] if target.is_file() else sorted(p for p in target.rglob("*") if p.is_file())
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
     codes = {}
     err = ""
-    for verb in (["analyze", "--json"], ["check"]):
+    for verb in (["analyze", "--json"], ["check"]) if gate else (["analyze", "--json"],):
         if codes.get("analyze") == 2:
             # the same input is refused by the same loader: check's answer is analyze's (saves half the time)
             rc, out, err = run_cli("check", "--no-progress", str(target)) if FULL_CHECK else (2, "", err)
@@ -343,20 +344,20 @@ def test_fuzz_mutated_run_folder(muts):
     fuzz_folder(*apply([r0, r1], manifest, muts))
 
 
-def fuzz_folder(docs: list, manifest, opts: dict) -> None:
+def fuzz_folder(docs: list, manifest, opts: dict, gate: bool = True) -> None:
     """Write one mutated run folder, hold it to the contract, count its exit codes."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "run"
         folder.mkdir()
         write_run(folder, docs, manifest, opts)
-        codes = check_contract(folder)
+        codes = check_contract(folder, gate)
     for verb, rc in codes.items():
         HISTOGRAM[verb][rc] = HISTOGRAM[verb].get(rc, 0) + 1
 
 
 @pytest.mark.skipif(not GPU_TRACE.is_file(), reason="../shared/traces-public absent")
 @seed(SEED + 2)
-@_settings(80, 0.25)
+@_settings(40, 0.25)
 @given(muts=st.lists(mutation(), min_size=1, max_size=4))
 def test_fuzz_mutated_gpu_run_folder(muts):
     """The same contract on a GPU/NCCL recording: kernel and launch fields, flows, record_param_comms
@@ -378,7 +379,8 @@ def test_every_edge_value_of_a_gpu_argument(key):
                 if isinstance(e.get("args"), dict) and (("Collective name" in e["args"]) if key in COMM_ARGS else
                                                         e.get("cat") in ("kernel", "cuda_runtime", "gpu_memcpy")):
                     e["args"][key] = value
-        fuzz_folder(docs, None, opts)
+        # analyze only: check reads the same analysis (the random tests run both)
+        fuzz_folder(docs, None, opts, gate=False)
 
 
 @seed(SEED + 1)

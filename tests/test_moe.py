@@ -87,6 +87,7 @@ def check_routing_skew(a, manifest: dict) -> None:
     assert f.ranks == [slow] and f.severity == "error" and "(more work)" in f.title
     s = a.straggler
     assert s.straggler == slow and s.cause == "more work" and s.steps_last == s.steps_total
+    assert s.exchange_kind == "all_to_all" and skew * 0.9 < s.exchange_ratio < skew * 1.1
     waiter = next(r for r in a.ranks if r.rank != slow)
     # the others wait in the exchange: never longer than they spend in all-to-alls, and at least the
     # largest part of the slow rank's extra compute (its expert's backward is two thirds of it)
@@ -111,3 +112,43 @@ def test_a_fresh_routing_skew_run_names_its_straggler(tmp_path):
     assert rc == 0
     a = open_analysis(out)
     check_routing_skew(a, json.loads((out / "manifest.json").read_text()))
+
+
+def _calls(sizes_by_rank: dict[int, list[int]], kind: str, steps: int = 4):
+    from synthetic import collectives
+
+    out = []
+    for rank, sizes in sizes_by_rank.items():
+        for k, size in enumerate(sizes):
+            for c in collectives(1, steps, kind, "forward", size_bytes=size):
+                c.rank, c.index = rank, k
+                out.append(c)
+    return out
+
+
+def test_an_uneven_exchange_is_found_by_its_sizes_alone():
+    """The exchange that hands a rank its extra work is read from the matched calls' sizes: gradient
+    collectives are the same size everywhere, uneven all_to_all splits are not; the call's kind is not
+    what decides."""
+    from fsdpdoctor.analysis.stragglers import uneven_exchange
+
+    assert uneven_exchange(_calls({0: [4096, 4096], 1: [4096, 4096]}, "all_reduce"), 1) is None
+    # rank 1 receives 3x in the first call of every step, the second call is even
+    kind, ratio = uneven_exchange(_calls({0: [1000, 2048], 1: [3000, 2048]}, "all_to_all"), 1)
+    assert kind == "all_to_all" and ratio == pytest.approx(3.0)
+    # the rank that gets less is handed nothing extra
+    assert uneven_exchange(_calls({0: [1000, 2048], 1: [3000, 2048]}, "all_to_all"), 0) is None
+    # the same skew, whatever the kind is called: sizes decide
+    assert uneven_exchange(_calls({0: [1000], 1: [3000]}, "other"), 1) == ("other", pytest.approx(3.0))
+
+
+@needs
+def test_the_routing_skew_names_the_exchange_not_the_batches():
+    """More work that arrives through the all_to_all is fixed in the routing, not by batching by length
+    (seq_length_skew's more work comes from its own batches and keeps that fix)."""
+    a = open_analysis(TRACES / "moe_routing_skew")
+    s, f = a.straggler, next(f for f in a.findings if f.id == "straggler")
+    assert s.exchange_kind == "all_to_all" and 2.7 < s.exchange_ratio < 3.3
+    assert "all_to_all calls hand it" in f.fix and "load-balancing" in f.fix and "length" not in f.fix
+    seq = open_analysis(TRACES / "seq_length_skew").straggler
+    assert seq.cause == "more work" and seq.exchange_kind is None

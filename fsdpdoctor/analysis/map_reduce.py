@@ -210,7 +210,7 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     clock = clock_mod.estimate(all_colls, [s.rank for s in summaries])
     strag = stragglers.analyze(all_colls, summaries, same_clock, clock)
     if strag:
-        stragglers.attribute_cause(strag, summaries, {r.rank: r.work for r in kept if r.work})
+        stragglers.attribute_cause(strag, summaries, {r.rank: r.work for r in kept if r.work}, all_colls)
         stragglers.culprit_frames(strag, {r.rank: r.user_frames for r in kept})
         for s in summaries:
             s.wait_us = strag.wait_by_rank.get(s.rank, 0.0)

@@ -135,13 +135,16 @@ def step_time_noise(ranks: list[RankSummary]) -> float:
 
 
 def attribute_cause(report: StragglerReport, ranks: list[RankSummary],
-                    work: dict[int, WorkCounts] | None = None) -> None:
+                    work: dict[int, WorkCounts] | None = None, colls: list[Collective] | None = None) -> None:
     """What the straggler spends its extra time on, compared with the other ranks.
 
     Extra compute is split by the work the steps hold (``work``, per rank): "more work" when the
     late rank's steps hold more (larger inputs, more ops or kernels) and that excess accounts for at
-    least half of its extra compute time; otherwise the same work done slower. Extra sleep, host
-    syncs, loading or time outside ops is the rank waiting on its host."""
+    least half of its extra compute time; otherwise the same work done slower. More work that a
+    collective hands it (``colls``: a call whose message on the late rank is a multiple of the others',
+    as uneven all_to_all splits are) by enough to account for that half too came through that exchange,
+    not from its own batches. Extra sleep, host syncs, loading or time outside ops is the rank waiting
+    on its host."""
     by = {r.rank: r for r in ranks}
     s = by.get(report.straggler)
     others = [r.mean for r in ranks if r.rank != report.straggler and r.mean]
@@ -181,8 +184,48 @@ def attribute_cause(report: StragglerReport, ranks: list[RankSummary],
         report.cause_evidence = (f"rank {s.rank}'s steps hold {ratio:.1f}x the {what} of the other ranks (median; "
                                  f"{same}), and it computes {compute_ratio:.1f}x as long: {amount / 1e3:.1f} ms/step "
                                  "more")
+        exchange = uneven_exchange(colls or [], report.straggler)
+        # the same test as for the work itself: the exchange's excess accounts for half the extra compute
+        if exchange and exchange[1] - 1.0 >= 0.5 * (compute_ratio - 1.0):
+            report.exchange_kind, report.exchange_ratio = exchange
+            report.cause_evidence += (f"; its {exchange[0]} calls carry {exchange[1]:.1f}x the elements of the "
+                                      "other ranks' (the most uneven call of each step, median): the exchange "
+                                      "hands it the extra work")
     else:
         report.cause_evidence += f"; its steps hold the same work as theirs ({same})"
+
+
+def uneven_exchange(colls: list[Collective], rank: int) -> tuple[str, float] | None:
+    """(kind, ratio) of the collective that hands ``rank`` the most data relative to the other ranks.
+
+    Calls are matched across ranks as in ``analyze`` (step, order within the step). A matched call of one
+    kind whose message is larger on ``rank`` than the others' median (uneven all_to_all splits; the
+    gradient collectives of DDP and FSDP are the same size on every rank) hands it that multiple of
+    their data; per step the largest such multiple, then the median over steps (sizes are exact, so
+    any multiple above 1 is real). None without such a call."""
+    groups: dict[tuple[int, int | None], list[Collective]] = defaultdict(list)
+    for c in colls:
+        groups[(c.rank, c.step)].append(c)
+    ranks = sorted({r for r, _ in groups})
+    if rank not in ranks or len(ranks) < 2:
+        return None
+    per_step: list[tuple[float, str | None]] = []  # (largest multiple, its kind) per step; 1.0 where none
+    for st in sorted({s for _, s in groups if s is not None}):
+        lists = [groups.get((r, st), []) for r in ranks]
+        best: tuple[float, str | None] = (1.0, None)
+        for cs in zip(*lists):
+            if len({c.kind for c in cs}) > 1 or any(not c.size_bytes for c in cs):
+                continue
+            mine = next(c.size_bytes for c in cs if c.rank == rank)
+            theirs = float(median([c.size_bytes for c in cs if c.rank != rank]))
+            if theirs > 0 and mine / theirs > best[0]:
+                best = (mine / theirs, cs[0].kind)
+        per_step.append(best)
+    kinds = [k for _, k in per_step if k is not None]
+    if not kinds:
+        return None
+    kind = max(set(kinds), key=kinds.count)
+    return kind, float(median([r if k == kind else 1.0 for r, k in per_step]))
 
 
 def work_ratios(work: dict[int, WorkCounts], rank: int) -> dict[str, float]:

@@ -76,6 +76,11 @@ def straggler(ctx: RuleContext) -> list[Finding]:
                           "samples of similar length into batches and give each rank the same token budget "
                           "(a length-grouped or bucketing sampler, token-balanced batching); if the data is "
                           "sharded unevenly, shard it evenly",
+             "more work through an exchange": "Give every rank the same work per step: rank {r}'s {exchange} calls "
+                          "hand it {exchange_ratio} the elements of the other ranks ({ratio} in its steps). Balance "
+                          "what the exchange sends to each rank: with mixture-of-experts routing, a load-balancing "
+                          "loss or per-expert routing bias, a capacity factor, or experts placed so that each rank's "
+                          "load evens out",
              "data loading": "Give rank {r} a faster input pipeline (num_workers, local data, no slow storage)",
              "sleep": "Remove the sleep/wait on rank {r}{where} (a barrier, checkpoint or logging call on one rank?)",
              "host sync": "Remove the host syncs on rank {r}{where} (.item(), .cpu(), print of tensors)",
@@ -116,10 +121,12 @@ def straggler(ctx: RuleContext) -> list[Finding]:
         summary += (f" Its lateness holds {pct(explained)} of the other ranks' exposed communication: the "
                     "communication is slow because of this rank, not the network.")
     label = f"waiting on the host: {cause}" if cause in HOST_WAITS else cause
+    fix = fixes["more work through an exchange"] if cause == "more work" and s.exchange_kind else \
+        fixes.get(cause, "Find what rank {r} does differently{where}")
     return [ctx.finding(
         "straggler", f"Rank {r} is a straggler ({label})", impact, summary,
-        fixes.get(cause, "Find what rank {r} does differently{where}").format(
-            r=r, where=where, extra=ms(s.extra_us), ratio=_work_excess(s)),
+        fix.format(r=r, where=where, extra=ms(s.extra_us), ratio=_work_excess(s), exchange=s.exchange_kind,
+                   exchange_ratio=f"{s.exchange_ratio or 1.0:.1f}x"),
         confidence=verdict, evidence=ev, ranks=[r], source=frame, consequences=conseq)]
 
 

@@ -209,6 +209,10 @@ class StragglerReport:
     extra_us: float = 0.0               # the culprit's extra time per step in `cause`
     cause_source: str | None = None     # the culprit's own user frame holding its extra time
     cause_frames: list[dict] = field(default_factory=list)   # frame, culprit_us, others_us, extra_us
+    # "more work" brought by a collective: the kind of the matched call whose message on the culprit is the
+    # largest multiple of the others' (uneven all_to_all splits), and that multiple (median over steps)
+    exchange_kind: str | None = None
+    exchange_ratio: float | None = None
 
 
 @dataclass
