@@ -271,10 +271,14 @@ class RankContext:
         return rows
 
     @cached_property
+    def device_rows(self) -> np.ndarray:
+        """Every kernel, copy and memset on this rank's device (the rows of the device timeline)."""
+        return np.nonzero(np.isin(self.t.cat, DEVICE_CATEGORIES))[0]
+
+    @cached_property
     def device_starts(self) -> np.ndarray:
         """Start of every kernel, copy and memset on this rank's device, sorted."""
-        t = self.t
-        return np.sort(t.ts[np.isin(t.cat, DEVICE_CATEGORIES)])
+        return np.sort(self.t.ts[self.device_rows])
 
     def sync_reach(self, rows: np.ndarray) -> np.ndarray:
         """How long each sync in ``rows`` can have kept the device idle after it returned: until the next

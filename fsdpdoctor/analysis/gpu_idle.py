@@ -33,7 +33,7 @@ from fsdpdoctor.analysis.breakdown import StepWindow
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.stats import median
 from fsdpdoctor.results import IDLE_CAUSES, GpuIdle, GpuIdleStep
-from fsdpdoctor.trace.table import CPU_OP, DEVICE_CATEGORIES, PYFUNC, RUNTIME
+from fsdpdoctor.trace.table import CPU_OP, PYFUNC, RUNTIME
 from fsdpdoctor.trace.vocabulary import COMM_OPS
 
 # A host thread that launches work runs a torch op every few tens of microseconds; a stretch of
@@ -56,7 +56,7 @@ _MAX_SOURCE_PIECES = 150  # longest idle pieces per cause looked up for a user f
 def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None = None) -> GpuIdle | None:
     """Per-step GPU idle of one rank and its causes; None when the trace has no device timeline."""
     t = ctx.t
-    dev = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
+    dev = ctx.device_rows
     if not len(dev) or not windows:
         return None
     options = options if isinstance(options, dict) else {}
@@ -126,9 +126,10 @@ def _capture_set(ctx: RankContext, in_steps: np.ndarray) -> np.ndarray:
         return iv.EMPTY
     ends = np.sort((t.ts + t.dur)[np.isin(t.name_id, t.ids_with_prefix(CAPTURE_END))])
     starts = t.ts[begin]
+    stop = np.full(len(starts), float(in_steps[-1, 1]))  # no end after it: the recording stopped inside
     k = np.searchsorted(ends, starts)
-    stop = np.where(k < len(ends), ends[np.minimum(k, max(len(ends) - 1, 0))] if len(ends) else 0.0,
-                    float(in_steps[-1, 1]))
+    ended = k < len(ends)
+    stop[ended] = ends[k[ended]]
     return iv.intersect(iv.as_set(starts, np.maximum(stop, starts)), in_steps)
 
 

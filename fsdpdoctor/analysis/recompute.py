@@ -19,7 +19,7 @@ from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.breakdown import StepWindow
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.results import OffloadInfo, RecomputeInfo
-from fsdpdoctor.trace.table import CPU_OP, DEVICE_CATEGORIES, KERNEL, MEMCPY, PYFUNC, distinct
+from fsdpdoctor.trace.table import CPU_OP, KERNEL, MEMCPY, PYFUNC, distinct
 
 _RECOMPUTE_FRAME = ("torch/utils/checkpoint.py", ": recompute_fn")
 _REENTRANT_OP = "CheckpointFunctionBackward"
@@ -63,7 +63,7 @@ def recompute(ctx: RankContext, windows: list[StepWindow]) -> RecomputeInfo | No
         return None
     t = ctx.t
     regions = _region_set_by_track(ctx, rows, nested)
-    dev = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
+    dev = ctx.device_rows
     if len(dev):
         # device work launched from inside a region of its launching thread
         launch = ctx.launch_rows(dev)

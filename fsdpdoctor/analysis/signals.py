@@ -12,7 +12,7 @@ from fsdpdoctor.analysis.breakdown import StepWindow
 from fsdpdoctor.analysis.context import RankContext, is_user_frame
 from fsdpdoctor.analysis.rankresult import DdpCounts
 from fsdpdoctor.results import Collective, DataLoaderInfo, DdpInfo, HostSync, StepBreakdown
-from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, PYFUNC
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, PYFUNC
 from fsdpdoctor.trace.vocabulary import COMM_OPS, LIBRARY_ANNOTATIONS
 
 
@@ -62,7 +62,7 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
     out = []
     # on GPU the cost of a sync is the bubble after it: the device queue is empty until the host
     # launches again, as far as the sync drained it (RankContext.sync_reach)
-    dev = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
+    dev = ctx.device_rows
     dev_busy = iv.as_set(t.ts[dev], t.ts[dev] + t.dur[dev]) if len(dev) else iv.EMPTY
     for (name, src), rows in groups.items():
         steps = sorted({s for s in (_step_of(windows, float(t.ts[r])) for r in rows) if s is not None})

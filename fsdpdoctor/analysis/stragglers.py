@@ -46,14 +46,20 @@ from fsdpdoctor.trace.vocabulary import SHAPED_OPS
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution -> its standard deviation
 
 
+def _by_rank_and_step(colls: list[Collective]) -> dict[tuple[int, int | None], list[Collective]]:
+    """Each rank's calls per step, in issue order: the k-th of a step matches the others' k-th."""
+    groups: dict[tuple[int, int | None], list[Collective]] = defaultdict(list)
+    for c in colls:
+        groups[(c.rank, c.step)].append(c)
+    return groups
+
+
 def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
             clock: ClockReport | None = None) -> StragglerReport | None:
     rank_ids = [r.rank for r in ranks]
     if len(rank_ids) < 2 or not colls:
         return None
-    groups: dict[tuple[int, int | None], list[Collective]] = defaultdict(list)
-    for c in colls:
-        groups[(c.rank, c.step)].append(c)
+    groups = _by_rank_and_step(colls)
     steps = sorted({s for (_, s) in groups if s is not None}) or [None]
     step_time = {(r.rank, s.step): s.duration_us for r in ranks for s in r.steps}
     per_step = []
@@ -203,9 +209,7 @@ def uneven_exchange(colls: list[Collective], rank: int) -> tuple[str, float] | N
     gradient collectives of DDP and FSDP are the same size on every rank) hands it that multiple of
     their data; per step the largest such multiple, then the median over steps (sizes are exact, so
     any multiple above 1 is real). None without such a call."""
-    groups: dict[tuple[int, int | None], list[Collective]] = defaultdict(list)
-    for c in colls:
-        groups[(c.rank, c.step)].append(c)
+    groups = _by_rank_and_step(colls)
     ranks = sorted({r for r, _ in groups})
     if rank not in ranks or len(ranks) < 2:
         return None
