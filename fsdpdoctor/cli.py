@@ -32,6 +32,7 @@ from fsdpdoctor.commands import (  # noqa: E402
 )
 from fsdpdoctor.commands.base import Verb  # noqa: E402
 from fsdpdoctor.errors import InputError  # noqa: E402
+from fsdpdoctor.visible_text import visible  # noqa: E402
 
 # the verbs, in the order `--help` lists them
 VERBS: tuple[Verb, ...] = (analyze, check, diff, export, tui, scaling, memory, summarize, reference, hang, steps,
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
-        print(f"fsdpdoctor: error: {exc}", file=sys.stderr)
+        print(f"fsdpdoctor: error: {visible(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fsdpdoctor: interrupted", file=sys.stderr)
@@ -69,6 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug of ours: one line unless asked for the traceback
         if os.environ.get("FSDPDOCTOR_DEBUG"):
             raise
-        print(f"fsdpdoctor: internal error: {type(exc).__name__}: {exc} "
+        print(f"fsdpdoctor: internal error: {type(exc).__name__}: {visible(str(exc))} "
               "(set FSDPDOCTOR_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
         return 3

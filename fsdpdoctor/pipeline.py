@@ -34,6 +34,7 @@ from fsdpdoctor.trace.loader import Progress, _merge_cycles, _trace_files, input
 from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.table import RankTrace
 from fsdpdoctor.trace.windows import resolve_window, without_partial
+from fsdpdoctor.visible_text import visible
 
 # a saved ``--json`` starts with one of Analysis's keys (a trace starts with traceEvents/schemaVersion/...)
 _ANALYSIS_HEAD = re.compile(rb'^\s*\{\s*"(source|job|schema_version)"\s*:')
@@ -411,7 +412,7 @@ class _Reporter:
         now = time.monotonic()
         if now - self.t0 > self.QUIET_S and now - self.last > self.QUIET_S:
             self.last = now
-            print(f"fsdpdoctor: {self.n}/{self.total} ranks analysed ({name}; {_pace(self.n, now - self.t0)})",
+            print(f"fsdpdoctor: {self.n}/{self.total} ranks analysed ({visible(name)}; {_pace(self.n, now - self.t0)})",
                   file=sys.stderr)
 
     def done(self) -> None:

@@ -104,10 +104,11 @@ def json_document(doc: dict) -> str:
 def say(line: str) -> None:
     """One line of plain text on stdout, wrapped at spaces to the terminal's width (80 columns when
     piped, ``COLUMNS`` when set)."""
-    from rich.console import Console
     from rich.text import Text
 
-    Console(highlight=False).print(Text(line))
+    from fsdpdoctor.report.terminal import terminal_console
+
+    terminal_console(highlight=False).print(Text(line))
 
 
 def print_json(doc: dict) -> None:

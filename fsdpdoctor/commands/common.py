@@ -71,13 +71,13 @@ def progress_bar(enabled: bool):
     if not enabled or not sys.stderr.isatty():
         yield None
         return
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from fsdpdoctor.report.terminal import terminal_console
     from fsdpdoctor.trace.io import showing_bytes
 
     with Progress(TextColumn("loading {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as prog:
+                  TimeElapsedColumn(), console=terminal_console(stderr=True), transient=True) as prog:
         task = prog.add_task("traces", total=None)
 
         def cb(name: str, done: int, total: int) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from fsdpdoctor.commands.base import add_output, print_json, say
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.report.steps_plot import load, render
+from fsdpdoctor.visible_text import visible_lines
 
 
 def register(sub) -> None:
@@ -39,7 +40,7 @@ def run(args) -> int:
         args.width = shutil.get_terminal_size((80, 24)).columns
     if args.width < 40 or args.height < 4:
         raise InputError(None, "--width must be >= 40 and --height >= 4")
-    print("\n".join(render(series, windows, args.width, args.height)))
+    print(visible_lines("\n".join(render(series, windows, args.width, args.height))))
     for n in notes:
         say(f"note: {n}")
     return 0

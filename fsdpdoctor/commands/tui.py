@@ -42,6 +42,8 @@ def open_tui(args) -> int:
         # the error screen showed it; repeat it on the terminal the user returns to
         import sys
 
-        print(f"fsdpdoctor: error: {app.error}", file=sys.stderr)
+        from fsdpdoctor.visible_text import visible
+
+        print(f"fsdpdoctor: error: {visible(str(app.error))}", file=sys.stderr)
         return 2
     return int(rc or 0)

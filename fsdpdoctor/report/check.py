@@ -9,6 +9,7 @@ from rich.text import Text
 from fsdpdoctor.diagnose.check import CheckResult
 from fsdpdoctor.report.data_quality import lines as data_quality_lines
 from fsdpdoctor.report.diff_view import baseline_line
+from fsdpdoctor.report.terminal import terminal_console
 
 
 def _line(text: str) -> Text:
@@ -26,7 +27,7 @@ def impact_text(f) -> str:
 
 
 def render(res: CheckResult, console: Console | None = None) -> None:
-    con = console or Console(highlight=False)
+    con = console or terminal_console(highlight=False)
     failing = set(map(id, res.failing))
     for f in res.findings:
         mark = "FAIL" if id(f) in failing else "ok  "
@@ -64,7 +65,7 @@ def document(res: CheckResult) -> dict:
 def render_thresholds(thresholds, console: Console | None = None) -> None:
     """The threshold table, one threshold per block: name, default and unit on the first line, what
     it means and where its value comes from wrapped below (a row would not fit 80 columns)."""
-    con = console or Console(highlight=False)
+    con = console or terminal_console(highlight=False)
     for t in thresholds:
         con.print(Text(f"{t.name} = {t.default:g} {t.unit}".rstrip(), style="bold"))
         con.print(Text(f"  {t.meaning}"))

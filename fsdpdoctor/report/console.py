@@ -14,6 +14,7 @@ from fsdpdoctor.report.format import (
     CATEGORY_STYLE, SEVERITY_STYLE, categories, ms, num, pct, size, straggler_rank, wrapping_line,
 )
 from fsdpdoctor.results import Analysis
+from fsdpdoctor.report.terminal import terminal_console
 
 
 def breakdown_bar(b, width: int = 50) -> Text:
@@ -168,7 +169,7 @@ def collectives_table(a: Analysis) -> Table | None:
 
 
 def render(a: Analysis, console: Console | None = None, verbose: bool = False) -> None:
-    console = console or Console()
+    console = console or terminal_console()
     parts = [summary(a), findings_table(a, evidence_lines=99 if verbose else 2), ranks_table(a)]
     ct = collectives_table(a)
     if ct is not None:

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from fsdpdoctor.diagnose.compare import Comparison
 from fsdpdoctor.diagnose.stats import Estimate
+from fsdpdoctor.report.terminal import terminal_console
 
 VERDICT_TEXT = {
     "no-detectable-change": ("no detectable change", "green"),
@@ -41,7 +42,7 @@ def share_text(e: Estimate | None) -> str:
 
 
 def render(c: Comparison, console: Console | None = None) -> None:
-    con = console or Console()
+    con = console or terminal_console()
     s = c.step
     label, style = VERDICT_TEXT[c.verdict]
     head = Text()

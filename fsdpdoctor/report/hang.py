@@ -10,6 +10,7 @@ from rich.text import Text
 
 from fsdpdoctor.analysis.hang import HangReport, RankState
 from fsdpdoctor.report.format import SEVERITY_STYLE
+from fsdpdoctor.report.terminal import terminal_console
 
 def frame_text(f) -> str:
     if f is None:
@@ -54,7 +55,7 @@ def _indented(con: Console, markup: str | Text) -> None:
 
 
 def render(rep: HangReport, console: Console | None = None) -> None:
-    con = console or Console()
+    con = console or terminal_console()
     con.print(f"[bold]Hang forensics[/] {escape(rep.run_dir)}: {len(rep.dumped)} of {rep.world_size} ranks "
               f"dumped" + (f", vanished: {', '.join(map(str, rep.silent))}" if rep.silent else ""))
     if not rep.verdicts:

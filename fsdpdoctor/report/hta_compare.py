@@ -41,6 +41,7 @@ from pathlib import Path
 
 from fsdpdoctor.results import Analysis, RankSummary
 from fsdpdoctor.trace.vocabulary import STEP_NAME
+from fsdpdoctor.report.terminal import terminal_console
 
 INSTALL_HINT = ("--compare-hta: HTA is not installed; `pip install traceinsight` "
                 "(or `pip install 'fsdpdoctor[hta]'`) is needed")
@@ -180,10 +181,9 @@ def comparison_rows(path: str | Path, analysis: Analysis, hta: dict[int, float],
 
 
 def print_comparison(path, analysis: Analysis, console=None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    console = console or terminal_console()
     try:
         import hta  # noqa: F401,PLC0415
     except ImportError:

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from fsdpdoctor.analysis import memory as mem
 from fsdpdoctor.analysis.memory_run import MemoryReport
+from fsdpdoctor.report.terminal import terminal_console
 
 
 def _column(words: bool) -> dict:
@@ -20,7 +21,7 @@ def _column(words: bool) -> dict:
 
 
 def render(rep: MemoryReport, console: Console | None = None) -> None:
-    console = console or Console(highlight=False)
+    console = console or terminal_console(highlight=False)
     est, rows, sentences, meas_rows, notes, folder = (rep.estimate, rep.strategies, rep.sentences, rep.measured,
                                                       rep.notes, rep.run_folder)
     cfg = est.config

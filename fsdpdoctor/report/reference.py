@@ -7,10 +7,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from fsdpdoctor.report.terminal import terminal_console
 
 
 def render(scenarios: dict[str, dict], console: Console | None = None) -> None:
-    con = console or Console(highlight=False)
+    con = console or terminal_console(highlight=False)
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     t.add_column("scenario", no_wrap=True)
     t.add_column("wrap", no_wrap=True)

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from fsdpdoctor.analysis.scaling import ScalingReport
 from fsdpdoctor.report.format import SEVERITY_STYLE
+from fsdpdoctor.report.terminal import terminal_console
 
 
 def _bar(points: float, scale: float, width: int = 16) -> str:
@@ -19,7 +20,7 @@ def _bar(points: float, scale: float, width: int = 16) -> str:
 
 
 def render(rep: ScalingReport, console: Console | None = None) -> None:
-    con = console or Console()
+    con = console or terminal_console()
     unit = rep.unit
     t = Table(title=f"Scaling ({rep.mode} scaling, {unit}/s = global {unit} per step / mean step time)",
               title_justify="left", box=box.SIMPLE_HEAD)

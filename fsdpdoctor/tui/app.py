@@ -24,6 +24,7 @@ from fsdpdoctor.report.data_quality import lines as data_quality_lines
 from fsdpdoctor.tui.screens import ALL_RANKS, ErrorScreen, HelpScreen, LoadingScreen, NotesScreen, RankPicker
 from fsdpdoctor.tui.tables import CollectivesView, RanksView
 from fsdpdoctor.tui.timeline import TimelineView
+from fsdpdoctor.tui.visible import VisibleTextApp
 
 PANES = ["tab-findings", "tab-ranks", "tab-collectives", "tab-timeline"]
 DARK, LIGHT = "textual-dark", "textual-light"
@@ -46,7 +47,7 @@ class _Cancelled(Exception):
     pass
 
 
-class FsdpDoctorApp(App[int]):
+class FsdpDoctorApp(VisibleTextApp, App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "fsdpdoctor"
     BINDINGS = [

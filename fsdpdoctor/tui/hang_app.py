@@ -20,6 +20,7 @@ from fsdpdoctor.analysis.hang import HangReport
 from fsdpdoctor.report.hang import frame_text, rank_doing, step_text
 from fsdpdoctor.tui.app import DARK, LIGHT
 from fsdpdoctor.tui.screens import HelpScreen
+from fsdpdoctor.tui.visible import VisibleTextApp
 
 HELP = """\
 [b]Keys[/b]
@@ -60,7 +61,7 @@ def verdict_markup(rep: HangReport) -> str:
     return "\n".join(lines).rstrip()
 
 
-class HangApp(App[int]):
+class HangApp(VisibleTextApp, App[int]):
     CSS = """
     #hang-head { height: 1; padding: 0 1; background: $surface; }
     .pane { border-left: tall $panel; padding: 0 0 0 1; height: auto; }

@@ -28,6 +28,7 @@ from fsdpdoctor.tui.app import DARK, LIGHT, display_name
 from fsdpdoctor.tui.palette import SEVERITY_BADGE, Palette
 from fsdpdoctor.tui.screens import HelpScreen
 from fsdpdoctor.tui.tables import VimTable
+from fsdpdoctor.tui.visible import VisibleTextApp
 
 PANES = ["runs-table", "waterfall", "details"]
 POS_GLYPH, NEG_GLYPH = "█", "▒"   # costs / gains: told apart without colour too
@@ -167,7 +168,7 @@ class RunsTable(VimTable):
     pass
 
 
-class ScalingApp(App[int]):
+class ScalingApp(VisibleTextApp, App[int]):
     CSS_PATH = ["app.tcss", "scaling.tcss"]
     TITLE = "fsdpdoctor scaling"
     BINDINGS = [
