@@ -70,11 +70,17 @@ def test_busier_machine_same_job_is_the_environment(capsys, ab):
 def test_loaded_machine_is_not_a_regression(capsys, ab, base):
     # the same job while each rank competes with a busy process for the cores: 2.4-4.8x slower; on shared
     # cores the load also makes one rank lag (a straggler warning appears), so it is not called the
-    # environment, but no part carries the change beyond the common factor: the gate passes
+    # environment, and no part carries most of the change beyond the common factor: never a regression of
+    # the job. The gate passes it as mostly the machine only where the parts agree: against healthy2, whose
+    # exposed comm was low (5 ms), exposed comm grew x17.9 beside compute x4.4 (67 ms/step beyond its factor,
+    # intervals apart), so the parts do not agree and this large slow-down fails the gate, named (issue 33)
     rc, d = diff_json(capsys, ab / base, ab / "conv1d_slow_machine")
     assert d["step"]["significant"] and d["step"]["rel"] > 1.0
-    assert rc == 0 and d["verdict"] in ("slower-unattributed", "environment-slower"), d["reasons"]
+    assert d["verdict"] in ("slower-unattributed", "environment-slower"), d["reasons"]
     assert d["job_bound_us"] < 0.5 * d["step"]["diff"]
+    grew = base == "conv1d_healthy2"
+    assert rc == int(grew), d["reasons"]
+    assert ("exposed comm x17.87 beside compute" in d["reasons"][0]) == grew
     appeared = [f["id"] for f in d["findings"] if f["status"] == "new" and f["new_severity"] != "info"]
     if appeared:  # a finding that appeared is never "the environment"; the reason names it
         assert d["verdict"] == "slower-unattributed" and all(i in d["reasons"][0] for i in appeared)

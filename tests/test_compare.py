@@ -14,7 +14,7 @@ from fsdpdoctor.cli import main
 from fsdpdoctor.diagnose.compare import compare, step_samples
 from fsdpdoctor.diagnose.stats import estimate, half_width_after, log_ratio_interval, steps_until, t_quantile
 
-from trace_edit import rewrite_times
+from trace_edit import rewrite_times, stretch_steps
 
 
 def run_cli(capsys, *argv) -> tuple[int, str, str]:
@@ -222,3 +222,39 @@ def test_too_few_steps_to_attribute_a_slowdown_fails_the_gate(capsys, traces_dir
     d = json.loads(out)
     assert d["verdict"] in ("slower-unattributed", "regression") and rc == 1
     assert d["step"]["n_base"] == d["step"]["n_new"] == 2
+
+
+@pytest.fixture(scope="module")
+def idle_grown(tmp_path_factory, traces_dir):
+    """ddp_default shrunk to a 17 ms step, then given idle per step: 30/50/70 ms in the base, 100 ms more in
+    each step of the new run (compute, comm, optimizer unchanged): the issue's +148 %, idle 50 -> 150 ms."""
+    root = tmp_path_factory.mktemp("idle")
+    small = rewrite_times(traces_dir / "ddp_default", root / "small", scale=0.28)
+    base = stretch_steps(small, root / "base", {2: 30e3, 3: 50e3, 4: 70e3})
+    new = stretch_steps(small, root / "new", {2: 130e3, 3: 150e3, 4: 170e3})
+    return base, new
+
+
+def test_a_part_carrying_the_change_alone_is_the_jobs_regression(capsys, idle_grown):
+    # idle x2.95 beside compute x1.00: all of its growth is beyond every other part's factor, so the job's,
+    # although its share moved less than its noise (issue 33: this passed or was left unattributed)
+    base, new = idle_grown
+    rc, out, _ = run_cli(capsys, "check", str(new), "--baseline", str(base), "--fail-on", "error", "--json")
+    d = json.loads(out)["baseline"]
+    assert rc == 1 and d["verdict"] == "regression", d["reasons"]
+    assert d["step"]["rel"] > 1.2 and "idle grew" in d["reasons"][0] and "beside compute x1.00" in d["reasons"][0]
+    assert d["job_part_us"] > 0.5 * d["step"]["diff"]
+    assert not any("mostly the machine" in r for r in d["reasons"])
+
+
+def test_a_part_far_beyond_the_others_on_two_steps_is_never_the_machine(capsys, idle_grown):
+    # on two steps the intervals cannot separate idle from compute; the parts still do not agree, so neither
+    # "every part slowed alike" nor "mostly the machine": unattributed, naming both factors, and the large
+    # slow-down fails the gate
+    base, new = idle_grown
+    rc, out, _ = run_cli(capsys, "diff", str(base), str(new), "--steps", "3-4", "--fail-on-regression", "--json")
+    d = json.loads(out)
+    assert d["step"]["n_base"] == d["step"]["n_new"] == 2
+    assert rc == 1 and d["verdict"] in ("regression", "slower-unattributed"), d["reasons"]
+    text = " ".join(d["reasons"])
+    assert "beside compute x1.00" in text and "alike" not in text and "mostly the machine" not in text

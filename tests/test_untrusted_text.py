@@ -13,7 +13,6 @@ import asyncio
 import gzip
 import json
 import re
-import shutil
 from pathlib import Path
 from xml.etree import ElementTree as ET
 

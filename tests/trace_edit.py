@@ -96,3 +96,41 @@ def rename_comm_kernels(src: Path, dst: Path, new_name, strip_host: bool = True)
     with gzip.open(dst, "wt") as fh:
         json.dump(d, fh)
     return dst
+
+
+def stretch_steps(src: Path, dst: Path, extra_us: float | dict[int, float]) -> Path:
+    """Copy run folder ``src`` to ``dst`` with ``extra_us`` of nothing at the end of each profiled step of
+    every rank (or ``extra_us[step number]``, 0 for a step not named): the step annotation ends that much later
+    and every event starting after it moves on by the time added so far, so the job gains idle time per
+    step and nothing else (as a job that started waiting on something outside the trace would)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if not f.name.endswith(".json.gz"):
+            shutil.copy(f, dst / f.name)
+            continue
+        d = json.loads(gzip.open(f).read())
+        ev = d["traceEvents"]
+        marks = sorted((e for e in ev if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+                        and e.get("cat") in ("user_annotation", "cpu_op", "Operator")), key=lambda e: e["ts"])
+        ends, added, total = [], [], 0.0
+        for m in marks:
+            extra = extra_us.get(int(m["name"].split("#")[1]), 0.0) if isinstance(extra_us, dict) else extra_us
+            total += extra
+            ends.append(float(m["ts"]) + float(m["dur"]))
+            added.append(total)
+            m["dur"] = float(m["dur"]) + extra
+        for e in ev:
+            if "ts" not in e or e in marks:
+                continue
+            ts = float(e["ts"])
+            done = [a for end, a in zip(ends, added) if ts >= end]
+            if done:
+                e["ts"] = ts + done[-1]
+        for m in marks:  # a step starting after an earlier step's end moves on too
+            ts = float(m["ts"])
+            done = [a for end, a in zip(ends, added) if ts >= end]
+            if done:
+                m["ts"] = ts + done[-1]
+        with gzip.open(dst / f.name, "wt") as fh:
+            json.dump(d, fh)
+    return dst

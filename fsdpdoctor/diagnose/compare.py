@@ -21,6 +21,7 @@ between is "unattributed", fails the gate, and says how many more steps would de
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from fsdpdoctor.diagnose.stats import Estimate, estimate, half_width_after, log_ratio_interval, steps_until
 from fsdpdoctor.diagnose.thresholds import resolve
@@ -215,21 +216,76 @@ def _grew_reason(p: ComponentChange, step: Estimate, sign: int) -> str:
     return what + f", time x{p.ratio:.2f} vs step x{step.new_mean / step.base_mean:.2f})"
 
 
+@dataclass
+class _OwnPart:
+    """A part of the step that moved beyond every other part's factor, in the change's direction."""
+
+    part: ComponentChange
+    beside: ComponentChange   # the other part that moved most the same way: the common factor at its largest
+    excess_us: float          # per step, what the part carries beyond that factor (point estimates)
+    sure_us: float            # the same at the far end of the other part's interval; 0 unless the intervals are apart
+
+
+def _own_parts(part: list[ComponentChange], step: Estimate, sign: int) -> list[_OwnPart]:
+    """The parts that grew (``sign`` +1; shrank: -1) beyond the factor of every other part. A machine slows
+    every part alike; a part beside which even the fastest-growing other part grew by a smaller factor
+    carries the difference itself (idle x3 beside compute x1: all of its growth is the job's). Only parts
+    holding ``MIN_RATIO_SHARE`` of the base step count, as part and as the factor beside it."""
+    subs = [p for p in part if p.log_ratio is not None and p.time.base_mean >= MIN_RATIO_SHARE * step.base_mean]
+    out = []
+    for p in subs:
+        others = [q for q in subs if q is not p]
+        if not others:
+            continue
+        q = max(others, key=lambda o: sign * sum(o.log_ratio))
+        excess = sign * (p.time.new_mean - p.time.base_mean * q.ratio)
+        apart = p.log_ratio[0] > q.log_ratio[1] if sign > 0 else p.log_ratio[1] < q.log_ratio[0]
+        far = math.exp(q.log_ratio[1] if sign > 0 else q.log_ratio[0])
+        sure = sign * (p.time.new_mean - p.time.base_mean * far) if apart else 0.0
+        if excess > 0:
+            out.append(_OwnPart(p, q, excess, max(sure, 0.0)))
+    return out
+
+
+def _own_reason(o: _OwnPart, level: float) -> str:
+    p, q = o.part, o.beside
+    return (f"{_name(p.name)} grew {o.sure_us / 1e3:+.1f} ms/step beyond the factor of every other part "
+            f"(time x{p.ratio:.2f} beside {_name(q.name)} x{q.ratio:.2f}, the {100 * level:.0f}% intervals apart): "
+            "the job's own part, whatever the rest of the step did")
+
+
 def _verdict(c: Comparison, comps: dict[str, ComponentChange], th: dict[str, float]) -> None:
-    step = c.step
+    """Decide ``c.verdict``, ``c.fails_gate`` and the reasons: the first judge that can decide does."""
     part = [comps[n] for n in PARTITION]
-    ratios = ", ".join(f"{_name(p.name)} x{p.ratio:.2f}" for p in part
-                       if p.ratio is not None and p.time.base_mean >= MIN_RATIO_SHARE * step.base_mean)
-    bad = [f for f in c.findings if f.regressed]
-    good = [f for f in c.findings if f.significant and f.status in ("gone", "better")]
-    # a part that grew beyond the common factor by a large share of the base step (the cost of an error-level
-    # finding) is the job's whatever the step time does: shares are robust to a noisy machine, step times are not
-    # (counted on shares beyond noise only: a time ratio off the step's from a small base says a part did not
-    # scale alike, not how much of the step it took)
+    own = _own_parts(part, c.step, 1 if c.step.diff >= 0 else -1)
+    for judge in (_own_part_decides, _within_noise, _job_decides, _unattributed):
+        if judge(c, part, own, th):
+            return
+    _environment(c, part)
+
+
+def _own_part_decides(c: Comparison, part: list[ComponentChange], own: list[_OwnPart], th: dict[str, float]) -> bool:
+    """A slow-down that one part carries beyond the common factor is the job's whatever the rest of the step
+    did: beyond every other part's factor (intervals apart) by most of a significant change, or by the cost
+    of an error-level finding while the step time is within its noise; or its share of the step grew beyond
+    noise by that cost (shares are robust to a noisy machine, step times are not). A part beyond the others
+    by less than most of the change is not claimed for the job (a loaded machine also makes one rank lag,
+    and its peers wait): ``_unattributed`` names it and the gate fails a large slow-down on it."""
+    step = c.step
+    if step.diff <= 0:
+        return False
     large_us = th["diff_large_slowdown"] * step.base_mean
+    target = th["diff_job_share"] * step.diff
+    sure = [o for o in own if o.sure_us >= (target if step.significant else large_us)]
     grown = _job_part(part, step.new_mean, 1, shares_only=True)
-    if step.diff > 0 and grown >= large_us and (not step.significant or grown < th["diff_job_share"] * step.diff):
-        c.verdict, c.fails_gate, c.job_part_us = "regression", True, grown
+    by_share = grown >= large_us and (not step.significant or grown < target)
+    if not sure and not by_share:
+        return False
+    c.verdict, c.fails_gate = "regression", True
+    c.job_part_us = max(grown, sum(o.sure_us for o in sure))
+    if sure:
+        c.reasons += [_own_reason(o, c.level) for o in sure]
+    else:
         c.reasons += [_grew_reason(p, step, 1) for p in part if p.off_common and p.share.diff > 0]
         c.reasons.append(f"together {grown / 1e3:.1f} ms/step ({_pct(grown / step.base_mean)} of the base step) "
                          "beyond the common factor: at least the cost of an error-level finding, "
@@ -237,97 +293,143 @@ def _verdict(c: Comparison, comps: dict[str, ComponentChange], th: dict[str, flo
                             "whatever the machine did to the rest of the step")
                          + (f" (step {_pct(step.rel)}, {100 * step.level:.0f}% CI {_pct(step.rel_interval[0])}.."
                             f"{_pct(step.rel_interval[1])})" if step.rel_interval else ""))
-        c.reasons += [f"finding {f.id} is {f.status} ({f.new_severity})" for f in c.findings
-                      if _moved(f, 1, th["severity_warning_frac"])]
-        return
-    if not step.significant:
-        if step.lo is None and step.n_base and step.n_new and step.rel is not None \
-                and step.rel > th["diff_one_step_noise"]:
-            c.verdict, c.fails_gate = "slower-unattributed", True
-            c.reasons.append(f"one profiled step per run and the step is {_pct(step.rel)} slower, more than the "
-                             f"step-to-step noise of healthy runs allows ({_pct(th['diff_one_step_noise'])}): "
-                             "a slow-down that cannot be judged fails the gate; profile at least 3 steps per run")
-        elif bad:
-            c.verdict, c.fails_gate = "regression", True
-            c.reasons += [f"finding {f.id} is {f.status}: {_name(f.component)} share "
-                          f"{_pct(f.share.diff if f.share else f.time.rel if f.time else None)} "
-                          "(significant) although the step-time change is within noise" for f in bad]
-        else:
-            c.verdict = "no-detectable-change"
-            if step.method == "identical":
-                c.reasons.append("the two runs have identical per-step samples")
-            elif step.more_steps is not None:
-                c.reasons.append(f"the step-time difference ({_pct(step.rel)}) is within the noise; about "
-                                 f"{_steps(step.more_steps)} per run would tell whether it is real")
-            elif step.lo is None:
-                c.reasons.append("too few steps for an interval")
-            else:
-                c.reasons.append("the interval of the step-time difference spans zero")
-        return
+    c.reasons += [f"finding {f.id} is {f.status} ({f.new_severity})" for f in c.findings
+                  if _moved(f, 1, th["severity_warning_frac"])]
+    return True
+
+
+def _within_noise(c: Comparison, part, own, th: dict[str, float]) -> bool:
+    """The step-time change is within its noise: a finding that grew beyond noise still regresses, and one
+    step per run cannot pass a slow-down larger than healthy runs' step-to-step noise."""
+    step = c.step
+    if step.significant:
+        return False
+    bad = [f for f in c.findings if f.regressed]
+    if step.lo is None and step.n_base and step.n_new and step.rel is not None and step.rel > th["diff_one_step_noise"]:
+        c.verdict, c.fails_gate = "slower-unattributed", True
+        c.reasons.append(f"one profiled step per run and the step is {_pct(step.rel)} slower, more than the "
+                         f"step-to-step noise of healthy runs allows ({_pct(th['diff_one_step_noise'])}): "
+                         "a slow-down that cannot be judged fails the gate; profile at least 3 steps per run")
+    elif bad:
+        c.verdict, c.fails_gate = "regression", True
+        c.reasons += [f"finding {f.id} is {f.status}: {_name(f.component)} share "
+                      f"{_pct(f.share.diff if f.share else f.time.rel if f.time else None)} "
+                      "(significant) although the step-time change is within noise" for f in bad]
+    else:
+        c.verdict = "no-detectable-change"
+        c.reasons.append(_no_change_reason(step))
+    return True
+
+
+def _no_change_reason(step: Estimate) -> str:
+    if step.method == "identical":
+        return "the two runs have identical per-step samples"
+    if step.more_steps is not None:
+        return (f"the step-time difference ({_pct(step.rel)}) is within the noise; about "
+                f"{_steps(step.more_steps)} per run would tell whether it is real")
+    return "too few steps for an interval" if step.lo is None else "the interval of the step-time difference spans zero"
+
+
+def _job_decides(c: Comparison, part: list[ComponentChange], own, th: dict[str, float]) -> bool:
+    """Parts off the common factor carry most of the change, or a finding grew (shrank) beyond noise."""
+    step = c.step
     sign = 1 if step.diff > 0 else -1
-    target = th["diff_job_share"] * abs(step.diff)
     c.job_part_us = sign * _job_part(part, step.new_mean, sign)
     c.job_bound_us = None if math.isinf(b := _job_bound(part, step.new_mean)) else b
-    off = [p for p in part if p.off_common]
-    moved = [f for f in c.findings if _moved(f, sign, th["severity_warning_frac"])]
-    job = abs(c.job_part_us) >= target or bool(bad if sign > 0 else good)
+    found = [f for f in c.findings if f.regressed] if sign > 0 else \
+        [f for f in c.findings if f.significant and f.status in ("gone", "better")]
+    if abs(c.job_part_us) < th["diff_job_share"] * abs(step.diff) and not found:
+        return False
+    c.verdict = "regression" if sign > 0 else "improvement"
+    c.fails_gate = sign > 0
+    c.reasons += [_grew_reason(p, step, sign) for p in part if p.off_common and p.share.diff * sign > 0]
+    c.reasons += [f"finding {f.id} is {f.status} ({_name(f.component)} share "
+                  f"{_pct(f.share.diff if f.share else None)})" for f in found]
+    return True
+
+
+def _unattributed(c: Comparison, part: list[ComponentChange], own: list[_OwnPart], th: dict[str, float]) -> bool:
+    """Neither the job's nor shown to be the machine: a part off the common factor, a finding that moved, a
+    part whose point estimate grew far beyond the others' within a wide interval, or shares too uncertain.
+    "Mostly the machine" needs the parts that grew to agree within their noise."""
+    step = c.step
+    sign = 1 if step.diff > 0 else -1
     slower = sign > 0
-    if job:
-        c.verdict = "regression" if slower else "improvement"
-        c.fails_gate = slower
-        c.reasons += [_grew_reason(p, step, sign) for p in off if p.share.diff * sign > 0]
-        c.reasons += [f"finding {f.id} is {f.status} ({_name(f.component)} share "
-                      f"{_pct(f.share.diff if f.share else None)})" for f in (bad if slower else good)]
-        return
-    # name first the parts that grew in the change's direction (the others shrank because those grew)
-    named = [p for p in off if p.share.diff * sign > 0] or off
+    target = th["diff_job_share"] * abs(step.diff)
+    off = [p for p in part if p.off_common]
+    grew_off = [p for p in off if p.share.diff * sign > 0]
+    moved = [f for f in c.findings if _moved(f, sign, th["severity_warning_frac"])]
+    # a part beyond every other part's factor by the cost of an error-level finding (point estimates): the parts
+    # do not agree, whether or not the intervals can tell yet
+    suspects = [o for o in own if o.excess_us >= th["diff_large_slowdown"] * step.base_mean]
     blockers = [f"{_name(p.name)} is off the common factor ("
                 + (f"share {_pct(p.share.diff)} beyond noise, " if p.share.significant else "")
                 + f"time x{p.ratio:.2f} vs step x{step.new_mean / step.base_mean:.2f})"
-                for p in named if p.ratio is not None]
+                for p in (grew_off or off) if p.ratio is not None]
+    blockers += [f"{_name(o.part.name)} x{o.part.ratio:.2f} beside {_name(o.beside.name)} x{o.beside.ratio:.2f} "
+                 f"({o.excess_us / 1e3:.1f} ms/step beyond its factor, "
+                 + (f"{100 * o.excess_us / abs(step.diff):.0f}% of the change)" if o.sure_us else
+                    f"within the noise of {step.n_base} vs {step.n_new} steps)") for o in suspects]
     blockers += [f"finding {f.id} {'appeared' if (f.status == 'new') == slower else 'went away'} or "
                  f"{'grew' if slower else 'shrank'} ({f.base_severity or '-'} -> {f.new_severity or '-'})"
                  for f in moved]
-    if blockers or c.job_bound_us is None or c.job_bound_us >= target:
-        c.verdict = "slower-unattributed" if slower else "faster-unattributed"
-        change = f"{abs(step.diff) / 1e3:.1f} ms change"
-        if blockers:
-            why = (f"{'; '.join(blockers)}: so it is not shown to be the machine, and the parts off the common "
-                   f"factor carry {abs(c.job_part_us) / 1e3:.1f} ms of the {change}, too little to call it the job's")
-        else:
-            bound = "an unknown part" if c.job_bound_us is None else f"up to {c.job_bound_us / 1e3:.1f} ms"
-            why = (f"with {step.n_base} vs {step.n_new} steps the parts' shares are too uncertain: {bound} of the "
-                   f"{change} could be parts growing beyond the common factor (the job) rather than every part "
-                   f"scaling alike (the machine)")
-        c.more_steps = steps_until(lambda k: _job_part(part, step.new_mean, sign, k) >= target
-                                   or (not off and not moved and _job_bound(part, step.new_mean, k) < target),
-                                   cap=10_000)
-        more = (f"about {_steps(c.more_steps)} per run would tell job from machine (if the step-to-step "
-                "spread stays as measured)" if c.more_steps is not None else
-                "more steps of these runs would not tell job from machine")
-        c.reasons.append(f"{why}; {more}")
-        # the gate fails an unattributed slow-down that is large (the cost of an error-level finding) when the job
-        # could have carried most of it, or when a finding newly reached error; a smaller one, or one the
-        # parts could carry only a minority of (mostly the machine), passes with this warning
-        new_error = [f.id for f in moved if f.new_severity == "error" and f.base_severity != "error"]
-        large = step.rel is not None and step.rel >= th["diff_large_slowdown"]
-        majority = c.job_bound_us is None or c.job_bound_us >= target
-        c.fails_gate = slower and ((large and majority) or bool(new_error))
-        if not slower:
-            return
-        if new_error:
-            c.reasons.append(f"fails the gate: finding {', '.join(new_error)} newly reached error")
-        elif large and majority:
-            c.reasons.append(f"fails the gate: a large slow-down ({_pct(step.rel)}, at least "
-                             f"{_pct(th['diff_large_slowdown'])} of the step) that the job could have carried most of")
-        elif not majority:
-            c.reasons.append(f"passes the gate: mostly the machine (the parts could carry at most "
-                             f"{c.job_bound_us / 1e3:.1f} ms of the {step.diff / 1e3:.1f} ms change beyond the "
-                             "common factor), though not a uniform slow-down")
-        else:
-            c.reasons.append(f"passes the gate: the slow-down ({_pct(step.rel)}) is under the "
-                             f"{_pct(th['diff_large_slowdown'])} from which an unattributed one fails it")
-        return
+    majority = c.job_bound_us is None or c.job_bound_us >= target
+    if not blockers and not majority:
+        return False
+    c.verdict = "slower-unattributed" if slower else "faster-unattributed"
+    change = f"{abs(step.diff) / 1e3:.1f} ms change"
+    if blockers:
+        why = (f"{'; '.join(blockers)}: so it is not shown to be the machine, and the parts off the common "
+               f"factor carry {abs(c.job_part_us) / 1e3:.1f} ms of the {change}, too little to call it the job's")
+    else:
+        bound = "an unknown part" if c.job_bound_us is None else f"up to {c.job_bound_us / 1e3:.1f} ms"
+        why = (f"with {step.n_base} vs {step.n_new} steps the parts' shares are too uncertain: {bound} of the "
+               f"{change} could be parts growing beyond the common factor (the job) rather than every part "
+               f"scaling alike (the machine)")
+    c.more_steps = steps_until(lambda k: _job_part(part, step.new_mean, sign, k) >= target
+                               or (not off and not moved and not suspects
+                                   and _job_bound(part, step.new_mean, k) < target), cap=10_000)
+    more = (f"about {_steps(c.more_steps)} per run would tell job from machine (if the step-to-step "
+            "spread stays as measured)" if c.more_steps is not None else
+            "more steps of these runs would not tell job from machine")
+    c.reasons.append(f"{why}; {more}")
+    if slower:
+        _unattributed_gate(c, th, majority, [_name(p.name) for p in grew_off] + [_name(o.part.name) for o in suspects],
+                           [f.id for f in moved if f.new_severity == "error" and f.base_severity != "error"])
+    return True
+
+
+def _unattributed_gate(c: Comparison, th: dict[str, float], majority: bool, grew: list[str], new_error: list[str]) -> None:
+    """An unattributed slow-down fails the gate when a finding newly reached error, or when it is large (the
+    cost of an error-level finding) and either the job could have carried most of it or a part grew beyond the
+    common factor (the parts do not agree, so it is not the machine). Otherwise it passes with the warning."""
+    step = c.step
+    large = step.rel is not None and step.rel >= th["diff_large_slowdown"]
+    c.fails_gate = bool(new_error) or (large and (majority or bool(grew)))
+    if new_error:
+        c.reasons.append(f"fails the gate: finding {', '.join(new_error)} newly reached error")
+    elif large and majority:
+        c.reasons.append(f"fails the gate: a large slow-down ({_pct(step.rel)}, at least "
+                         f"{_pct(th['diff_large_slowdown'])} of the step) that the job could have carried most of")
+    elif large and grew:
+        c.reasons.append(f"fails the gate: a large slow-down ({_pct(step.rel)}, at least "
+                         f"{_pct(th['diff_large_slowdown'])} of the step) in which {', '.join(dict.fromkeys(grew))} "
+                         "grew beyond the other parts: they do not agree within their noise, so it is not shown "
+                         "to be the machine")
+    elif not majority and not grew:
+        c.reasons.append(f"passes the gate: mostly the machine (the parts could carry at most "
+                         f"{c.job_bound_us / 1e3:.1f} ms of the {step.diff / 1e3:.1f} ms change beyond the "
+                         "common factor, and none grew beyond the others)")
+    else:
+        c.reasons.append(f"passes the gate: the slow-down ({_pct(step.rel)}) is under the "
+                         f"{_pct(th['diff_large_slowdown'])} from which an unattributed one fails it")
+
+
+def _environment(c: Comparison, part: list[ComponentChange]) -> None:
+    step = c.step
+    slower = step.diff > 0
+    ratios = ", ".join(f"{_name(p.name)} x{p.ratio:.2f}" for p in part
+                       if p.ratio is not None and p.time.base_mean >= MIN_RATIO_SHARE * step.base_mean)
     c.verdict = "environment-slower" if slower else "environment-faster"
     c.reasons.append(f"no part of the step moved off the common factor (time ratios: {ratios}), no finding "
                      f"{'appeared or grew' if slower else 'went away or shrank'}, and the parts could carry at "
