@@ -30,6 +30,7 @@ from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import Analysis, DataQuality
 import fsdpdoctor.trace.identity as identity
 from fsdpdoctor.trace.io import read_head, read_raw, shown
+from fsdpdoctor.trace.limits import parse_bounded
 from fsdpdoctor.trace.loader import Progress, _merge_cycles, _trace_files, input_files, load_file, rank_from_filename
 from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.table import RankTrace
@@ -97,7 +98,7 @@ def is_analysis_json(path: str | Path) -> bool:
 
 def _read_saved(path: Path, ranks: list[int] | None, steps: set[int] | None) -> Analysis:
     try:
-        a = Analysis.from_json(read_raw(path))
+        a = parse_bounded(Analysis.from_json, read_raw(path), path, "--json document")
     except (ValueError, TypeError) as exc:  # msgspec.ValidationError is a ValueError
         raise InputError(str(path), f"not a readable fsdpdoctor --json document: {exc}") from None
     if ranks is not None:

@@ -190,6 +190,8 @@ def decode(data: bytes) -> RankResult:
         return _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, ValueError, TypeError) as exc:
         raise BadSummary(f"not a rank summary ({str(exc)[:80]})") from None
+    except RecursionError:  # msgpack nested past the decoder's depth: the limit of trace/limits.py's MAX_DEPTH kind
+        raise BadSummary("not a rank summary (nested too deeply)") from None
 
 
 def pack(r: RankResult) -> bytes:

@@ -90,7 +90,7 @@ def read_series(path: Path) -> StepSeries:
     if st.st_size > MAX_BYTES:
         raise ValueError(f"{p.name}: {st.st_size} bytes, larger than any step series")
     with open(p, "rb") as fh:
-        data = fh.read(MAX_BYTES)
+        data = fh.read(min(os.fstat(fh.fileno()).st_size, MAX_BYTES))  # a buffer of the file's size, not 16 GiB
     if len(data) < HEADER.size:
         raise ValueError(f"{p.name}: too short for a step-series header")
     magic, rank, world, origin_ns, pid = HEADER.unpack_from(data, 0)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.io import read_text
+from fsdpdoctor.trace.limits import parse_bounded
 
 
 @dataclass(frozen=True)
@@ -160,9 +161,9 @@ def load_overrides(path: str | Path) -> dict[str, float]:
         if path.suffix == ".toml":
             import tomllib
 
-            data = tomllib.loads(text)
+            data = parse_bounded(tomllib.loads, text, path, "config", toml=True)
         else:
-            data = json.loads(text)
+            data = parse_bounded(json.loads, text, path, "config")
     except ValueError as exc:
         raise InputError(path, f"cannot parse config ({exc})") from None
     if not isinstance(data, dict):

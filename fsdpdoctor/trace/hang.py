@@ -18,6 +18,7 @@ from fsdpdoctor.hang_format import (DUMP_NAME, DUMP_VERSION, FAULTHANDLER_NAME, 
                                    parse_header)
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.io import DOCUMENT_MAX, read_raw, read_text
+from fsdpdoctor.trace.limits import parse_bounded
 
 FH_NAME = FAULTHANDLER_NAME
 FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[([^\]]*)\])? \(most recent call first\):")
@@ -151,7 +152,7 @@ def _fr_entry(e, path: Path) -> FrEntry:
 
 def read_json_dump(path: Path) -> RankDump:
     try:
-        doc = json.loads(read_raw(path, DOCUMENT_MAX))
+        doc = parse_bounded(json.loads, read_raw(path, DOCUMENT_MAX), path, "hang dump")
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(path, f"not valid JSON ({exc})") from None
     if not isinstance(doc, dict) or "fsdpdoctor_hang" not in doc:
@@ -284,7 +285,7 @@ def load_hang_dumps(run_dir: str | Path) -> HangDumps:
     manifest = root / "manifest.json"
     if world is None and manifest.is_file():
         try:
-            world = int(json.loads(read_raw(manifest, DOCUMENT_MAX)).get("world_size"))
+            world = int(parse_bounded(json.loads, read_raw(manifest, DOCUMENT_MAX), manifest).get("world_size"))
         except (ValueError, TypeError, AttributeError, OSError, InputError):
             world = None
     return HangDumps(run_dir=str(root), dumps=dumps, world_size=world, vanished=vanished)

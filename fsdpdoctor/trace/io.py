@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import gzip
 import os
 import secrets
 import stat
@@ -13,13 +12,13 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from fsdpdoctor.errors import InputError
+from fsdpdoctor.trace.limits import DOCUMENT_MAX, inflate_cap, too_inflated
 
 try:  # ISA-L inflate is 2-3x zlib's on traces (benchmarks/README.md); optional: `pip install isal`
-    from isal.igzip import decompress as _gunzip
     from isal.isal_zlib import decompressobj as _decompressobj
     from isal.isal_zlib import error as _isal_error
 except ImportError:  # pragma: no cover - depends on the environment
-    _gunzip, _decompressobj, _isal_error = gzip.decompress, zlib.decompressobj, zlib.error
+    _decompressobj, _isal_error = zlib.decompressobj, zlib.error
 
 GZIP_ERRORS = (OSError, EOFError, zlib.error, _isal_error, ValueError, OverflowError)
 
@@ -34,20 +33,17 @@ def gzip_size(raw: bytes) -> int:
     return int.from_bytes(raw[-4:], "little") if len(raw) >= 18 else 0
 
 
-# a gzip trailer's size field is trusted for the one-member path only up to this compression ratio
-# (JSON traces compress 8-20x): a forged size then cannot make the reader allocate gigabytes
-_MAX_RATIO = 200
-
-
-def gunzip(raw: bytes) -> bytes:
-    """The decompressed bytes of gzip data.
+def gunzip(raw: bytes, path=None) -> bytes:
+    """The decompressed bytes of gzip data, refused (``InputError``) past ``limits.inflate_cap``.
 
     A file written by one gzip stream (every profiler's) is inflated in one call into a buffer of the
-    size its trailer states: 4-5 ms less than the general reader on a 10 MB trace, whose output grows
-    by copies. Anything else (several members, bytes after the member, a trailer that lies) goes to
-    the general reader, which also raises its errors."""
+    size its trailer states (trusted only up to the cap: a forged size cannot make the reader allocate
+    gigabytes): 4-5 ms less than the general reader on a 10 MB trace, whose output grows by copies.
+    Anything else (several members, bytes after the member, a trailer that lies) goes to the general
+    reader, member by member, never asking for more than the cap."""
+    cap = inflate_cap(len(raw))
     size = gzip_size(raw)
-    if 0 < size <= _MAX_RATIO * len(raw):
+    if 0 < size <= cap:
         try:
             d = inflater()
             out = d.decompress(raw, size + 1)
@@ -57,7 +53,29 @@ def gunzip(raw: bytes) -> bytes:
             if d.eof and not d.unused_data and len(out) == size:
                 return out
         del out
-    return _gunzip(raw)
+    return _inflate_members(raw, cap, path)
+
+
+def _inflate_members(raw: bytes, cap: int, path) -> bytes:
+    """Every gzip member of ``raw`` inflated, at most ``cap`` bytes in all (a 16 MB file of many members
+    that would inflate to 16 GB is refused after ``cap``, not held)."""
+    parts: list[bytes] = []
+    done, rest = 0, raw
+    while rest:
+        d = inflater()
+        out = d.decompress(rest, cap + 1 - done)
+        done += len(out)
+        parts.append(out)
+        if done > cap or (not d.eof and d.unconsumed_tail):
+            raise too_inflated(path, len(raw), cap)
+        if not d.eof:
+            raise EOFError("compressed file ended before the end-of-stream marker was reached")
+        rest = d.unused_data
+        if rest and not is_gzip(rest):
+            if rest.strip(b"\0"):  # zero padding after the last member is allowed, as gzip allows it
+                raise OSError("trailing garbage after the gzip data")
+            break
+    return b"".join(parts)
 
 
 def read_bytes(path: Path) -> bytes:
@@ -73,15 +91,13 @@ def inflate(raw: bytes, path: Path) -> bytes:
     """``raw`` itself, or its decompressed bytes when it is gzip data."""
     if is_gzip(raw):
         try:
-            return gunzip(raw)
+            return gunzip(raw, path)
         except GZIP_ERRORS as exc:
             raise InputError(path, f"corrupt or truncated gzip data ({exc})") from None
     return raw
 
 
-# The largest JSON document (manifest, hang dump, thresholds file) read whole: far above any written here
-# (a flight recorder of 2,000 entries with stacks is ~2 MB), far below what would exhaust memory.
-DOCUMENT_MAX = 64 << 20
+# DOCUMENT_MAX (imported above from limits): the largest manifest, hang dump or thresholds file read whole
 
 
 def read_raw(path: Path, limit: int | None = None, follow_links: bool = True, head: int | None = None) -> bytes:
@@ -105,7 +121,9 @@ def read_raw(path: Path, limit: int | None = None, follow_links: bool = True, he
     try:
         _check_kind(path, os.fstat(fd), limit)  # what was opened, had the name been swapped since the stat
         with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read(head) if head is not None else fh.read() if limit is None else fh.read(limit + 1)
+            # a buffer sized from the file, never from the limit (a read of limit + 1 asks for it all up front)
+            data = fh.read(head) if head is not None else fh.read() if limit is None else \
+                fh.read(min(limit, os.fstat(fd).st_size) + 1)
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
     finally:

@@ -22,6 +22,7 @@ from fsdpdoctor.trace.manifest import read_manifest
 from fsdpdoctor.trace.events import (
     CorrArgs, corr_args, decode_trace, is_blank, memory_args, memory_args_list, raw_args,
 )
+from fsdpdoctor.trace.limits import MAX_NAME_CHARS, bounded_name
 from fsdpdoctor.trace.io import gzip_size, inflate, is_gzip, missing_reason, read_bytes, read_raw
 from fsdpdoctor.trace.vocabulary import STEP_NAME, keeps_args
 from fsdpdoctor.trace.table import (
@@ -96,6 +97,7 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
     events.clear()  # the structs are no longer needed: free them before building the trace
     (names, n_id, cat_arr, ts_arr, dur_arr, trk_arr, corr_arr, tracks, thread_names, args, memory_events,
      unreadable) = cols
+    names = [n if len(n) <= MAX_NAME_CHARS else bounded_name(n) for n in names]  # before any pattern sees them
     if not len(ts_arr):
         raise InputError(path, "trace holds no complete ('X') events: empty trace")
 
@@ -104,7 +106,7 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
     for i, tr in enumerate(tracks):
         tr.n_events = int(counts[i])
         tr.is_device = i in device_tracks
-        tr.name = thread_names.get((tr.pid, tr.tid), "")
+        tr.name = bounded_name(thread_names.get((tr.pid, tr.tid), ""))
 
     rank, source = None, "default"
     if isinstance(dist.get("rank"), int):

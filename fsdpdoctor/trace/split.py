@@ -28,6 +28,7 @@ import numpy as np
 from fsdpdoctor.engines.forking import can_fork, forked_shares
 from fsdpdoctor.trace.events import _events_decoder, decode_trace
 from fsdpdoctor.trace.io import GZIP_ERRORS, bytes_read, inflater
+from fsdpdoctor.trace.limits import inflate_cap, too_inflated
 
 # JSON per piece decoded in this process: small enough that a piece's events stay in cache, large
 # enough that the per-piece costs (a copy, a decode call, a join) stay small; the analysis of the
@@ -135,10 +136,14 @@ def stream_columns(raw: bytes, path, columns):
     whole, which also gives the ordinary errors."""
     d = inflater()
     rest, pending, pos, head, parts = raw, bytearray(), 0, None, []  # pending[pos:]: not yet decoded
+    cap, inflated = inflate_cap(len(raw), whole=False), 0
     try:
         while True:
             out = d.decompress(rest, _STREAM_CHUNK)
             rest = d.unconsumed_tail
+            inflated += len(out)
+            if inflated > cap:
+                raise too_inflated(path, len(raw), cap)
             bytes_read(path, len(raw) - len(rest), len(raw))
             if pos > len(pending) // 2:  # drop what was decoded, now and then (a copy of the rest)
                 del pending[:pos]
