@@ -4,7 +4,9 @@ Every example writes a run folder (two ranks and a manifest, cut from a bundled 
 example fast), mutates it (fields dropped, retyped or set to extreme values; events duplicated, dropped
 or reordered; files truncated; odd manifests and document fields) and runs ``analyze --json`` and
 ``check`` in-process. The contract: exit 0, 1 or 2; on 2 exactly one stderr line and no traceback;
-inputs unchanged; and no negative or non-finite number anywhere in the JSON.
+inputs unchanged; no negative or non-finite number anywhere in the JSON; and no raw control or escape
+character from a file on stdout or stderr (the text mutation puts ``ESC[2J``, OSC 0/52, C1, NUL, BS, DEL,
+bidirectional overrides and lone surrogates into every string field and the folder name).
 
 Quick profile (CI): a few hundred examples. Long profile, by hand::
 
@@ -177,6 +179,12 @@ COMM_ARGS = ["Collective name", "In msg nelems", "Out msg nelems", "Group size",
 # what a count, a size, an id or a stream may be in a file written by anyone
 NUMERIC_EDGES = [-1, -5, -2.5, 0, 3.5, 2 ** 63, 2 ** 64 + 1, 1e300, float("nan"), float("inf"), "12", None, True]
 DEVICE_ARGS = ["stream", "correlation", "device", "External id", "context", "queued", "grid", "block"]
+# text a hostile file holds: clear screen, window title, clipboard write, C1 CSI, NUL, BS, DEL, CR, bidirectional
+# override, a lone surrogate (an undecodable file-name byte), a bracketed-paste end
+CONTROL_TEXTS = ["\x1b[2J", "\x1b]0;pwned\x07", "\x1b]52;c;cHduZWQ=\x07", "\x9b31m", "\x00", "\x08", "\x7f", "\r",
+                 "\u202e", "\udc9b", "\x1b[201~", "\x1bP+q\x1b\\"]
+# what must never reach a terminal raw (tab and newline are layout)
+RAW_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 MANIFEST_FIELDS = ["fsdpdoctor_manifest", "world_size", "backend", "files", "cycle_files", "hosts", "devices",
                    "profiled_steps", "samples_per_step", "tokens_per_step", "options", "model", "wrapping",
                    "schedule", "versions", "profiled_ranks"]
@@ -187,7 +195,7 @@ def mutation(draw):
     kind = draw(st.sampled_from(["event_field", "event_field", "event_field", "many_events", "drop_events",
                                  "duplicate_events", "reorder", "top_field", "dist_field", "manifest_field",
                                  "manifest_raw", "truncate", "extra_file", "bom", "comm_arg", "comm_arg",
-                                 "device_arg"]))
+                                 "device_arg", "text", "text"]))
     return kind, draw(st.integers(0, 2 ** 31)), draw(EXTREMES), draw(st.integers(0, 1)), draw(st.floats(0, 1))
 
 
@@ -198,11 +206,22 @@ def _set_or_drop(d: dict, key: str, value, drop: bool) -> None:
         d[key] = copy.deepcopy(value)
 
 
+def with_text(x, payload: str, share: float, rnd):
+    """``x`` with ``payload`` appended to its strings: every one (``share`` 1) or about that share of them."""
+    if isinstance(x, str):
+        return x + payload if share >= 1 or rnd.random() < share else x
+    if isinstance(x, list):
+        return [with_text(v, payload, share, rnd) for v in x]
+    if isinstance(x, dict):
+        return {k: with_text(v, payload, share, rnd) for k, v in x.items()}
+    return x
+
+
 def apply(docs: list, manifest: dict | None, muts: list) -> tuple[list, dict | str | None, dict]:
     """Mutated (rank docs, manifest or raw manifest text, file options) from the clean ones."""
     import random
 
-    opts = {"truncate": None, "extra": False, "bom": False}
+    opts = {"truncate": None, "extra": False, "bom": False, "folder": ""}
     for kind, r, value, which, frac in muts:
         rnd = random.Random(r)
         doc = docs[which]
@@ -245,6 +264,16 @@ def apply(docs: list, manifest: dict | None, muts: list) -> tuple[list, dict | s
             manifest = rnd.choice([None, "", "{", "[1, 2]", '{"fsdpdoctor_manifest": 1, "world_size": NaN}',
                                    "\ufeff" + json.dumps(manifest) if isinstance(manifest, dict) else "{}",
                                    "[" * 5000 + "]" * 5000])
+        elif kind == "text":
+            # escape and control characters in every string field of a rank's file and the manifest
+            # (which 0), or in a share of them (1: the analysis still recognises most events), and the
+            # folder's name
+            payload = "".join(rnd.sample(CONTROL_TEXTS, rnd.randint(1, 4)))
+            share = 1.0 if which == 0 else max(frac, 0.05)
+            docs[rnd.randrange(len(docs))] = with_text(doc, payload, share, rnd)
+            if isinstance(manifest, dict):
+                manifest = with_text(manifest, payload, share, rnd)
+            opts["folder"] = payload.replace("\x00", "").replace("/", "").replace("\udc9b", "")
         elif kind == "truncate":
             opts["truncate"] = (which, frac)
         elif kind == "extra_file":
@@ -322,6 +351,9 @@ def check_contract(target: Path, gate: bool = True) -> dict[str, int]:
         elif verb[0] == "analyze":
             bad = list(bad_numbers(json.loads(out)))
             assert not bad, bad[:5]
+        for stream in (out, err):  # text from the file is shown, never obeyed
+            raw = RAW_CONTROL.search(stream)
+            assert raw is None, (verb, stream[max(0, raw.start() - 80):raw.end() + 20])
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
     assert after == before, "input modified"
     return codes
@@ -347,7 +379,7 @@ def test_fuzz_mutated_run_folder(muts):
 def fuzz_folder(docs: list, manifest, opts: dict, gate: bool = True) -> None:
     """Write one mutated run folder, hold it to the contract, count its exit codes."""
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "run"
+        folder = Path(tmp) / ("run" + opts.get("folder", ""))
         folder.mkdir()
         write_run(folder, docs, manifest, opts)
         codes = check_contract(folder, gate)
@@ -408,3 +440,15 @@ def test_fuzz_report_histogram():
     """Prints the exit-code histogram of the examples above (read with -s; docs/fuzzing.md records it)."""
     if EXAMPLES:
         print(f"\nfuzz: seed {SEED}, exit codes {json.dumps(HISTOGRAM)}")
+
+
+@pytest.mark.parametrize("payload", ["\x1b[2J\x1b]0;t\x07\x1b]52;c;eA==\x07", "\x9b31m\x00\x08\x7f\r\u202e",
+                                     "\udc9b\x1b[201~\x1bP+q\x1b\\"])
+def test_control_text_in_every_string_field(payload):
+    """The text mutation on every string field of both ranks, the manifest and the folder name at once
+    (the random tests meet it on one rank or a share of fields)."""
+    r0, r1, manifest = base_run()
+    docs, manifest, opts = apply([r0, r1], manifest, [("text", 0, None, 0, 1.0)])
+    docs = [with_text(d, payload, 1.0, None) for d in docs]
+    fuzz_folder(docs, with_text(manifest, payload, 1.0, None), dict(opts, folder=payload.replace("\x00", "")
+                                                                    .replace("\udc9b", "")))
