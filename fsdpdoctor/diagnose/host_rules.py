@@ -179,8 +179,11 @@ def host_sync(ctx: RuleContext) -> list[Finding]:
         names = list(dict.fromkeys(h.name for h in hs))
         label = ", ".join(".item()" if "local_scalar" in n else n for n in names[:3])
         where = f"your code at {src}" if src else "code outside DDP/FSDP/optimizer internals (no user frame found)"
+        kind = ctx.a.job.input_kind
         cost = ("Each one blocks the host until the queued kernels finish, so the next kernels launch late and "
                 "the GPU idles." if device else
+                f"The device time it costs is unknown: {kind.unknown[-1]}." if kind is not None and kind.unknown
+                and not kind.device_known else
                 "On this CPU trace nothing waits for it, so it costs nothing measurable here (run on CUDA, each "
                 "call would drain the device queue before the next launch).")
         out.append(ctx.finding(

@@ -30,8 +30,16 @@ def summary(a: Analysis) -> Panel:
     job = a.job
     lines = Text()
     ranks = ", ".join(map(str, job.ranks_analyzed[:8])) + ("..." if len(job.ranks_analyzed) > 8 else "")
-    lines.append(f"{job.dialect.upper()} trace, backend {job.backend or '?'}, world size {job.world_size or '?'}, "
+    kind = job.input_kind
+    family = job.dialect.upper() if kind is None or kind.device_known else kind.device.upper()
+    if kind is not None and kind.device == "missing":
+        family = "GPU (no device timeline)"
+    lines.append(f"{family} trace, backend {job.backend or '?'}, world size {job.world_size or '?'}, "
                  f"ranks analysed: {ranks}\n")
+    if kind is not None:
+        lines.append(f"input: {kind.line()}\n")
+        for what in kind.unknown:
+            lines.append(f"cannot read: {what}\n", style="bold yellow")
     lines.append(f"wrapping: {wrapping_line(job)}   steps: {_steps(job.steps)}\n")
     m = a.mean
     if m:

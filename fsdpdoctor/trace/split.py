@@ -232,7 +232,10 @@ def join_columns(parts: list[tuple]) -> tuple:
     track_ix: dict[tuple, int] = {}
     tracks, thread_names, args, memory = [], {}, {}, []
     nids, trks, offset = [], [], 0
-    for (p_names, nid, _cat, ts, _dur, trk, _corr, p_tracks, p_threads, p_args, p_memory, _bad) in parts:
+    categories: dict[str, int] = {}
+    for (p_names, nid, _cat, ts, _dur, trk, _corr, p_tracks, p_threads, p_args, p_memory, _bad, p_cats) in parts:
+        for k, v in p_cats.items():
+            categories[k] = categories.get(k, 0) + v
         name_map = np.fromiter((name_ix.setdefault(n, len(name_ix)) for n in p_names), np.int32, len(p_names))
         nids.append(name_map[nid] if len(p_names) else nid)
         track_map = []
@@ -253,4 +256,4 @@ def join_columns(parts: list[tuple]) -> tuple:
     dur = np.concatenate([p[4] for p in parts])
     corr = np.concatenate([p[6] for p in parts])
     return (names, np.concatenate(nids).astype(np.int32), cat, ts, dur, np.concatenate(trks).astype(np.int32), corr,
-            tracks, thread_names, args, memory, 0)
+            tracks, thread_names, args, memory, 0, categories)

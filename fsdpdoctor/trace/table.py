@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fsdpdoctor.results import RankDataQuality
+from fsdpdoctor.results import InputKind, RankDataQuality
 
 # Category codes. Old (2021) traces spell them "Operator", "Kernel", "Runtime"...
 CPU_OP, ANNOTATION, PYFUNC, KERNEL, MEMCPY, MEMSET, RUNTIME, GPU_ANNOTATION, OTHER = range(9)
@@ -102,6 +102,8 @@ class RankTrace:
     # profiler cycles joined into this table (one file each): (first start, last end) per cycle, in time order;
     # empty for one file. A step never spans two of them: the time between cycles was not recorded
     cycles: list[tuple[float, float]] = field(default_factory=list)
+    categories: dict[str, int] = field(default_factory=dict)  # complete events per category as written
+    kind: "InputKind | None" = None  # what this file is (trace/kind.py), decided once when it is read
     _sorted_names: tuple | None = field(default=None, repr=False, compare=False)  # ids_with_prefix's index
     _ids_by_cat: dict | None = field(default=None, repr=False, compare=False)      # ids_in_categories' cache
     _rows_by_id: tuple | None = field(default=None, repr=False, compare=False)     # _rows_of_ids' index
