@@ -179,3 +179,35 @@ def test_bundled_runs_are_classified_by_what_they_hold():
     assert (cpu.producer, cpu.device, cpu.steps) == ("kineto", "none", "profiler-step")
     gpu = load_file(next((TRACES / "cuda" / "ddp_default").glob("rank0*.json.gz"))).kind
     assert gpu.device == "cuda" and not gpu.unknown
+
+
+def test_one_time_start_up_is_set_aside_not_launch_overhead(tmp_path):
+    """The first aten::mm of a window holds a 900 ms cudaFree (context creation): start-up, named, and
+    no part of the saving the gpu-idle finding promises."""
+    ev, corr = [], 0
+    for s in range(3):
+        t0 = s * 1_000_000.0
+        ev.append(_x(f"ProfilerStep#{s}", t0, 999_000.0, cat="user_annotation"))
+        first = s == 0
+        ev.append(_x("aten::mm", t0 + 10, 900_100.0 if first else 100.0))
+        if first:
+            ev.append(_x("cudaFree", t0 + 20, 900_000.0, cat="cuda_runtime"))
+        for k in range(40):
+            ts = t0 + (900_200.0 if first else 200.0) + k * 20
+            ev.append(_x("cudaLaunchKernel", ts, 5, cat="cuda_runtime", correlation=corr))
+            ev.append(_x("gemm_kernel", ts + 6, 10, cat="kernel", pid=0, tid=7, correlation=corr))
+            corr += 1
+    path = _write(tmp_path / "rank0.json", ev)
+    a = open_analysis(path)
+    g = a.signals.gpu_idle[0]
+    assert g.startup_calls == ["cudaFree 900.0 ms"] and g.startup_idle_us == pytest.approx(300_000, rel=0.01)
+    f = next(f for f in a.findings if f.id == "gpu-idle")
+    assert "start-up" in f.title and "launch overhead" not in f.title
+    # what a fix could save excludes the start-up: the idle less the 900 ms / 3 steps
+    assert f.impact_us <= g.idle_us - g.startup_idle_us + 1.0
+
+
+def test_host_syncs_are_findings_in_a_window_without_step_markers():
+    a = open_analysis(DATA / "no_step_cpu" / "rank0.json.gz")
+    f = next(f for f in a.findings if f.id == "host-sync")
+    assert "3 call(s) per step" in f.summary and "no step markers" in f.evidence[0].text

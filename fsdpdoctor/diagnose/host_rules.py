@@ -192,7 +192,9 @@ def host_sync(ctx: RuleContext) -> list[Finding]:
             "Keep the value on the device (accumulate tensors, log every N steps with a single .item()), or "
             "use non_blocking copies", confidence=0.8 if src else 0.6, source=src,
             ranks=sorted({h.rank for h in hs}),
-            evidence=[Evidence(f"rank {h.rank}: {h.count} x {h.name} in steps {_ranges(h.steps)}, host blocked "
+            evidence=[Evidence(f"rank {h.rank}: {h.count} x {h.name} "
+                               + (f"in steps {_ranges(h.steps)}" if h.steps else "in the window (no step markers)")
+                               + ", host blocked "
                                f"{ms(h.total_us, 3)}" + (f", device idle after it {ms(h.bubble_us, 3)}"
                                                          if device else ""),
                                rank=h.rank, source=h.source) for h in hs[:6]]

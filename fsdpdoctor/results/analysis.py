@@ -513,6 +513,8 @@ class GpuIdle:
     record_shapes: bool | None = None
     graph_captures: int = 0               # CUDA-graph stream captures in the analysed steps
     capture_idle_us: float = 0.0          # mean per step of the idle inside a capture (kernels recorded, not run)
+    startup_idle_us: float = 0.0          # mean per step of the idle inside one-time start-up calls (not savable)
+    startup_calls: list[str] = field(default_factory=list)  # the longest of them, "cudaFree 9012.3 ms"
 
 
 @dataclass

@@ -19,8 +19,10 @@ from fsdpdoctor.trace.table import (
 from fsdpdoctor.trace.vocabulary import STEP_NAME
 
 # the legacy autograd profiler's list export (torch.autograd.profiler EventList.export_chrome_trace,
-# still what a torch build without Kineto writes): no "cat", host ops on the pid "CPU functions"
+# still what a torch build without Kineto writes): no "cat", host ops on the pid "CPU functions" (the
+# C++ writer of torch.autograd.profiler.RecordProfile spells it "CPU Functions")
 LEGACY_HOST_PID = "CPU functions"
+_LEGACY_PIDS = ("cpu functions", "cuda functions")
 # the categories other accelerators' profiler plug-ins write their device and runtime events under
 # (Meta MTIA: mtia_ccp_events, mtia_runtime; Intel XPU, Habana HPU, Ascend NPU, PrivateUse1 backends)
 _ACCELERATOR = re.compile(r"^(mtia|xpu|hpu|habana|gaudi|npu|ascend|privateuse1|mlu|gcu)(?:[_ :-]|$)", re.I)
@@ -66,8 +68,8 @@ def step_structure(t: RankTrace, evidence: list[str] | None = None) -> str:
 
 def _producer(t: RankTrace, meta: dict, evidence: list[str]) -> str:
     known = {c for c, n in t.categories.items() if n and c and _known(c)}
-    pids = {tr.pid for tr in t.tracks}
-    if not t.categories.keys() - {""} and pids and pids <= {LEGACY_HOST_PID, "CUDA functions"}:
+    pids = {str(tr.pid).lower() for tr in t.tracks}
+    if not t.categories.keys() - {""} and pids and pids <= set(_LEGACY_PIDS):
         evidence.append(f"a list of events without categories on pid '{LEGACY_HOST_PID}': the legacy "
                         "autograd-profiler export")
         return "legacy-autograd"
@@ -95,7 +97,7 @@ def _known(cat: str) -> bool:
 
 def _read_legacy(t: RankTrace) -> None:
     """The legacy export's events have no category: those on its host pid are host ops."""
-    host = np.array([tr.pid == LEGACY_HOST_PID for tr in t.tracks], dtype=bool)
+    host = np.array([str(tr.pid).lower() == _LEGACY_PIDS[0] for tr in t.tracks], dtype=bool)
     if len(host):
         t.cat[(t.cat == OTHER) & host[t.track]] = CPU_OP
     t._ids_by_cat = None

@@ -1,5 +1,6 @@
 """Records rank0.json.gz here: torch.profiler (Kineto, CPU activity only) around a few training
-iterations with no prof.step() call, so the trace holds no ProfilerStep# marker.
+iterations with no prof.step() call, so the trace holds no ProfilerStep# marker; each iteration logs
+its loss with .item() (a host sync).
 
     python tests/data/no_step_cpu/record.py tests/data/no_step_cpu/rank0.json.gz
 """
@@ -16,7 +17,9 @@ opt = torch.optim.SGD(m.parameters(), lr=0.1)
 x = torch.randn(32, 64)
 with profile(activities=[ProfilerActivity.CPU]) as p:
     for _ in range(3):
-        m(x).sum().backward()
+        loss = m(x).sum()
+        loss.backward()
+        print(f"loss {loss.item():.3f}")
         opt.step()
         opt.zero_grad()
 with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
