@@ -314,9 +314,7 @@ def bound_impacts(findings: list[Finding], ctx: RuleContext, parts: Mapping[str,
     mean = ctx.a.mean
     part_us = {p: max(float(getattr(mean, p, 0.0)), 0.0) if mean else 0.0 for p in set(parts.values())}
     left, left_in = step, dict(part_us)
-    # what a fix of waiting can save: the step less its busy time (compute, optimizer); only a root
-    # declared to save busy time (its part is compute or optimizer) draws on that
-    left_free = step - (max(mean.compute_us, 0.0) + max(mean.optimizer_us, 0.0) if mean else 0.0)
+    left_free = step - _least_busy(ctx)
     for f in findings:
         part = parts.get(f.id)
         busy = part in BUSY_PARTS
@@ -344,6 +342,16 @@ def bound_impacts(findings: list[Finding], ctx: RuleContext, parts: Mapping[str,
                 left_in[part] = max(left_in[part] - kept, 0.0)
         if own != f.impact_us:
             f.impact_us, f.impact_frac = own, ctx.frac(own)
+
+
+def _least_busy(ctx: RuleContext) -> float:
+    """The busy time (compute, optimizer) per step of the least busy rank: what a fix of waiting (idle,
+    exposed communication, loading) can save is the step less that, since the rank that waits most
+    stops waiting; only a root declared in a busy part (``BUSY_PARTS``) draws on the busy time itself."""
+    means = [r.mean for r in ctx.a.ranks if r.mean] or ([ctx.a.mean] if ctx.a.mean else [])
+    if not means:
+        return 0.0
+    return min(max(m.compute_us, 0.0) + max(m.optimizer_us, 0.0) for m in means)
 
 
 def _severity_after_cut(f: Finding, own_us: float, kept_us: float, ctx: RuleContext) -> str:

@@ -114,6 +114,10 @@ def _piece_columns(data: bytes, begin: int, end: int, columns, path=""):
     return parts[0] if len(parts) == 1 else join_columns(parts)
 
 
+# the column tuple's count of events the fast reading could not use (then the tolerant one counts them)
+_UNREADABLE = 11
+
+
 def _one_piece(piece, columns):
     """The columns of a run of whole events (the bytes between two event boundaries), or None when
     they are not that, or hold an event of an odd shape, or events the tolerant reading must count."""
@@ -122,7 +126,7 @@ def _one_piece(piece, columns):
         part = columns(events) if events else None
     except Exception:  # noqa: BLE001 - whatever it is, the whole-file reading reports it
         return None
-    if part is None or part[-1]:
+    if part is None or part[_UNREADABLE]:
         return None
     return part
 
