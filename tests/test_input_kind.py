@@ -211,3 +211,36 @@ def test_host_syncs_are_findings_in_a_window_without_step_markers():
     a = open_analysis(DATA / "no_step_cpu" / "rank0.json.gz")
     f = next(f for f in a.findings if f.id == "host-sync")
     assert "3 call(s) per step" in f.summary and "no step markers" in f.evidence[0].text
+
+
+def test_one_options_object_reaches_the_pipeline_from_every_door(tmp_path):
+    from fsdpdoctor import api
+    from fsdpdoctor.options import Options
+
+    run = TRACES / "ddp_default"
+    by_object = api.analyze(run, Options(ranks=[1], steps={2}))
+    by_keywords = api.analyze(run, ranks=[1], steps={2})
+    assert by_object.to_json() == by_keywords.to_json()
+    assert by_object.job.ranks_analyzed == [1] and by_object.job.steps == [2]
+    # the notebook door takes the capture window too (it had lost it): asked of a folder without windows,
+    # the pipeline answers as the CLI's --window does
+    with pytest.raises(InputError, match="window"):
+        api.analyze(run, window=3)
+    with pytest.raises(TypeError):
+        Options().but(window_steps=3)
+
+
+def test_an_xpu_recording_is_read_as_a_device_timeline_and_named(tmp_path):
+    """Intel XPU's Kineto plug-in: kernels under "kernel", their launches (urEnqueueKernelLaunch) under
+    "xpu_runtime" with the correlation id the kernel carries."""
+    ev = _host_steps()
+    for s in range(3):
+        for k in range(8):
+            ts, c = s * 1000.0 + 15 + k * 100, s * 10 + k
+            ev.append(_x("urEnqueueKernelLaunch", ts, 3, cat="xpu_runtime", correlation=c))
+            ev.append(_x("gemm_kernel", ts + 5, 40, cat="kernel", pid=0, tid=3, correlation=c))
+    path = _write(tmp_path / "rank0.json", ev)
+    a = open_analysis(path)
+    k = a.job.input_kind
+    assert k.device == "xpu" and not k.unknown and k.links == 24 and k.backward_links == 0
+    assert a.job.traits.device_timeline and a.signals.gpu_idle[0].kernels == 24

@@ -277,7 +277,7 @@ class InputKind:
     @property
     def device_known(self) -> bool:
         """Whether device figures can be read from this input (or it ran on the host alone)."""
-        return self.device in ("cuda", "rocm", "copies-only", "none")
+        return self.device in ("cuda", "rocm", "xpu", "copies-only", "none")
 
     def line(self) -> str:
         """One line for the report header."""
@@ -288,7 +288,7 @@ class InputKind:
 
 _PRODUCERS = {"kineto": "torch.profiler (Kineto)", "legacy-autograd": "legacy autograd-profiler export",
               "unknown": "unknown writer"}
-_DEVICES = {"cuda": "CUDA kernels", "rocm": "ROCm kernels", "copies-only": "copies only (no kernel)",
+_DEVICES = {"cuda": "CUDA kernels", "rocm": "ROCm kernels", "xpu": "XPU kernels", "copies-only": "copies only (no kernel)",
             "missing": "timeline missing", "none": "none (host only)"}
 _STEPS = {"profiler-step": "ProfilerStep", "cycles": "profiler cycles", "none": "no step markers"}
 

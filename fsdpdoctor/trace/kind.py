@@ -14,7 +14,7 @@ import numpy as np
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import InputKind
 from fsdpdoctor.trace.table import (
-    CPU_OP, DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, OTHER, RUNTIME, RankTrace,
+    CPU_OP, DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, OTHER, PYFUNC, RUNTIME, RankTrace,
 )
 from fsdpdoctor.trace.vocabulary import STEP_NAME
 
@@ -30,8 +30,6 @@ _ACCELERATOR_NAMES = {"habana": "hpu", "gaudi": "hpu", "ascend": "npu"}
 # the host runtime calls that launch device work (kernels, graphs)
 _LAUNCH = re.compile(r"^(cuda|cu|hip|hipExt)(Module)?(LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|"
                      r"GraphLaunch|ModuleLaunchKernel)(_v\d+|_ptsz)?$")
-# a recording with fewer events than this besides its step markers holds no step of work to analyse
-EMPTY_EVENTS = 16
 # host and device clocks are rounded to the microsecond apart: a device event may start this much
 # before its launch (the same slack as ``RankContext.launch_rows``)
 CLOCK_SLACK_US = 1.0
@@ -111,8 +109,10 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
     accel = {c: n for c, n in t.categories.items() if c and _ACCELERATOR.match(c)}
     if kernels:
         rocm = any(n.startswith("hip") for n in t.names) or "amd" in str(_device_name(meta)).lower()
-        kind.device = "rocm" if rocm else "cuda"
-        ev.append(f"{kernels} kernel(s)" + (f", {copies} copies/memsets" if copies else ""))
+        xpu = any(c.lower().startswith("xpu") for c in accel)  # kernels in "kernel", launches in xpu_runtime
+        kind.device = "xpu" if xpu else "rocm" if rocm else "cuda"
+        ev.append(f"{kernels} kernel(s)" + (f", {copies} copies/memsets" if copies else "")
+                  + (" launched through xpu_runtime: read as a device timeline" if xpu else ""))
         return
     if copies:
         kind.device = "copies-only"
@@ -187,10 +187,11 @@ def _clock(t: RankTrace, kind: InputKind) -> None:
 
 
 def _empty(t: RankTrace, kind: InputKind) -> None:
+    """A recording with no host op (besides its step markers), no Python frame and no device event holds
+    no work to analyse (a few runtime calls under a step marker are not a step of work)."""
     markers = [i for i, n in enumerate(t.names) if STEP_NAME.match(n)]
-    work = t.n_events - int(np.isin(t.name_id, markers).sum())
-    if work < EMPTY_EVENTS:
+    work = np.isin(t.cat, (CPU_OP, PYFUNC) + DEVICE_CATEGORIES) & ~np.isin(t.name_id, markers)
+    if not work.any():
         span = float((t.ts + t.dur).max() - t.ts.min()) if t.n_events else 0.0
-        kind.unknown.insert(0, f"empty recording: {t.n_events} event(s) over {span / 1e6:.3g} s, no step of "
-                               "work to analyse")
-
+        kind.unknown.insert(0, f"empty recording: {t.n_events} event(s) over {span / 1e6:.3g} s, no host op or "
+                               "device event to analyse")

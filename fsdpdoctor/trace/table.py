@@ -28,6 +28,8 @@ _CATEGORY_CODES = {
     "gpu_memcpy": MEMCPY, "memcpy": MEMCPY,
     "gpu_memset": MEMSET, "memset": MEMSET,
     "cuda_runtime": RUNTIME, "runtime": RUNTIME, "cuda_driver": RUNTIME,
+    # Intel XPU's Kineto plug-in writes its kernels as "kernel" and their launches (SYCL/Level-Zero) here
+    "xpu_runtime": RUNTIME, "xpu_driver": RUNTIME,
     "gpu_user_annotation": GPU_ANNOTATION,
 }
 DEVICE_CATEGORIES = (KERNEL, MEMCPY, MEMSET)

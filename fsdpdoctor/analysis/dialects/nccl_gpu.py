@@ -30,7 +30,7 @@ from fsdpdoctor.trace.vocabulary import C10D_PREFIXES, NCCL_ANNOTATION, NOT_COLL
 
 
 # the device timelines this dialect reads (trace/kind.py's ``InputKind.device``)
-DEVICE_TIMELINES = ("cuda", "rocm", "copies-only")
+DEVICE_TIMELINES = ("cuda", "rocm", "xpu", "copies-only")
 
 
 class NcclGpu:
