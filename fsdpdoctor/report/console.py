@@ -11,7 +11,7 @@ from rich.text import Text
 
 from fsdpdoctor.report.data_quality import lines as data_quality_lines
 from fsdpdoctor.report.format import (
-    CATEGORY_STYLE, SEVERITY_STYLE, categories, ms, num, pct, size, straggler_rank, wrapping_line,
+    CATEGORY_STYLE, SEVERITY_STYLE, categories, ms, num, pct, size, straggler_rank, trace_family, wrapping_line,
 )
 from fsdpdoctor.results import Analysis
 
@@ -31,10 +31,7 @@ def summary(a: Analysis) -> Panel:
     lines = Text()
     ranks = ", ".join(map(str, job.ranks_analyzed[:8])) + ("..." if len(job.ranks_analyzed) > 8 else "")
     kind = job.input_kind
-    family = job.dialect.upper() if kind is None or kind.device_known else kind.device.upper()
-    if kind is not None and kind.device == "missing":
-        family = "GPU (no device timeline)"
-    lines.append(f"{family} trace, backend {job.backend or '?'}, world size {job.world_size or '?'}, "
+    lines.append(f"{trace_family(job)} trace, backend {job.backend or '?'}, world size {job.world_size or '?'}, "
                  f"ranks analysed: {ranks}\n")
     if kind is not None:
         lines.append(f"input: {kind.line()}\n")
