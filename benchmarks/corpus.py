@@ -213,6 +213,7 @@ class Outcome:
     ranks: int = 0
     step_ms: float | None = None
     dialect: str = ""
+    kind: str = "-"                     # the input kind fsdpdoctor gave it (job.input_kind)
     findings: list[dict] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     disagreements: list[str] = field(default_factory=list)
@@ -305,12 +306,32 @@ def run_one(t: Trace, root: Path, out_dir: Path) -> Outcome:
     mean = (doc.get("mean") or {}).get("duration_us")
     o.step_ms = mean / 1e3 if mean else None
     o.dialect = (doc.get("job") or {}).get("dialect") or ""
+    o.kind = _kind(doc)
     o.findings = sorted(doc.get("findings", []), key=lambda f: (-SEVERITY.get(f["severity"], 0),
                                                                  -(f.get("impact_frac") or 0)))
     o.violations = invariant_violations(doc)
     o.violations += [f"project checker: {v}" for v in project_invariants(doc, p.stdout)]
     o.disagreements = judge(t, doc)
     return o
+
+
+_PRODUCER = {"kineto": "Kineto", "legacy-autograd": "legacy list export", "unknown": "unknown writer"}
+_STEPS = {"profiler-step": "ProfilerStep", "cycles": "cycles", "none": "no steps"}
+
+
+def _kind(doc: dict) -> str:
+    """The input kind fsdpdoctor gave the trace (rank 0's): producer, device timeline, steps, clock."""
+    k = (doc.get("job") or {}).get("input_kind")
+    if not k:
+        return "-"
+    parts = [_PRODUCER.get(k["producer"], k["producer"]), k["device"], _STEPS.get(k["steps"], k["steps"])]
+    if k.get("clock_offset_us") is not None:
+        parts.append(f"device clock +{k['clock_offset_us']:.0f} us")
+    elif k.get("backward_links"):
+        parts.append(f"{k['backward_links']} backward link(s)")
+    if k.get("unknown"):
+        parts.append("unread: " + k["unknown"][0].split(":")[0])
+    return ", ".join(parts)
 
 
 def _verdict(o: Outcome) -> str:
@@ -357,7 +378,11 @@ def write_report(outcomes: list[Outcome], path: Path = REPORT) -> None:
         "tool's file in Chrome's event format, kind `not-kineto`, is rightly refused). Marked",
         "*suspicious* without a source statement: a root finding that claims the whole step (no fix saves",
         f"the work itself), a step under 1 % of its rank's median, or one more than {SPAN_FACTOR}x it (it",
-        "spans a gap, not work). Each one is explained below the table.",
+        "spans a gap, not work). Each one is explained below the table. *Input kind* is how fsdpdoctor",
+        "classified the file at the front door (`fsdpdoctor/trace/kind.py`, `job.input_kind` in `--json`): its",
+        "writer, its device timeline (cuda, rocm, copies-only, an accelerator it does not analyse, missing",
+        "although kernels were launched, none), its step markers, its clock, and the first thing it could",
+        "not read (whose figures are withheld).",
         "",
         f"**{len(ran)} traces from {len({o.trace.repo for o in ran})} repositories** "
         f"({len(traces)} listed from {len(repos)}); **{viol} with an invariant violation**; "
@@ -365,14 +390,16 @@ def write_report(outcomes: list[Outcome], path: Path = REPORT) -> None:
         f"disagreement, {suspect} of them suspicious without a source statement ({suspect_errors} error-level "
         "finding(s) among those).",
         "",
-        "| trace | source | what the source says | steps x ranks, mean step | our verdict (top findings) | agrees |",
-        "|---|---|---|---|---|---|",
+        "| trace | source | what the source says | input kind | steps x ranks, mean step | our verdict (top findings) "
+        "| agrees |",
+        "|---|---|---|---|---|---|---|",
     ]
     for o in ran:
         t = o.trace
         shape = f"{o.steps} x {o.ranks}" + (f", {o.step_ms:.1f} ms" if o.step_ms else "") if o.rc == 0 else "-"
         agree = "yes" if o.agrees else "**no**"
-        lines.append(f"| `{t.id}` | [{t.repo}@{t.commit[:8]}]({t.url}) | {_cell(t.says)} | {shape} | "
+        kind = o.kind if o.rc == 0 else "not a recording" if "not a torch.profiler" in (o.error or "") else "-"
+        lines.append(f"| `{t.id}` | [{t.repo}@{t.commit[:8]}]({t.url}) | {_cell(t.says)} | {_cell(kind)} | {shape} | "
                      f"{_cell(_verdict(o))} | {agree} |")
     lines += ["", "## Disagreements and violations, explained", ""]
     if not any(o.disagreements or o.violations for o in ran):

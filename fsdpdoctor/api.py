@@ -9,21 +9,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fsdpdoctor.options import Options
 from fsdpdoctor.pipeline import open_analysis
 from fsdpdoctor.results import Analysis
 from fsdpdoctor.trace.io import write_atomic
 from fsdpdoctor.results.frames import collectives_df, findings_df, ranks_df, step_table_df, steps_df
 
 
-def analyze(path: str | Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
-            thresholds: dict[str, float] | None = None, dask: str | None = None, workers: int | None = None,
-            use_summaries: bool = True) -> Analysis:
+def analyze(path: str | Path, options: Options | None = None, **selection) -> Analysis:
     """Load, analyse and diagnose a trace file, a run folder or a saved ``--json``; returns the typed result.
 
-    ``workers``: processes on this machine (None: one per core); ``dask``: a scheduler address or
-    "local"; ``use_summaries``: read current per-rank summaries instead of their traces."""
-    return open_analysis(path, ranks=ranks, steps=steps, thresholds=thresholds, dask=dask, workers=workers,
-                         use_summaries=use_summaries)
+    ``options`` (``fsdpdoctor.options.Options``), or its fields as keywords: ``ranks``, ``steps``,
+    ``window`` (a run folder's capture window by its first step), ``thresholds``, ``workers``
+    (processes on this machine; None: one per core), ``dask`` (a scheduler address or "local"),
+    ``use_summaries`` (read current per-rank summaries instead of their traces)."""
+    return open_analysis(path, options, **selection)
 
 
 def save_json(a: Analysis, path: str | Path, include_events: bool = False) -> None:

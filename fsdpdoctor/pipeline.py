@@ -27,6 +27,7 @@ from fsdpdoctor.analysis.rankresult import RankResult
 from fsdpdoctor.diagnose import diagnose as run_rules
 from fsdpdoctor.engines import make_engine
 from fsdpdoctor.errors import InputError
+from fsdpdoctor.options import Options
 from fsdpdoctor.results import Analysis, DataQuality
 import fsdpdoctor.trace.identity as identity
 from fsdpdoctor.trace.io import read_head, read_raw, shown
@@ -42,45 +43,38 @@ _ANALYSIS_HEAD = re.compile(rb'^\s*\{\s*"(source|job|schema_version)"\s*:')
 
 
 @overload
-def open_analysis(source: str | Path, *, ranks: list[int] | None = ..., steps: set[int] | None = ...,
-                  thresholds: dict[str, float] | None = ..., dask: str | None = ..., workers: int | None = ...,
-                  use_summaries: bool = ..., diagnose: bool = ..., tables: Literal[False] = ...,
-                  progress: Progress | None = ..., window: int | None = ...) -> Analysis: ...
+def open_analysis(source: str | Path, options: Options | None = ..., *, tables: Literal[False] = ...,
+                  **selection) -> Analysis: ...
 
 
 @overload
-def open_analysis(source: str | Path, *, ranks: list[int] | None = ..., steps: set[int] | None = ...,
-                  thresholds: dict[str, float] | None = ..., dask: str | None = ..., workers: int | None = ...,
-                  use_summaries: bool = ..., diagnose: bool = ..., tables: Literal[True],
-                  progress: Progress | None = ..., window: int | None = ...) -> tuple[Analysis, list[RankTrace]]: ...
+def open_analysis(source: str | Path, options: Options | None = ..., *, tables: Literal[True],
+                  **selection) -> tuple[Analysis, list[RankTrace]]: ...
 
 
-def open_analysis(source, *, ranks=None, steps=None, thresholds=None, dask=None, workers=None,
-                  use_summaries=True, diagnose=True, tables=False, progress=None, window=None):
+def open_analysis(source, options=None, *, tables=False, **selection):
     """The ``Analysis`` of a trace file, a run folder, per-rank summaries or a saved ``--json``.
 
-    ``ranks``/``steps``: only those (on a saved JSON: only those ranks' and steps' samples are kept;
-    its findings and means stay as they were computed). ``thresholds``: overrides for the rules.
-    ``dask`` (a scheduler address or "local"), ``workers`` (processes here; None: one per core) and
-    ``use_summaries`` (read a rank's current summary instead of its trace) say where the per-rank
-    step runs; a saved JSON needs none. ``tables=True`` returns ``(Analysis, per-rank tables)``,
-    every trace read (no summaries; a saved JSON has no tables). ``progress(name, done, total)``.
-    A run folder with ``window-<step>`` folders (docs/capture.md): the latest window, or the one
-    starting at step ``window``; a note names the others."""
-    path, window_note = resolve_window(Path(source), window)
+    ``options`` (``fsdpdoctor.options.Options``) carries every selection, from every door; keywords
+    named like its fields change those of ``options`` (``ranks=[0]``). On a saved JSON only the
+    ranks' and steps' samples asked for are kept (its findings and means stay as they were computed).
+    ``tables=True`` returns ``(Analysis, per-rank tables)``, every trace read (no summaries; a saved
+    JSON has no tables). A run folder with ``window-<step>`` folders (docs/capture.md): the latest
+    window, or the one starting at step ``window``; a note names the others."""
+    opts = (options or Options()).but(**selection)
+    path, window_note = resolve_window(Path(source), opts.window)
     if is_analysis_json(path):
-        a = _read_saved(path, ranks, steps)
+        a = _read_saved(path, opts.ranks, opts.steps)
         return (a, []) if tables else a
     quality = DataQuality()
-    manifest, results, traces = rank_results(path, ranks=ranks, steps=steps, progress=progress, dask=dask,
-                                             workers=workers, use_summaries=use_summaries and not tables,
+    manifest, results, traces = rank_results(path, opts.but(use_summaries=opts.use_summaries and not tables),
                                              quality=quality, keep_tables=tables)
     analysis = reduce(results, source=path, manifest=manifest)
     analysis.data_quality = quality
     if window_note:
         analysis.notes.insert(0, window_note)
-    if diagnose:
-        analysis.findings = run_rules(analysis, thresholds=thresholds)
+    if opts.diagnose:
+        analysis.findings = run_rules(analysis, thresholds=opts.thresholds)
     invariants.enforce(analysis)  # nothing is rendered that breaks them (analysis/invariants.py)
     return (analysis, traces) if tables else analysis
 
@@ -213,29 +207,28 @@ def _cycle_files(manifest: dict | None, files: list[Path]) -> tuple[str, ...] | 
     return tuple(cycles.get(str(rank), ())) if rank is not None else ()
 
 
-def rank_results(path: Path, *, ranks: list[int] | None = None, steps: set[int] | None = None,
-                 progress: Progress | None = None, dask: str | None = None, workers: int | None = None,
-                 use_summaries: bool = True, write_summaries: bool = False, summary_dir: Path | None = None,
-                 param_dtype: str | None = None, quality: DataQuality | None = None,
-                 keep_tables: bool = False) -> tuple[dict | None, list[RankResult], list[RankTrace]]:
+def rank_results(path: Path, options: Options | None = None, *, write_summaries: bool = False,
+                 summary_dir: Path | None = None, param_dtype: str | None = None, quality: DataQuality | None = None,
+                 keep_tables: bool = False, **selection) -> tuple[dict | None, list[RankResult], list[RankTrace]]:
     """(manifest, every rank's ``RankResult``, the ranks' tables if ``keep_tables``): from current
-    summaries where allowed, else from the per-rank step mapped by an engine.
+    summaries where ``options`` allows, else from the per-rank step mapped by an engine (``options``:
+    ranks, steps, engine, progress; keywords named like its fields change them).
 
     What the loader could not trust (manifest, files, dropped events, duplicates) goes into ``quality``,
     and which ranks' figures come from summaries. When the checks across ranks refuse a folder in which
     some ranks were read from summaries, every rank is read again from its trace: the traces decide."""
+    opts = (options or Options()).but(**selection)
     dq = quality if quality is not None else DataQuality()
-    kw = dict(ranks=ranks, steps=steps, progress=progress, dask=dask, workers=workers,
-              write_summaries=write_summaries, summary_dir=summary_dir, param_dtype=param_dtype,
+    kw = dict(write_summaries=write_summaries, summary_dir=summary_dir, param_dtype=param_dtype,
               keep_tables=keep_tables)
     used: list[Path] = []
     try:
-        return _rank_results(path, use_summaries=use_summaries, dq=dq, used=used, **kw)
+        return _rank_results(path, opts, dq=dq, used=used, **kw)
     except _SummariesDisagree as exc:
         refused = str(exc)
     for f in dataclasses.fields(dq):  # start again: nothing the first reading noted stands
         setattr(dq, f.name, getattr(DataQuality(), f.name))
-    out = _rank_results(path, use_summaries=False, dq=dq, used=[], **kw)
+    out = _rank_results(path, opts.but(use_summaries=False), dq=dq, used=[], **kw)
     dq.notes.append(f"{_names(used)} disagreed with the other ranks ({refused}): every rank was read again "
                     "from its trace")
     return out
@@ -250,9 +243,9 @@ def _names(files: list[Path], most: int = 3) -> str:
     return listed + (f" and {len(files) - most} more" if len(files) > most else "")
 
 
-def _rank_results(path: Path, *, ranks, steps, progress, dask, workers, use_summaries, write_summaries, summary_dir,
-                  param_dtype, keep_tables, dq: DataQuality,
-                  used: list[Path]) -> tuple[dict | None, list[RankResult], list[RankTrace]]:
+def _rank_results(path: Path, opts: Options, *, write_summaries, summary_dir, param_dtype, keep_tables,
+                  dq: DataQuality, used: list[Path]) -> tuple[dict | None, list[RankResult], list[RankTrace]]:
+    ranks, steps, use_summaries = opts.ranks, opts.steps, opts.use_summaries
     if path.is_dir() and not _trace_files(path, []) and not write_summaries:
         summaries = sorted(p for p in path.glob("*" + rankresult.SUMMARY_SUFFIX) if not p.name.startswith("."))
         if summaries:  # summaries copied away from their traces: nothing to check them against
@@ -288,7 +281,7 @@ def _rank_results(path: Path, *, ranks, steps, progress, dask, workers, use_summ
             if why:
                 dq.notes.append(f"{shown(rankresult.summary_path(files[0]).name)} not used ({why}): rank figures "
                                 f"re-derived from {shown(files[0].name)}")
-        if dask:  # a worker's working folder is not ours
+        if opts.dask:  # a worker's working folder is not ours
             given.update({shown(os.path.abspath(f)): shown(f) for f in files})
             files = [Path(os.path.abspath(f)) for f in files]
             summary_dir = Path(os.path.abspath(summary_dir)) if summary_dir else None
@@ -300,8 +293,8 @@ def _rank_results(path: Path, *, ranks, steps, progress, dask, workers, use_summ
     tables: dict[int, RankTrace] = {}  # id(result) -> its tables
     if todo:
         total = sum(Path(f).stat().st_size for u in todo for f in u.files)
-        engine = make_engine(dask, workers, total, len(todo))
-        report = _Reporter(progress, len(groups), len(results))
+        engine = make_engine(opts.dask, opts.workers, total, len(todo))
+        report = _Reporter(opts.progress, len(groups), len(results))
         try:
             for unit, outputs in engine.map(rank_step, todo):
                 for r, t in _checked(unit, outputs, given):

@@ -49,6 +49,14 @@ STACK_EVENT_COST_US = 0.5
 # stream capture records a CUDA graph: kernels launched inside it are queued into the graph, not run
 CAPTURE_BEGIN = ("cudaStreamBeginCapture", "hipStreamBeginCapture")
 CAPTURE_END = ("cudaStreamEndCapture", "hipStreamEndCapture")
+# One-time initialisation runs inside the first runtime call that needs it (context creation in the
+# first cudaFree, cuBLAS/cuDNN handles in the first GEMM's calls, a module load in the first launch of a
+# kernel): a single call orders of magnitude longer than its rank's typical runtime call. Over
+# STARTUP_FACTOR times the median and over STARTUP_MIN_US it is start-up, not launch overhead (syncs,
+# which wait for the device, are not counted).
+STARTUP_FACTOR = 100.0
+STARTUP_MIN_US = 1000.0
+_WAITS = ("Synchronize", "Memcpy", "StreamWaitEvent", "EventQuery", "StreamQuery")
 _CAUSE_ORDER = ("data_loading", "collective_wait", "host_sync", "other", "launch")  # the first that holds
 _MAX_SOURCE_PIECES = 150  # longest idle pieces per cause looked up for a user frame (each lookup scans the frames)
 
@@ -100,6 +108,10 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
     out = GpuIdle(rank=t.rank, steps=steps, idle_us=idle_us, idle_frac=idle_us / step_us if step_us else 0.0,
                   by_cause={c: sum(s.by_cause[c] for s in steps) / n for c in IDLE_CAUSES})
     _queue(ctx, dev, windows, out)
+    startup, calls = _startup_set(ctx, in_steps)
+    if calls:
+        out.startup_idle_us = iv.total(iv.intersect(idle_all, startup)) / n
+        out.startup_calls = calls
     captures = _capture_set(ctx, in_steps)
     if len(captures):
         out.graph_captures = len(captures)
@@ -115,6 +127,25 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
             if src:
                 out.sources[cause] = src
     return out
+
+
+def _startup_set(ctx: RankContext, in_steps: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """One-time initialisation inside the analysed steps: runtime calls on the host over STARTUP_FACTOR
+    times the rank's median runtime call and over STARTUP_MIN_US; (their time, "name 9.0 s" each)."""
+    t = ctx.t
+    rows = np.nonzero((t.cat == RUNTIME) & np.isin(t.track, ctx.compute_tracks))[0]
+    if len(rows) < 2 or not len(in_steps):
+        return iv.EMPTY, []
+    limit = max(STARTUP_FACTOR * float(np.median(t.dur[rows])), STARTUP_MIN_US)
+    long = rows[t.dur[rows] > limit]
+    long = np.array([r for r in long.tolist() if not any(w in t.name(r) for w in _WAITS)], dtype=np.int64)
+    if not len(long):
+        return iv.EMPTY, []
+    spans = iv.intersect(ctx.set_of(long), in_steps)
+    if not len(spans):
+        return iv.EMPTY, []
+    named = [f"{t.name(r)} {t.dur[r] / 1e3:.1f} ms" for r in long[np.argsort(-t.dur[long])][:3].tolist()]
+    return spans, named
 
 
 def _capture_set(ctx: RankContext, in_steps: np.ndarray) -> np.ndarray:

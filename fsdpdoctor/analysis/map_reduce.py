@@ -78,7 +78,8 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
         traits=dialect.traits, world_size=trace.world_size, backend=trace.backend, host=trace.host,
         device=trace.device_name, has_stacks=trace.has_stacks, steps_filter=sorted(steps) if steps is not None else None,
         windows=[], summary=RankSummary(rank=trace.rank, file=shown(trace.path), dialect=dialect.family, steps=[],
-                                        mean=None, host=trace.host, device=trace.device_name),
+                                        mean=None, host=trace.host, device=trace.device_name,
+                                        input_kind=trace.kind),
         collectives=[], dialect_note=dialect.note, notes=notes, param_dtype=param_dtype,
         quality=trace.quality, identity=identity_of(trace))
     if steps is not None:
@@ -233,6 +234,12 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     if overall is not None and overall.comm_us > 0 and overall.compute_us + overall.optimizer_us == 0:
         notes.append("the trace holds communication but no compute events (recorded without CPU ops or "
                      "kernels?): exposed and overlapped communication cannot be told apart")
+    unread = [k for k in (r.summary.input_kind for r in kept) if k is not None and k.unknown]
+    if kept and len(unread) == len(kept):  # what the breakdown rests on is not in the input: no figures
+        overall = None
+        for s in summaries:
+            s.mean = None
+        notes.insert(0, f"step breakdown withheld: {unread[0].unknown[0]}")
     if len(results) == 1 and (world_size or 1) > 1:
         notes.append(f"only rank {results[0].rank} of {world_size} is in the input: straggler analysis needs "
                      "several ranks")
@@ -315,4 +322,4 @@ def _job_info(results: list[RankResult], kept: list[RankResult], manifest: dict 
         devices=sorted({r.device for r in results if r.device}),
         has_stacks=any(r.has_stacks for r in results), manifest=manifest or None,
         samples_per_step=m.get("samples_per_step"), tokens_per_step=m.get("tokens_per_step"),
-        traits=traits)
+        traits=traits, input_kind=first.summary.input_kind if first else None)

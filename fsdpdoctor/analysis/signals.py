@@ -24,9 +24,16 @@ _LIBRARY_SCOPES = COMM_OPS + LIBRARY_ANNOTATIONS + (
 
 
 def _step_of(windows: list[StepWindow], t: float) -> int | None:
+    w = _window_of(windows, t)
+    return w.step if w is not None else None
+
+
+def _window_of(windows: list[StepWindow], t: float) -> StepWindow | None:
+    """The analysed window holding ``t``: a numbered step, or a window without step markers (the whole
+    recording, or a profiler cycle), in which host syncs and loader stalls count just the same."""
     for w in windows:
         if w.start <= t < w.end:
-            return w.step
+            return w
     return None
 
 
@@ -48,7 +55,7 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
             inner = ctx.enclosing(host_ops, int(t.track[r]), ts)
             if inner is not None and t.name(inner).startswith(_LIBRARY_SCOPES):
                 continue
-        if _step_of(windows, ts) is None:
+        if _window_of(windows, ts) is None:
             continue
         if len(skip) and len(iv.clip(skip, ts, ts + 1e-3)):
             continue
@@ -88,7 +95,7 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
 def dataloader(ctx: RankContext, windows: list[StepWindow], steps: list[StepBreakdown]) -> DataLoaderInfo | None:
     t = ctx.t
     rows = ctx.dataloader_rows
-    rows = [int(r) for r in rows if _step_of(windows, float(t.ts[r])) is not None]
+    rows = [int(r) for r in rows if _window_of(windows, float(t.ts[r])) is not None]
     if not rows or not steps:
         return None
     it = t.name(rows[0]).split("#", 1)[1].split(".")[0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsdpdoctor.commands.base import add_analysis_flags, add_output, print_json
-from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds, run_analysis
+from fsdpdoctor.commands.common import options_from, parse_thresholds, run_analysis
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import SEVERITIES
 
@@ -96,8 +96,7 @@ def _baseline(args, a):
     from fsdpdoctor.pipeline import open_analysis
 
     th = parse_thresholds(args)
-    base = open_analysis(args.baseline, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th,
-                         **engine_kwargs(args))
+    base = open_analysis(args.baseline, options_from(args, thresholds=th, window=None))
     if not any(r.steps for r in base.ranks):
         raise InputError(args.baseline, "no analysed step in the baseline (check --steps/--rank)")
     return compare(base, a, thresholds=th)

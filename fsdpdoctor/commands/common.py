@@ -7,6 +7,7 @@ import os
 import sys
 from contextlib import contextmanager
 
+from fsdpdoctor.options import Options
 from fsdpdoctor.commands.base import add_analysis_flags
 from fsdpdoctor.errors import InputError
 
@@ -94,15 +95,20 @@ def run_analysis(args):
     from fsdpdoctor.pipeline import open_analysis
 
     with progress_bar(not args.no_progress) as cb:
-        analysis = open_analysis(args.path, ranks=parse_ranks(args.rank), steps=parse_steps(args.steps),
-                                 window=getattr(args, "window", None),
-                                thresholds=parse_thresholds(args), progress=cb, **engine_kwargs(args))
+        analysis = open_analysis(args.path, options_from(args, progress=cb))
     if os.path.isdir(os.path.join(args.path, "hang")):  # the dump reader loads only where there may be dumps
         from fsdpdoctor.trace.hang import hang_note
 
         if note := hang_note(args.path):
             analysis.notes.append(note)
     return analysis
+
+
+def options_from(args, **changes) -> Options:
+    """Every selection the command line gives (ranks, steps, window, thresholds, engine), as one object."""
+    return Options(ranks=parse_ranks(getattr(args, "rank", None)), steps=parse_steps(getattr(args, "steps", None)),
+                   window=getattr(args, "window", None), thresholds=parse_thresholds(args),
+                   **engine_kwargs(args)).but(**changes)
 
 
 def engine_kwargs(args) -> dict:

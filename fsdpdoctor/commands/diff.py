@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsdpdoctor.commands.base import add_engine, add_output, add_selection, add_thresholds, print_json
-from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds
+from fsdpdoctor.commands.common import options_from, parse_thresholds
 from fsdpdoctor.errors import InputError
 
 
@@ -34,8 +34,8 @@ def run(args) -> int:
 
     th = parse_thresholds(args)
     # the engine options apply to a side that is a trace; a saved --json is read back without one
-    kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th, **engine_kwargs(args))
-    sides = [open_analysis(p, window=w, **kw)
+    options = options_from(args, thresholds=th)
+    sides = [open_analysis(p, options, window=w)
              for p, w in ((args.base, args.base_window), (args.new, args.new_window))]
     for path, a in zip((args.base, args.new), sides):
         if not any(r.steps for r in a.ranks):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fsdpdoctor.commands.base import say
 from fsdpdoctor.commands.common import (
-    add_selection_args, engine_kwargs, parse_ranks, parse_steps, parse_thresholds, progress_bar,
+    add_selection_args, options_from, progress_bar,
 )
 from fsdpdoctor.errors import InputError
 
@@ -28,16 +28,15 @@ def run(args) -> int:
     from fsdpdoctor.trace.io import check_output
 
     check_output(args.perfetto, [args.path])
-    engine = engine_kwargs(args)
-    selection = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=parse_thresholds(args))
+    options = options_from(args)
     with progress_bar(not args.no_progress) as cb:
         if args.no_ops:  # steps, collectives and findings: the analysis alone, mapped where the options say
-            a, traces = open_analysis(args.path, **selection, progress=cb, **engine), None
-        elif engine["dask"]:
+            a, traces = open_analysis(args.path, options, progress=cb), None
+        elif options.dask:
             raise InputError(None, "--dask: export copies every rank's events into one file from this process; "
                                    "use --no-ops to analyse on the cluster and export steps, collectives and findings")
         else:  # the events themselves: every rank's tables come back here (--jobs processes read them)
-            a, traces = open_analysis(args.path, **selection, progress=cb, **engine, tables=True)
+            a, traces = open_analysis(args.path, options, progress=cb, tables=True)
     try:
         n = write(a, args.perfetto, traces)
     except OSError as exc:

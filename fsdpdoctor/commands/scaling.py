@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fsdpdoctor.commands.base import (add_engine, add_output, add_selection, add_thresholds, print_json,
                                       require_terminal)
-from fsdpdoctor.commands.common import engine_kwargs, parse_ranks, parse_steps, parse_thresholds
+from fsdpdoctor.commands.common import options_from, parse_thresholds
 from fsdpdoctor.errors import InputError
 
 
@@ -48,9 +48,8 @@ def build_report(args):
     spr = _positive(args.samples_per_step) if args.samples_per_step is not None else None
     tpr = _positive(args.tokens_per_step) if args.tokens_per_step is not None else None
     th = parse_thresholds(args)
-    kw = dict(ranks=parse_ranks(args.rank), steps=parse_steps(args.steps), thresholds=th, diagnose=False,
-              **engine_kwargs(args))
-    analyses = [open_analysis(r, **kw) for r in args.runs]
+    options = options_from(args, thresholds=th, diagnose=False)
+    analyses = [open_analysis(r, options) for r in args.runs]
     return scaling_report(analyses, samples_per_rank=spr, tokens_per_rank=tpr, thresholds=th)
 
 

@@ -117,6 +117,8 @@ RuleFn = Callable[[RuleContext], list[Finding]]
 
 # the parts of a step (StepBreakdown fields) a finding's impact may be declared to lie in
 Part = Literal["exposed_comm_us", "idle_us", "data_loading_us", "compute_us", "optimizer_us"]
+# parts of the step that are work, not waiting: only a root declared in one of them saves busy time
+BUSY_PARTS = ("compute_us", "optimizer_us")
 
 
 @dataclass(frozen=True)
@@ -312,28 +314,44 @@ def bound_impacts(findings: list[Finding], ctx: RuleContext, parts: Mapping[str,
     mean = ctx.a.mean
     part_us = {p: max(float(getattr(mean, p, 0.0)), 0.0) if mean else 0.0 for p in set(parts.values())}
     left, left_in = step, dict(part_us)
+    left_free = step - _least_busy(ctx)
     for f in findings:
         part = parts.get(f.id)
+        busy = part in BUSY_PARTS
         own = min(f.impact_us, step, part_us[part] if part else step)
         if part and own < min(f.impact_us, step) - 1e-6:
             f.evidence.append(Evidence(
                 f"impact limited to the step's {PART_WORDS[part]}, {own / 1e3:.1f} ms of the {f.impact_us / 1e3:.1f} "
                 "ms its calls add up to: calls that run at the same time are counted once", time_us=own))
         if not f.caused_by:
-            kept = min(own, left, left_in[part] if part else left)
+            room = left if busy else min(left, max(left_free, 0.0))
+            kept = min(own, room, left_in[part] if part else room)
             if kept <= own - TICK_US:  # a cut below the trace's resolution is not a measured one
                 digits = 1 if own - kept >= 50.0 else 3
                 rest = (f"the rest of the step's {PART_WORDS[part]} ({part_us[part] / 1e3:.1f} ms per step)"
-                        if part and left_in[part] < left else "the rest of the step")
+                        if part and left_in[part] < room else "the rest of the step" if room == left else
+                        "the rest of the time a fix could save (the step less its compute)")
                 f.evidence.append(Evidence(
                     f"impact limited to {kept / 1e3:.{digits}f} ms of its {own / 1e3:.{digits}f} ms: {rest} is "
                     "already explained by the findings above", time_us=kept))
                 f.severity = _severity_after_cut(f, own, kept, ctx)
             own, left = kept, max(left - kept, 0.0)
+            if not busy:
+                left_free -= kept
             if part:
                 left_in[part] = max(left_in[part] - kept, 0.0)
         if own != f.impact_us:
             f.impact_us, f.impact_frac = own, ctx.frac(own)
+
+
+def _least_busy(ctx: RuleContext) -> float:
+    """The busy time (compute, optimizer) per step of the least busy rank: what a fix of waiting (idle,
+    exposed communication, loading) can save is the step less that, since the rank that waits most
+    stops waiting; only a root declared in a busy part (``BUSY_PARTS``) draws on the busy time itself."""
+    means = [r.mean for r in ctx.a.ranks if r.mean] or ([ctx.a.mean] if ctx.a.mean else [])
+    if not means:
+        return 0.0
+    return min(max(m.compute_us, 0.0) + max(m.optimizer_us, 0.0) for m in means)
 
 
 def _severity_after_cut(f: Finding, own_us: float, kept_us: float, ctx: RuleContext) -> str:

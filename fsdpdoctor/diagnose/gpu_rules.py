@@ -90,12 +90,27 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
                   f"({ms(m[largest])}) is {CAUSE_LABEL[largest]}, which the fix below does not shorten.")
                + (" Kernels start right after they are launched: the GPU waits for the host, not the other way "
                   "round." if bound else ""))
+    startup = sum(g.startup_idle_us for g in idles) / len(idles)
+    if startup > 0 and not input_bound:
+        # one-time initialisation (context, cuBLAS handles, module load) is no launch cost: no fix saves it
+        impact = max(impact - startup, 0.0)
+        calls = next(g.startup_calls for g in idles if g.startup_calls)
+        ev.insert(0, Evidence(f"{ms(startup)} of idle per step inside one-time start-up ({', '.join(calls)}): set "
+                              "aside, not counted as a saving", time_us=startup))
+        if startup >= 0.5 * m[cause]:
+            title = f"GPU idle {pct(ctx.frac(m['_idle']))} of the step, mostly one-time start-up"
+            summary = (f"No kernel runs on any stream for {ms(m['_idle'])} per step; {ms(startup)} of it is one-time "
+                       f"initialisation inside single runtime calls ({', '.join(calls)}), orders of magnitude "
+                       "longer than the others: context creation, library handles or a module load, which the "
+                       f"job pays once. The rest ({ms(impact)} per step) is what a fix could save.")
+            fix = ("Warm up before profiling (run a few steps first, e.g. schedule(wait=1, warmup=1, active=3)) so "
+                   "the recorded steps are the ones the job repeats")
     captured = [g for g in idles if g.graph_captures]
     if captured and not input_bound:
         # kernels launched inside a stream capture are recorded into a graph, not run: that idle is the
         # capture itself, which no launch fix shortens (the graph exists to remove it on replay)
         capture_idle = sum(g.capture_idle_us for g in idles) / len(idles)
-        impact = max(fixable - capture_idle, 0.0)
+        impact = max(impact - capture_idle, 0.0)
         title = (f"GPU idle {pct(ctx.frac(m['_idle']))} of the step, {pct(ctx.frac(capture_idle))} of the step "
                  "in CUDA-graph capture")
         summary = (f"The host captures CUDA graphs ({sum(g.graph_captures for g in captured)} stream capture(s)): "
@@ -110,8 +125,9 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
         "gpu-idle", title, impact, summary,
         fix, confidence=0.85 if bound else 0.7, evidence=ev, source=srcs[0][0] if srcs else None,
         ranks=[g.rank for g in idles],
-        # a step that captures graphs is setup (warm-up runs, then the capture), not a step the job repeats
-        severity="info" if captured and not input_bound else None)
+        # a step that captures graphs is setup (warm-up runs, then the capture), not a step the job repeats;
+        # so is a step that is mostly start-up
+        severity="info" if (captured or (startup and startup >= 0.5 * m[cause])) and not input_bound else None)
     if input_bound:
         f.caused_by = "input-bound"
     elif cause == "collective_wait":
@@ -122,7 +138,8 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
     return [f]
 
 
-@rule(ids=("activation-recompute",), thresholds=("recompute_frac", "recompute_warn_frac"))
+@rule(ids=("activation-recompute",), thresholds=("recompute_frac", "recompute_warn_frac"),
+      parts={"activation-recompute": "compute_us"})
 def activation_recompute(ctx: RuleContext) -> list[Finding]:
     rs = ctx.a.signals.recompute if ctx.a.signals else []
     if not rs or not ctx.step_us:

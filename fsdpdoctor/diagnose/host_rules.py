@@ -179,8 +179,11 @@ def host_sync(ctx: RuleContext) -> list[Finding]:
         names = list(dict.fromkeys(h.name for h in hs))
         label = ", ".join(".item()" if "local_scalar" in n else n for n in names[:3])
         where = f"your code at {src}" if src else "code outside DDP/FSDP/optimizer internals (no user frame found)"
+        kind = ctx.a.job.input_kind
         cost = ("Each one blocks the host until the queued kernels finish, so the next kernels launch late and "
                 "the GPU idles." if device else
+                f"The device time it costs is unknown: {kind.unknown[-1]}." if kind is not None and kind.unknown
+                and not kind.device_known else
                 "On this CPU trace nothing waits for it, so it costs nothing measurable here (run on CUDA, each "
                 "call would drain the device queue before the next launch).")
         out.append(ctx.finding(
@@ -189,7 +192,9 @@ def host_sync(ctx: RuleContext) -> list[Finding]:
             "Keep the value on the device (accumulate tensors, log every N steps with a single .item()), or "
             "use non_blocking copies", confidence=0.8 if src else 0.6, source=src,
             ranks=sorted({h.rank for h in hs}),
-            evidence=[Evidence(f"rank {h.rank}: {h.count} x {h.name} in steps {_ranges(h.steps)}, host blocked "
+            evidence=[Evidence(f"rank {h.rank}: {h.count} x {h.name} "
+                               + (f"in steps {_ranges(h.steps)}" if h.steps else "in the window (no step markers)")
+                               + ", host blocked "
                                f"{ms(h.total_us, 3)}" + (f", device idle after it {ms(h.bubble_us, 3)}"
                                                          if device else ""),
                                rank=h.rank, source=h.source) for h in hs[:6]]

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from fsdpdoctor.report.data_quality import lines as data_quality_lines
 from fsdpdoctor.report.format import (
-    CATEGORY_STYLE, SEVERITY_STYLE, categories, ms, num, pct, size, straggler_rank, wrapping_line,
+    CATEGORY_STYLE, SEVERITY_STYLE, categories, ms, num, pct, size, straggler_rank, trace_family, wrapping_line,
 )
 from fsdpdoctor.results import Analysis
 from fsdpdoctor.report.terminal import terminal_console
@@ -31,8 +31,13 @@ def summary(a: Analysis) -> Panel:
     job = a.job
     lines = Text()
     ranks = ", ".join(map(str, job.ranks_analyzed[:8])) + ("..." if len(job.ranks_analyzed) > 8 else "")
-    lines.append(f"{job.dialect.upper()} trace, backend {job.backend or '?'}, world size {job.world_size or '?'}, "
+    kind = job.input_kind
+    lines.append(f"{trace_family(job)} trace, backend {job.backend or '?'}, world size {job.world_size or '?'}, "
                  f"ranks analysed: {ranks}\n")
+    if kind is not None:
+        lines.append(f"input: {kind.line()}\n")
+        for what in kind.unknown:
+            lines.append(f"cannot read: {what}\n", style="bold yellow")
     lines.append(f"wrapping: {wrapping_line(job)}   steps: {_steps(job.steps)}\n")
     m = a.mean
     if m:

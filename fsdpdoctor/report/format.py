@@ -16,6 +16,17 @@ def categories(b) -> list[tuple[str, float]]:
             ("data loading", b.data_loading_us), ("idle", b.idle_us)]
 
 
+def trace_family(job) -> str:
+    """What the header calls the trace: GPU or CPU as its dialect reads it, unless the input kind says
+    the device is another accelerator (MTIA, HPU...) or its timeline is missing."""
+    kind = job.input_kind
+    if kind is not None and kind.device == "missing":
+        return "GPU (no device timeline)"
+    if kind is not None and not kind.device_known:
+        return kind.device.upper()
+    return job.dialect.upper()
+
+
 def wrapping_line(job) -> str:
     d = job.wrapping_details or {}
     parts = [job.wrapping.upper() if job.wrapping not in ("unknown", "none") else job.wrapping]

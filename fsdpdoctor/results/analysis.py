@@ -146,6 +146,7 @@ class RankSummary:
     wait_us: float = 0.0                # mean per step wait for slower ranks in the step's worst collective
     is_straggler: bool = False
     cycles: list[tuple[float, float]] = field(default_factory=list)  # profiler cycles (first start, last end), several files
+    input_kind: InputKind | None = None  # what this rank's file is (trace/kind.py)
 
 
 @dataclass
@@ -257,6 +258,42 @@ class DialectTraits:
 
 
 @dataclass
+class InputKind:
+    """What one rank's file is, decided once at the front door (``trace/kind.py``) with its evidence:
+    who wrote it, which device timeline it holds, how its steps are marked and how far its host and
+    device clocks agree. ``unknown`` names what cannot be read from it: the figures that depend on
+    it are withheld, not shown as zeros."""
+
+    producer: str = "kineto"             # "kineto", "legacy-autograd" (the list export), "unknown"
+    device: str = "none"                 # "cuda", "rocm", "copies-only", "mtia", "xpu", "hpu", "npu",
+    #                                      "privateuse1", "missing" (launches, no device events), "none"
+    steps: str = "none"                  # "profiler-step", "cycles", "none"
+    evidence: list[str] = field(default_factory=list)   # what each of the above was read from
+    unknown: list[str] = field(default_factory=list)    # what cannot be read, said where the user looks first
+    backward_links: int = 0              # host->device links whose device start precedes the launch
+    links: int = 0                       # host->device links (launch -> device event) in the trace
+    clock_offset_us: float | None = None  # device clock shift applied to the device events (None: none)
+
+    @property
+    def device_known(self) -> bool:
+        """Whether device figures can be read from this input (or it ran on the host alone)."""
+        return self.device in ("cuda", "rocm", "xpu", "copies-only", "none")
+
+    def line(self) -> str:
+        """One line for the report header."""
+        device = _DEVICES.get(self.device, f"{self.device.upper()} events (not analysed)")
+        return f"{_PRODUCERS.get(self.producer, self.producer)}; device {device}; " \
+               f"steps: {_STEPS.get(self.steps, self.steps)}"
+
+
+_PRODUCERS = {"kineto": "torch.profiler (Kineto)", "legacy-autograd": "legacy autograd-profiler export",
+              "unknown": "unknown writer"}
+_DEVICES = {"cuda": "CUDA kernels", "rocm": "ROCm kernels", "xpu": "XPU kernels", "copies-only": "copies only (no kernel)",
+            "missing": "timeline missing", "none": "none (host only)"}
+_STEPS = {"profiler-step": "ProfilerStep", "cycles": "profiler cycles", "none": "no step markers"}
+
+
+@dataclass
 class JobInfo:
     world_size: int | None
     ranks_analyzed: list[int]
@@ -272,6 +309,7 @@ class JobInfo:
     samples_per_step: int | float | None = None  # as the manifest gave it (a saved --json re-reads the same)
     tokens_per_step: int | float | None = None
     traits: DialectTraits = field(default_factory=DialectTraits)
+    input_kind: InputKind | None = None   # rank 0's (the first analysed) kind; each rank's in ranks[]
 
 
 @dataclass
@@ -475,6 +513,8 @@ class GpuIdle:
     record_shapes: bool | None = None
     graph_captures: int = 0               # CUDA-graph stream captures in the analysed steps
     capture_idle_us: float = 0.0          # mean per step of the idle inside a capture (kernels recorded, not run)
+    startup_idle_us: float = 0.0          # mean per step of the idle inside one-time start-up calls (not savable)
+    startup_calls: list[str] = field(default_factory=list)  # the longest of them, "cudaFree 9012.3 ms"
 
 
 @dataclass

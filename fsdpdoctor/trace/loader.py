@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import re
@@ -16,6 +17,7 @@ import numpy as np
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import DataQuality
 import fsdpdoctor.trace.identity as identity
+import fsdpdoctor.trace.kind as kind
 import fsdpdoctor.trace.quality as quality
 import fsdpdoctor.trace.split as split
 from fsdpdoctor.trace.manifest import read_manifest
@@ -82,7 +84,9 @@ def build_rank_trace(meta: dict, events: list, fmt: str, path: Path,
         t.unreadable_events = max(unreadable, 0) or drops.total
     base = meta.get("baseTimeNanoseconds")
     t.base_time_ns = base if isinstance(base, int) else None
-    return quality.check(t, drops, notes, world_size_known=(t.world_size or 0) > 1)
+    t = quality.check(t, drops, notes, world_size_known=(t.world_size or 0) > 1)
+    kind.classify(t, meta)  # once, here: what the file is, read by everything after
+    return t
 
 
 def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = None) -> RankTrace:
@@ -96,7 +100,7 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
         cols = _columns_per_event(events)
     events.clear()  # the structs are no longer needed: free them before building the trace
     (names, n_id, cat_arr, ts_arr, dur_arr, trk_arr, corr_arr, tracks, thread_names, args, memory_events,
-     unreadable) = cols
+     unreadable, categories) = cols
     names = [n if len(n) <= MAX_NAME_CHARS else bounded_name(n) for n in names]  # before any pattern sees them
     if not len(ts_arr):
         raise InputError(path, "trace holds no complete ('X') events: empty trace")
@@ -143,6 +147,7 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
         rank_source=source,
         distributed_info=dist,
         unreadable_events=unreadable,
+        categories=categories,
     )
 
 
@@ -218,6 +223,7 @@ def _columns_fast(events: list):
     if ts.shape != (n,) or dur.shape != (n,) or not (np.isfinite(ts).all() and np.isfinite(dur).all()):
         return None
     cat = np.array([category_code(c) for c in cat_values], dtype=np.int8)[cat_ix] if n else np.empty(0, np.int8)
+    categories = _category_counts(cat_values, np.bincount(cat_ix, minlength=len(cat_values)) if n else [])
     keep_name = np.fromiter((keeps_args(nm) for nm in names), bool, len(names))
     corr = np.full(n, -1, dtype=np.int64)
     args: dict[int, dict] = {}
@@ -245,7 +251,16 @@ def _columns_fast(events: list):
             if ca.collective is not None and cat[r] == KERNEL:
                 args[r] = raw_args(xs[r].args)
     tracks = [Track(pid=k[0], tid=k[1]) for k in track_keys]
-    return names, nid, cat, ts, dur, trk, corr, tracks, thread_names, args, memory_events, 0
+    return names, nid, cat, ts, dur, trk, corr, tracks, thread_names, args, memory_events, 0, categories
+
+
+def _category_counts(values: list, counts) -> dict[str, int]:
+    """Complete events per category as written (``trace/kind.py`` names an accelerator by them)."""
+    out: dict[str, int] = {}
+    for v, c in zip(values, counts):
+        key = v if isinstance(v, str) else "" if v is None else str(v)
+        out[key] = out.get(key, 0) + int(c)
+    return out
 
 
 def _corr_value(cid) -> int:
@@ -262,6 +277,7 @@ def _columns_per_event(events: list):
     n_id, cats, tss, durs, trk, corr = array("i"), array("b"), array("d"), array("d"), array("i"), array("q")
     args: dict[int, dict] = {}
     keep_name: dict[int, bool] = {}
+    categories: dict[str, int] = {}
     unreadable = 0
     for i, e in enumerate(events):
         events[i] = None  # free each event as soon as it is read: lower peak memory
@@ -281,7 +297,8 @@ def _columns_per_event(events: list):
                 raise TypeError("name is not text")  # the sanitizer drops and counts it
             key = (e.pid, e.tid)
             hash(key)
-            code = category_code(e.cat if isinstance(e.cat, str) or e.cat is None else str(e.cat))
+            raw_cat = e.cat if isinstance(e.cat, str) or e.cat is None else str(e.cat)
+            code = category_code(raw_cat)
             a = cid = None
             nid = name_index.get(name)
             keep = keep_name.get(nid) if nid is not None else keeps_args(name)
@@ -306,6 +323,7 @@ def _columns_per_event(events: list):
         row = len(tss)
         if a is not None:
             args[row] = a
+        categories[raw_cat or ""] = categories.get(raw_cat or "", 0) + 1
         n_id.append(nid)
         cats.append(code)
         tss.append(ts)
@@ -316,7 +334,7 @@ def _columns_per_event(events: list):
     return (names, np.frombuffer(n_id, dtype=np.int32).copy(), np.frombuffer(cats, dtype=np.int8).copy(),
             np.frombuffer(tss, dtype=np.float64).copy(), np.frombuffer(durs, dtype=np.float64).copy(),
             np.frombuffer(trk, dtype=np.int32).copy(), np.frombuffer(corr, dtype=np.int64).copy(), tracks,
-            thread_names, args, memory_events, unreadable)
+            thread_names, args, memory_events, unreadable, categories)
 
 
 def load_file(path: Path, pieces: int = 1) -> RankTrace:
@@ -467,7 +485,20 @@ def merge_rank_traces(parts: list[RankTrace]) -> RankTrace:
         has_stacks=any(t.has_stacks for t in parts), format=first.format, rank_source=first.rank_source,
         distributed_info=first.distributed_info, quality=quality.merged([t.quality for t in parts]),
         base_time_ns=first.base_time_ns, unreadable_events=sum(t.unreadable_events for t in parts),
-        cycles=sorted(span for t in parts for span in (t.cycles or [_span(t)]) if span is not None))
+        cycles=sorted(span for t in parts for span in (t.cycles or [_span(t)]) if span is not None),
+        categories={c: sum(t.categories.get(c, 0) for t in parts) for t in parts for c in t.categories},
+        kind=_merged_kind(parts))
+
+
+def _merged_kind(parts: list[RankTrace]):
+    """The cycles' kind: the first file's, its step structure that of the joined table."""
+    first = parts[0].kind
+    if first is None:
+        return None
+    return dataclasses.replace(first, steps="profiler-step" if any(t.kind and t.kind.steps == "profiler-step"
+                                                                     for t in parts) else "cycles",
+                               links=sum(t.kind.links for t in parts if t.kind),
+                               backward_links=sum(t.kind.backward_links for t in parts if t.kind))
 
 
 def _span(t: RankTrace) -> tuple[float, float] | None:

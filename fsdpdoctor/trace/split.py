@@ -115,6 +115,10 @@ def _piece_columns(data: bytes, begin: int, end: int, columns, path=""):
     return parts[0] if len(parts) == 1 else join_columns(parts)
 
 
+# the column tuple's count of events the fast reading could not use (then the tolerant one counts them)
+_UNREADABLE = 11
+
+
 def _one_piece(piece, columns):
     """The columns of a run of whole events (the bytes between two event boundaries), or None when
     they are not that, or hold an event of an odd shape, or events the tolerant reading must count."""
@@ -123,7 +127,7 @@ def _one_piece(piece, columns):
         part = columns(events) if events else None
     except Exception:  # noqa: BLE001 - whatever it is, the whole-file reading reports it
         return None
-    if part is None or part[-1]:
+    if part is None or part[_UNREADABLE]:
         return None
     return part
 
@@ -237,7 +241,10 @@ def join_columns(parts: list[tuple]) -> tuple:
     track_ix: dict[tuple, int] = {}
     tracks, thread_names, args, memory = [], {}, {}, []
     nids, trks, offset = [], [], 0
-    for (p_names, nid, _cat, ts, _dur, trk, _corr, p_tracks, p_threads, p_args, p_memory, _bad) in parts:
+    categories: dict[str, int] = {}
+    for (p_names, nid, _cat, ts, _dur, trk, _corr, p_tracks, p_threads, p_args, p_memory, _bad, p_cats) in parts:
+        for k, v in p_cats.items():
+            categories[k] = categories.get(k, 0) + v
         name_map = np.fromiter((name_ix.setdefault(n, len(name_ix)) for n in p_names), np.int32, len(p_names))
         nids.append(name_map[nid] if len(p_names) else nid)
         track_map = []
@@ -258,4 +265,4 @@ def join_columns(parts: list[tuple]) -> tuple:
     dur = np.concatenate([p[4] for p in parts])
     corr = np.concatenate([p[6] for p in parts])
     return (names, np.concatenate(nids).astype(np.int32), cat, ts, dur, np.concatenate(trks).astype(np.int32), corr,
-            tracks, thread_names, args, memory, 0)
+            tracks, thread_names, args, memory, 0, categories)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fsdpdoctor.results import RankDataQuality
+from fsdpdoctor.results import InputKind, RankDataQuality
 
 # Category codes. Old (2021) traces spell them "Operator", "Kernel", "Runtime"...
 CPU_OP, ANNOTATION, PYFUNC, KERNEL, MEMCPY, MEMSET, RUNTIME, GPU_ANNOTATION, OTHER = range(9)
@@ -28,6 +28,8 @@ _CATEGORY_CODES = {
     "gpu_memcpy": MEMCPY, "memcpy": MEMCPY,
     "gpu_memset": MEMSET, "memset": MEMSET,
     "cuda_runtime": RUNTIME, "runtime": RUNTIME, "cuda_driver": RUNTIME,
+    # Intel XPU's Kineto plug-in writes its kernels as "kernel" and their launches (SYCL/Level-Zero) here
+    "xpu_runtime": RUNTIME, "xpu_driver": RUNTIME,
     "gpu_user_annotation": GPU_ANNOTATION,
 }
 DEVICE_CATEGORIES = (KERNEL, MEMCPY, MEMSET)
@@ -102,6 +104,8 @@ class RankTrace:
     # profiler cycles joined into this table (one file each): (first start, last end) per cycle, in time order;
     # empty for one file. A step never spans two of them: the time between cycles was not recorded
     cycles: list[tuple[float, float]] = field(default_factory=list)
+    categories: dict[str, int] = field(default_factory=dict)  # complete events per category as written
+    kind: "InputKind | None" = None  # what this file is (trace/kind.py), decided once when it is read
     _sorted_names: tuple | None = field(default=None, repr=False, compare=False)  # ids_with_prefix's index
     _ids_by_cat: dict | None = field(default=None, repr=False, compare=False)      # ids_in_categories' cache
     _rows_by_id: tuple | None = field(default=None, repr=False, compare=False)     # _rows_of_ids' index

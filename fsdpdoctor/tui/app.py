@@ -15,6 +15,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, TabbedContent, TabPane
 
+from fsdpdoctor.options import Options
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.report.format import straggler_rank
 from fsdpdoctor.results import Analysis
@@ -73,15 +74,17 @@ class FsdpDoctorApp(VisibleTextApp, App[int]):
     def __init__(self, path: str | Path | None = None, *, analysis: Analysis | None = None,
                  ranks: list[int] | None = None, steps: set[int] | None = None,
                  thresholds: dict[str, float] | None = None, light: bool = False,
-                 label: str | None = None, engine: dict | None = None) -> None:
+                 label: str | None = None, engine: dict | None = None, options: Options | None = None) -> None:
         if path is None and analysis is None:
             raise ValueError("FsdpDoctorApp needs a path or an analysis")
         super().__init__()
         self.path = path
         self.analysis: Analysis | None = analysis
-        self.ranks, self.steps, self.thresholds = ranks, steps, thresholds
-        # where the per-rank map runs: open_analysis's dask/workers/use_summaries (None: its defaults)
-        self.engine: dict = dict(engine or {})
+        # every selection (ranks, steps, thresholds, where the per-rank map runs): ``options``, or the
+        # keywords of the same names
+        self.options = (options or Options()).but(**{k: v for k, v in dict(ranks=ranks, steps=steps,
+                                                                            thresholds=thresholds).items()
+                                                       if v is not None}, **(engine or {}))
         self.label = label or display_name(path if path is not None else analysis.source)
         self.rank: int | None = None
         self.window: int | None = None   # first step of the window shown (None: the latest)
@@ -126,8 +129,7 @@ class FsdpDoctorApp(VisibleTextApp, App[int]):
             self.call_from_thread(self._progress, name, done, total)
 
         try:
-            analysis = open_analysis(self.path, ranks=self.ranks, steps=self.steps, thresholds=self.thresholds,
-                                    progress=progress, window=self.window, **self.engine)
+            analysis = open_analysis(self.path, self.options.but(progress=progress, window=self.window))
             outcome, arg = self._loaded, analysis
         except _Cancelled:
             return

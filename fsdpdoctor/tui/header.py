@@ -7,7 +7,7 @@ from textual.widget import Widget
 
 from fsdpdoctor.report.format import straggler_rank
 from fsdpdoctor.report.data_quality import lines as data_quality_lines
-from fsdpdoctor.report.format import categories, ms, wrapping_line
+from fsdpdoctor.report.format import categories, ms, trace_family, wrapping_line
 from fsdpdoctor.results import Analysis
 from fsdpdoctor.tui.palette import SHORT, Palette
 
@@ -47,7 +47,7 @@ class JobHeader(Widget):
         t = Text()
         t.append(self.label, style=pal.style("text-primary", bold=True))
         n = len(job.ranks_analyzed)
-        t.append(f"  {job.dialect.upper()} {job.backend or '?'} · world {job.world_size or '?'} · "
+        t.append(f"  {trace_family(job)} {job.backend or '?'} · world {job.world_size or '?'} · "
                  f"{n} rank{'s' if n != 1 else ''} · steps {steps_text(job.steps)}\n")
         t.append(wrapping_line(job))
         strag = straggler_rank(a)
@@ -60,7 +60,9 @@ class JobHeader(Widget):
         t.append("\n")
         m = a.mean
         if m is None or not m.duration_us:
-            t.append("no complete profiler steps to break down", style=pal.muted)
+            unread = job.input_kind.unknown if job.input_kind is not None else []
+            t.append(f"cannot read: {unread[0]}" if unread else "no complete profiler steps to break down",
+                     style=pal.severity("warning") if unread else pal.muted)
             _quality_line(t, a, width, pal)
             return t
         head = f"step {ms(m.duration_us)} "

@@ -18,7 +18,7 @@ from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects.base import CollectiveRecord
 from fsdpdoctor.results import Collective
 from fsdpdoctor.trace.table import ANNOTATION, CPU_OP
-from fsdpdoctor.trace.vocabulary import C10D_PREFIXES, GLOO_ANNOTATION, NOT_COLLECTIVE_OPS
+from fsdpdoctor.trace.vocabulary import C10D_PREFIXES, GLOO_ANNOTATION, NCCL_ANNOTATION, NOT_COLLECTIVE_OPS
 
 # gloo's worker span names (the vocabulary's ``gloo:`` annotations) that may execute a c10d op of each kind
 _GLOO_FOR_KIND = {
@@ -75,12 +75,19 @@ def extract_spans(ctx: RankContext) -> list[CollectiveRecord]:
                        dtype=dtype, size_bytes=int(nelems * db) if nelems and db else None,
                        group_size=t.world_size)
         out.append(CollectiveRecord(coll=c, issue_track=tr))
-    # worker spans with no c10d op (e.g. traces recorded without cpu ops)
+    # worker spans with no c10d op (e.g. traces recorded without cpu ops), and the library's own
+    # annotations where no c10d op encloses them (``nccl:all_reduce`` of the legacy list export)
     if not ops.size:
-        for g in gloo:
+        nccl = t.rows_with_prefix(NCCL_ANNOTATION, cat=(ANNOTATION, CPU_OP))
+        spans = np.sort(np.concatenate([gloo, nccl])) if len(nccl) else gloo
+        spans = spans[np.argsort(t.ts[spans], kind="stable")]
+        outer_end: dict[int, float] = {}
+        for g in spans:
             g = int(g)
-            if g in used:
+            tr = int(t.track[g])
+            if g in used or t.ts[g] < outer_end.get(tr, -np.inf):
                 continue
+            outer_end[tr] = float(t.ts[g] + t.dur[g])
             c = Collective(rank=t.rank, index=0, step=None, kind=kind_from_op(t.name(g)) or "other",
                            raw_name=t.name(g), phase="other", start_us=float(t.ts[g]),
                            end_us=float(t.ts[g] + t.dur[g]), issue_us=None, group_size=t.world_size)

@@ -29,6 +29,10 @@ from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL
 from fsdpdoctor.trace.vocabulary import C10D_PREFIXES, NCCL_ANNOTATION, NOT_COLLECTIVE_OPS, PARAM_COMMS
 
 
+# the device timelines this dialect reads (trace/kind.py's ``InputKind.device``)
+DEVICE_TIMELINES = ("cuda", "rocm", "xpu", "copies-only")
+
+
 class NcclGpu:
     name = "nccl-gpu"
     family = "gpu"
@@ -39,6 +43,8 @@ class NcclGpu:
                                     shared_host_cores=False, has_message_sizes=True)
 
     def matches(self, trace: RankTrace) -> bool:
+        if trace.kind is not None:  # decided at the front door (trace/kind.py): kernels or copies
+            return trace.kind.device in DEVICE_TIMELINES
         return bool(np.any(trace.cat == KERNEL))
 
     def step_windows(self, ctx: RankContext) -> list[StepWindow]:

@@ -1,0 +1,197 @@
+"""What a trace file is, decided once when it is read: ``classify`` gives each rank's table its
+``InputKind`` (producer, device timeline, step structure, clock quality) with the evidence, and the
+readings after it (dialects, the report header, ``--json``) ask the kind instead of guessing again.
+
+What cannot be read is named in ``InputKind.unknown``; another tool's file is refused in one line.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.results import InputKind
+from fsdpdoctor.trace.table import (
+    CPU_OP, DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, OTHER, PYFUNC, RUNTIME, RankTrace,
+)
+from fsdpdoctor.trace.vocabulary import STEP_NAME
+
+# the legacy autograd profiler's list export (torch.autograd.profiler EventList.export_chrome_trace,
+# still what a torch build without Kineto writes): no "cat", host ops on the pid "CPU functions" (the
+# C++ writer of torch.autograd.profiler.RecordProfile spells it "CPU Functions")
+LEGACY_HOST_PID = "CPU functions"
+_LEGACY_PIDS = ("cpu functions", "cuda functions")
+# the categories other accelerators' profiler plug-ins write their device and runtime events under
+# (Meta MTIA: mtia_ccp_events, mtia_runtime; Intel XPU, Habana HPU, Ascend NPU, PrivateUse1 backends)
+_ACCELERATOR = re.compile(r"^(mtia|xpu|hpu|habana|gaudi|npu|ascend|privateuse1|mlu|gcu)(?:[_ :-]|$)", re.I)
+_ACCELERATOR_NAMES = {"habana": "hpu", "gaudi": "hpu", "ascend": "npu"}
+# the host runtime calls that launch device work (kernels, graphs)
+_LAUNCH = re.compile(r"^(cuda|cu|hip|hipExt)(Module)?(LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|"
+                     r"GraphLaunch|ModuleLaunchKernel)(_v\d+|_ptsz)?$")
+# host and device clocks are rounded to the microsecond apart: a device event may start this much
+# before its launch (the same slack as ``RankContext.launch_rows``)
+CLOCK_SLACK_US = 1.0
+# backward links are a clock offset (and the shift that makes them causal is applied) when most links
+# run backwards; a few backward links among forward ones are reused ids, dropped and counted
+SYSTEMATIC_BACKWARD = 0.5
+_TORCH_NAMES = re.compile(r"^(aten::|ProfilerStep#|c10d::|nccl:|gloo:|autograd::|Optimizer\.)")
+
+
+def classify(t: RankTrace, meta: dict | None) -> InputKind:
+    """The kind of ``t`` (and ``t.kind`` set). A legacy list export's host ops are made host ops
+    (the only change to the table besides a consistent clock offset); another tool's file is refused."""
+    kind = InputKind()
+    kind.producer = _producer(t, meta or {}, kind.evidence)
+    if kind.producer == "legacy-autograd":
+        _read_legacy(t)
+    _device(t, meta or {}, kind)
+    kind.steps = step_structure(t, kind.evidence)
+    _clock(t, kind)
+    _empty(t, kind)
+    t.kind = kind
+    return kind
+
+
+def step_structure(t: RankTrace, evidence: list[str] | None = None) -> str:
+    """"profiler-step" (ProfilerStep#N spans), "cycles" (several profiler cycles, no step marker) or "none"."""
+    steps = [n for n in t.names if STEP_NAME.match(n)]
+    if steps:
+        if evidence is not None:
+            evidence.append(f"{len(steps)} ProfilerStep# marker(s)")
+        return "profiler-step"
+    return "cycles" if t.cycles else "none"
+
+
+def _producer(t: RankTrace, meta: dict, evidence: list[str]) -> str:
+    known = {c for c, n in t.categories.items() if n and c and _known(c)}
+    pids = {str(tr.pid).lower() for tr in t.tracks}
+    if not t.categories.keys() - {""} and pids and pids <= set(_LEGACY_PIDS):
+        evidence.append(f"a list of events without categories on pid '{LEGACY_HOST_PID}': the legacy "
+                        "autograd-profiler export")
+        return "legacy-autograd"
+    schema = meta.get("schemaVersion")
+    if known or any(_TORCH_NAMES.match(n) for n in t.names):
+        evidence.append(f"torch.profiler (Kineto{f', schema {schema}' if schema is not None else ''}, "
+                        f"{'event list' if t.format == 'event-list' else 'trace document'})")
+        return "kineto"
+    written = sorted((c for c in t.categories if c), key=lambda c: -t.categories[c])
+    if written:  # categories, none of them the profiler's, and no torch op: another tool's file
+        looks = ("a CUDA API trace" if any(_LAUNCH.match(n) or n.startswith("cuda") for n in t.names)
+                 else "another tool's Chrome trace")
+        raise InputError(t.path, f"not a torch.profiler recording: {looks} ({t.n_events} events in categories "
+                                 f"{', '.join(repr(c) for c in written[:4])}{' ...' if len(written) > 4 else ''}, "
+                                 "none of the profiler's, no torch op)")
+    evidence.append("events without categories, no torch op: writer unknown")
+    return "unknown"
+
+
+def _known(cat: str) -> bool:
+    from fsdpdoctor.trace.table import category_code
+    return category_code(cat) != OTHER or _ACCELERATOR.match(cat) is not None \
+        or cat.lower() in ("trace", "ac2g", "fwdbwd", "cpu_instant_event", "python_function")
+
+
+def _read_legacy(t: RankTrace) -> None:
+    """The legacy export's events have no category: those on its host pid are host ops."""
+    host = np.array([str(tr.pid).lower() == _LEGACY_PIDS[0] for tr in t.tracks], dtype=bool)
+    if len(host):
+        t.cat[(t.cat == OTHER) & host[t.track]] = CPU_OP
+    t._ids_by_cat = None
+
+
+def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
+    ev, unknown = kind.evidence, kind.unknown
+    counts = np.bincount(t.cat, minlength=OTHER + 1)
+    kernels, copies = int(counts[KERNEL]), int(counts[MEMCPY] + counts[MEMSET])
+    launches = _launches(t)
+    accel = {c: n for c, n in t.categories.items() if c and _ACCELERATOR.match(c)}
+    if kernels:
+        rocm = any(n.startswith("hip") for n in t.names) or "amd" in str(_device_name(meta)).lower()
+        xpu = any(c.lower().startswith("xpu") for c in accel)  # kernels in "kernel", launches in xpu_runtime
+        kind.device = "xpu" if xpu else "rocm" if rocm else "cuda"
+        ev.append(f"{kernels} kernel(s)" + (f", {copies} copies/memsets" if copies else "")
+                  + (" launched through xpu_runtime: read as a device timeline" if xpu else ""))
+        return
+    if copies:
+        kind.device = "copies-only"
+        ev.append(f"{copies} device copies/memsets, no kernel")
+        return
+    if accel:
+        name = _ACCELERATOR.match(next(iter(accel))).group(1).lower()
+        name = _ACCELERATOR_NAMES.get(name, name)
+        kind.device = name
+        backend = (meta.get("distributedInfo") or {}).get("backend") if isinstance(meta.get("distributedInfo"), dict) else None
+        ev.append(", ".join(f"{n} {c}" for c, n in sorted(accel.items(), key=lambda x: -x[1]))
+                  + (f"; backend {backend}" if backend else ""))
+        unknown.append(f"{name.upper()} device events are not analysed: device figures (compute, idle, "
+                       "overlap) are unknown")
+        return
+    if launches:
+        kind.device = "missing"
+        unknown.append(f"device timeline missing: {launches} kernel launch(es), no kernel events (was the "
+                       "profiler started with ProfilerActivity.CUDA?)")
+        return
+    if kind.producer == "legacy-autograd" and any(n.startswith("nccl:") for n in t.names):
+        kind.device = "missing"
+        unknown.append("device timeline missing: NCCL collectives ran on a GPU, and the legacy autograd-profiler "
+                       "export writes no device events (record with torch.profiler and ProfilerActivity.CUDA)")
+        return
+    kind.device = "none"
+
+
+def _device_name(meta: dict):
+    props = meta.get("deviceProperties")
+    return props[0].get("name") if isinstance(props, list) and props and isinstance(props[0], dict) else None
+
+
+def _launches(t: RankTrace) -> int:
+    ids = [i for i, n in enumerate(t.names) if _LAUNCH.match(n)]
+    if not ids:
+        return 0
+    return int(np.isin(t.name_id[t.cat == RUNTIME], ids).sum()) + int(np.isin(t.name_id[t.cat == OTHER], ids).sum())
+
+
+def _clock(t: RankTrace, kind: InputKind) -> None:
+    """Host->device links (a runtime call and the device event of its correlation id) that run backwards
+    are counted; when most do, the device clock is shifted by the least offset that makes every link
+    causal, and that offset is named; otherwise the backward links are dropped (``launch_rows``)."""
+    dev = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES) & (t.corr >= 0))[0]
+    rt = np.nonzero((t.cat == RUNTIME) & (t.corr >= 0))[0]
+    if not len(dev) or not len(rt):
+        return
+    order = np.argsort(t.corr[rt], kind="stable")
+    keys, launch = t.corr[rt][order], rt[order]
+    i = np.minimum(np.searchsorted(keys, t.corr[dev], side="right") - 1, len(keys) - 1)
+    ok = (i >= 0) & (keys[np.maximum(i, 0)] == t.corr[dev])
+    if not ok.any():
+        return
+    lag = t.ts[dev[ok]] - t.ts[launch[i[ok]]]
+    kind.links = int(ok.sum())
+    back = lag < -CLOCK_SLACK_US
+    kind.backward_links = int(back.sum())
+    if not kind.backward_links:
+        return
+    if kind.backward_links >= SYSTEMATIC_BACKWARD * kind.links:
+        shift = float(-lag.min())
+        t.ts[np.isin(t.cat, DEVICE_CATEGORIES)] += shift
+        kind.clock_offset_us = shift
+        kind.evidence.append(f"{kind.backward_links} of {kind.links} device events start before their launch: "
+                             f"the device clock runs {shift:.1f} us behind the host's, shifted by that much")
+    else:
+        kind.evidence.append(f"{kind.backward_links} of {kind.links} device events start before their launch "
+                             "(reused correlation ids?): those links are not used")
+    if t.quality is not None:
+        t.quality.notes.append(kind.evidence[-1])
+
+
+def _empty(t: RankTrace, kind: InputKind) -> None:
+    """A recording with no host op (besides its step markers), no Python frame and no device event holds
+    no work to analyse (a few runtime calls under a step marker are not a step of work)."""
+    markers = [i for i, n in enumerate(t.names) if STEP_NAME.match(n)]
+    work = np.isin(t.cat, (CPU_OP, PYFUNC) + DEVICE_CATEGORIES) & ~np.isin(t.name_id, markers)
+    if not work.any():
+        span = float((t.ts + t.dur).max() - t.ts.min()) if t.n_events else 0.0
+        kind.unknown.insert(0, f"empty recording: {t.n_events} event(s) over {span / 1e6:.3g} s, no host op or "
+                               "device event to analyse")

@@ -1,0 +1,246 @@
+"""Every input is classified once at the front door (trace/kind.py), read right where it can be, and
+what cannot be read is said in the report header and in ``--json`` (``job.input_kind``).
+
+Recorded here: a CPU run without ProfilerStep (tests/data/no_step_cpu) and a legacy autograd-profiler
+list export (tests/data/legacy_autograd), both with torch 2.13 (their record.py). Built to the formats'
+documented shapes: a copies-only device timeline, launches without a device timeline, an MTIA
+recording, another tool's Chrome file, an empty recording and clocks that run backwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from fsdpdoctor.cli import main
+from fsdpdoctor.errors import InputError
+from fsdpdoctor.pipeline import open_analysis
+from fsdpdoctor.trace.loader import load_file
+
+DATA = Path(__file__).resolve().parent / "data"
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([*argv, "--no-progress"])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _x(name, ts, dur, cat="cpu_op", pid=1, tid=1, **args):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": pid, "tid": tid, "args": args}
+
+
+def _write(path: Path, events: list, **doc) -> Path:
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events, **doc}))
+    return path
+
+
+def _host_steps(n=3, step=1000.0):
+    """``n`` ProfilerStep# spans on the host, each with a few ops."""
+    ev = []
+    for s in range(n):
+        t0 = s * step
+        ev.append(_x(f"ProfilerStep#{s}", t0, step - 10, cat="user_annotation"))
+        for k in range(8):
+            ev.append(_x("aten::mm", t0 + 10 + k * 100, 60))
+    return ev
+
+
+def test_a_cpu_run_without_profiler_step_is_a_host_only_kineto_recording():
+    t = load_file(DATA / "no_step_cpu" / "rank0.json.gz")
+    assert (t.kind.producer, t.kind.device, t.kind.steps) == ("kineto", "none", "none")
+    assert not t.kind.unknown
+    a = open_analysis(DATA / "no_step_cpu" / "rank0.json.gz")
+    assert a.job.input_kind.steps == "none" and a.mean is not None  # host figures are what it holds
+
+
+def test_the_legacy_list_export_is_read_with_its_steps_ops_and_collectives():
+    path = DATA / "legacy_autograd" / "rank0.json.gz"
+    t = load_file(path)
+    assert (t.kind.producer, t.kind.steps) == ("legacy-autograd", "profiler-step")
+    a = open_analysis(path)
+    assert a.job.steps == [0, 1, 2]  # its three ProfilerStep# markers
+    assert a.mean.compute_us > 0.5 * a.mean.duration_us  # ops are host work, not idle
+    # the naive per-parameter all-reduce: one c10d::allreduce_ per parameter (4) per step
+    assert sum(s.per_step for s in a.collectives if s.kind == "all_reduce") == pytest.approx(4)
+
+
+def test_legacy_nccl_annotations_are_collectives_and_the_missing_device_is_said(tmp_path):
+    events = json.loads(gzip.open(DATA / "legacy_autograd" / "rank0.json.gz").read())
+    # the shape a torch build without Kineto writes for NCCL: nccl:all_reduce, no c10d op around it
+    events = [dict(e, name="nccl:all_reduce") if e["name"] == "gloo:all_reduce" else e
+              for e in events if e["name"] != "c10d::allreduce_"]
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps(events))
+    a = open_analysis(path)
+    assert a.job.input_kind.device == "missing"
+    assert sum(s.per_step for s in a.collectives if s.kind == "all_reduce") == pytest.approx(4)
+    assert a.mean is None  # the device figures are not in the file: withheld, not 100 % idle
+    rc, out, _ = _cli("analyze", str(path))
+    assert rc in (0, 1) and "device timeline missing" in out.split("Findings")[0]
+
+
+def test_copies_only_is_a_device_timeline(tmp_path):
+    ev = _host_steps()
+    for s in range(3):
+        for k in range(4):
+            t0 = s * 1000.0 + 20 + k * 200
+            ev.append(_x("cudaMemcpyAsync", t0, 10, cat="cuda_runtime", correlation=100 + s * 10 + k))
+            ev.append(_x("Memcpy DtoH (Device -> Pinned)", t0 + 5, 80, cat="gpu_memcpy", pid=0, tid=7,
+                         correlation=100 + s * 10 + k))
+    path = _write(tmp_path / "rank0.json", ev)
+    t = load_file(path)
+    assert t.kind.device == "copies-only" and not t.kind.unknown
+    a = open_analysis(path)
+    assert a.job.dialect == "gpu" and a.job.traits.device_timeline  # read by the device dialect
+
+
+def test_launches_without_kernel_events_name_the_missing_timeline(tmp_path):
+    ev = _host_steps()
+    ev += [_x("cudaLaunchKernel", s * 1000.0 + 30 + k * 100, 5, cat="cuda_runtime", correlation=s * 10 + k)
+           for s in range(3) for k in range(8)]
+    path = _write(tmp_path / "rank0.json", ev)
+    rc, out, _ = _cli("analyze", str(path), "--json")
+    job = json.loads(out)["job"]
+    assert job["input_kind"]["device"] == "missing"
+    assert "24 kernel launch(es), no kernel events" in job["input_kind"]["unknown"][0]
+    assert json.loads(out)["mean"] is None
+    rc, out, _ = _cli("analyze", str(path))
+    header = out.split("Findings")[0].split("No findings")[0]
+    assert "ProfilerActivity.CUDA" in header and "idle" not in header
+
+
+def test_an_mtia_recording_is_named_and_its_device_figures_withheld(tmp_path):
+    ev = _host_steps()
+    ev += [_x("pe_exe", s * 1000.0 + 50, 400, cat="mtia_ccp_events", pid=17, tid=3910, stream=112)
+           for s in range(3)]
+    ev += [_x("runFunction", s * 1000.0 + 40, 5, cat="mtia_runtime", correlation=s) for s in range(3)]
+    path = _write(tmp_path / "rank0.json", ev, distributedInfo={"backend": "mtia:hccl", "rank": 0, "world_size": 1})
+    a = open_analysis(path)
+    k = a.job.input_kind
+    assert k.device == "mtia" and "backend mtia:hccl" in " ".join(k.evidence)
+    assert "MTIA device events are not analysed" in k.unknown[0]
+    assert a.mean is None
+    rc, out, _ = _cli("analyze", str(path))
+    assert out.split("\n")[1].split()[1] == "MTIA"  # never "CPU trace"
+
+
+def test_another_tools_chrome_file_is_refused_in_one_line(tmp_path):
+    ev = [_x("cudaLaunchKernel", i * 10.0, 3, cat="cuda_api") for i in range(50)]
+    path = tmp_path / "ebpf.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    with pytest.raises(InputError, match="not a torch.profiler recording: a CUDA API trace"):
+        load_file(path)
+    rc, out, err = _cli("analyze", str(path))
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_an_empty_recording_is_said(tmp_path):
+    ev = [_x("ProfilerStep#1", 0.0, 78e6, cat="user_annotation")]
+    ev += [_x("cudaDeviceSynchronize", 1e6 * k, 3, cat="cuda_runtime") for k in range(5)]
+    path = _write(tmp_path / "rank0.json", ev)
+    a = open_analysis(path)
+    assert a.job.input_kind.unknown[0].startswith("empty recording: 6 event(s) over 78 s")
+    assert a.mean is None
+
+
+def _linked(tmp_path, lags: list[float]) -> Path:
+    ev = _host_steps(1, 10_000.0)
+    for i, lag in enumerate(lags):
+        t0 = 100.0 + i * 200
+        ev.append(_x("cudaLaunchKernel", t0, 5, cat="cuda_runtime", correlation=i))
+        ev.append(_x("gemm_kernel", t0 + lag, 50, cat="kernel", pid=0, tid=7, correlation=i))
+    return _write(tmp_path / "rank0.json", ev)
+
+
+def test_a_device_clock_behind_the_hosts_is_shifted_and_named(tmp_path):
+    t = load_file(_linked(tmp_path, [-30.0, -25.0, 4.0, -28.0]))
+    k = t.kind
+    assert (k.links, k.backward_links, k.clock_offset_us) == (4, 3, 30.0)
+    assert "shifted by that much" in t.quality.notes[-1]
+
+
+def test_a_few_backward_links_are_counted_not_shifted(tmp_path):
+    t = load_file(_linked(tmp_path, [5.0, 6.0, 5.0, -40.0, 7.0]))
+    k = t.kind
+    assert (k.links, k.backward_links, k.clock_offset_us) == (5, 1, None)
+    assert "not used" in t.quality.notes[-1]
+
+
+def test_bundled_runs_are_classified_by_what_they_hold():
+    cpu = load_file(TRACES / "ddp_default" / "rank0.json.gz").kind
+    assert (cpu.producer, cpu.device, cpu.steps) == ("kineto", "none", "profiler-step")
+    gpu = load_file(next((TRACES / "cuda" / "ddp_default").glob("rank0*.json.gz"))).kind
+    assert gpu.device == "cuda" and not gpu.unknown
+
+
+def test_one_time_start_up_is_set_aside_not_launch_overhead(tmp_path):
+    """The first aten::mm of a window holds a 900 ms cudaFree (context creation): start-up, named, and
+    no part of the saving the gpu-idle finding promises."""
+    ev, corr = [], 0
+    for s in range(3):
+        t0 = s * 1_000_000.0
+        ev.append(_x(f"ProfilerStep#{s}", t0, 999_000.0, cat="user_annotation"))
+        first = s == 0
+        ev.append(_x("aten::mm", t0 + 10, 900_100.0 if first else 100.0))
+        if first:
+            ev.append(_x("cudaFree", t0 + 20, 900_000.0, cat="cuda_runtime"))
+        for k in range(40):
+            ts = t0 + (900_200.0 if first else 200.0) + k * 20
+            ev.append(_x("cudaLaunchKernel", ts, 5, cat="cuda_runtime", correlation=corr))
+            ev.append(_x("gemm_kernel", ts + 6, 10, cat="kernel", pid=0, tid=7, correlation=corr))
+            corr += 1
+    path = _write(tmp_path / "rank0.json", ev)
+    a = open_analysis(path)
+    g = a.signals.gpu_idle[0]
+    assert g.startup_calls == ["cudaFree 900.0 ms"] and g.startup_idle_us == pytest.approx(300_000, rel=0.01)
+    f = next(f for f in a.findings if f.id == "gpu-idle")
+    assert "start-up" in f.title and "launch overhead" not in f.title
+    # what a fix could save excludes the start-up: the idle less the 900 ms / 3 steps
+    assert f.impact_us <= g.idle_us - g.startup_idle_us + 1.0
+
+
+def test_host_syncs_are_findings_in_a_window_without_step_markers():
+    a = open_analysis(DATA / "no_step_cpu" / "rank0.json.gz")
+    f = next(f for f in a.findings if f.id == "host-sync")
+    assert "3 call(s) per step" in f.summary and "no step markers" in f.evidence[0].text
+
+
+def test_one_options_object_reaches_the_pipeline_from_every_door(tmp_path):
+    from fsdpdoctor import api
+    from fsdpdoctor.options import Options
+
+    run = TRACES / "ddp_default"
+    by_object = api.analyze(run, Options(ranks=[1], steps={2}))
+    by_keywords = api.analyze(run, ranks=[1], steps={2})
+    assert by_object.to_json() == by_keywords.to_json()
+    assert by_object.job.ranks_analyzed == [1] and by_object.job.steps == [2]
+    # the notebook door takes the capture window too (it had lost it): asked of a folder without windows,
+    # the pipeline answers as the CLI's --window does
+    with pytest.raises(InputError, match="window"):
+        api.analyze(run, window=3)
+    with pytest.raises(TypeError):
+        Options().but(window_steps=3)
+
+
+def test_an_xpu_recording_is_read_as_a_device_timeline_and_named(tmp_path):
+    """Intel XPU's Kineto plug-in: kernels under "kernel", their launches (urEnqueueKernelLaunch) under
+    "xpu_runtime" with the correlation id the kernel carries."""
+    ev = _host_steps()
+    for s in range(3):
+        for k in range(8):
+            ts, c = s * 1000.0 + 15 + k * 100, s * 10 + k
+            ev.append(_x("urEnqueueKernelLaunch", ts, 3, cat="xpu_runtime", correlation=c))
+            ev.append(_x("gemm_kernel", ts + 5, 40, cat="kernel", pid=0, tid=3, correlation=c))
+    path = _write(tmp_path / "rank0.json", ev)
+    a = open_analysis(path)
+    k = a.job.input_kind
+    assert k.device == "xpu" and not k.unknown and k.links == 24 and k.backward_links == 0
+    assert a.job.traits.device_timeline and a.signals.gpu_idle[0].kernels == 24
