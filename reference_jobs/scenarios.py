@@ -131,6 +131,7 @@ USER_JOB_PARAMS = {
     "slow_rank": 1,
     "length_skew": 1.0,          # seq_encoder.py: slow_rank's sequences are this many times longer
     "expert_skew": 1.0,          # moe.py: slow_rank's expert gets this many times the tokens of each other one
+    "loop": "plain",             # frameworks.py: plain / lightning / lbfgs / hf_trainer (who runs the step)
 }
 
 USER_SCENARIOS: dict[str, dict] = {
@@ -186,6 +187,26 @@ USER_SCENARIOS: dict[str, dict] = {
         script="moe.py", wrap="ddp",
         injects="the router sends rank 1's expert 3x the tokens of rank 0's (all-to-all dispatch/combine)",
         params={"expert_skew": 3.0}, must=["straggler"]),
+    "mixer_plain": dict(
+        script="frameworks.py", wrap="ddp", injects="nothing (healthy): MLP-Mixer, DDP, hand-written loop",
+        params={}, must=[]),
+    "mixer_lightning": dict(
+        script="frameworks.py", wrap="ddp",
+        injects="nothing (healthy): the same MLP-Mixer under Lightning Trainer(strategy='ddp'): forward and "
+                "backward inside optimizer.step(closure)", params={"loop": "lightning"}, must=[]),
+    "mixer_lbfgs": dict(
+        script="frameworks.py", wrap="ddp",
+        injects="nothing (healthy): the same MLP-Mixer with LBFGS: forward and backward inside the closure",
+        params={"loop": "lbfgs"}, must=[]),
+    "mixer_hf_trainer": dict(
+        script="frameworks.py", wrap="ddp",
+        injects="the same MLP-Mixer under the Hugging Face Trainer (Accelerate, DDP) with its default "
+                "ddp_find_unused_parameters (True for a model without gradient checkpointing)",
+        params={"loop": "hf_trainer"}, must=["ddp-find-unused-unneeded"]),
+    "syncbn_ddp": dict(
+        script="syncbn.py", wrap="ddp",
+        injects="nothing (healthy): pre-activation ResNet with 17 synchronised BatchNorms (all-gather in "
+                "forward, all-reduce in backward) and DDP's buffer broadcast", params={}, must=[]),
     "cnn_no_process_group": dict(
         script="cnn.py", wrap="none",
         injects="torchrun without init_process_group: two independent models, no communication",

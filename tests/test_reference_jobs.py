@@ -29,6 +29,8 @@ REQUIRED = [
     "seq_ddp", "seq_length_skew",
     # a mixture of experts exchanging tokens with all_to_all, balanced and with a skewed router
     "moe_balanced", "moe_routing_skew",
+    # one MLP-Mixer under a plain loop, Lightning, LBFGS's closure and the HF Trainer
+    "mixer_plain", "mixer_lightning", "mixer_lbfgs", "mixer_hf_trainer",
 ]
 MUST = {
     # forward_prefetch=False in every FSDP1 scenario but fsdp1_forward_prefetch (the on/off pair)
@@ -58,9 +60,11 @@ MUST = {
     "fsdp2_no_backward_prefetch_sleeper": ["fsdp2-backward-prefetch-ineffective", "straggler"],
     "seq_length_skew": ["straggler"],
     "moe_routing_skew": ["straggler"],
+    "mixer_hf_trainer": ["ddp-find-unused-unneeded"],
 }
 HEALTHY = ["fsdp1_backward_pre", "fsdp2_default", "ddp_default", "dataloader_fixed", "grad_accum_no_sync"]
-HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp", "seq_ddp", "moe_balanced"]
+HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp", "seq_ddp", "moe_balanced", "mixer_plain",
+                     "mixer_lightning", "mixer_lbfgs"]
 UNSYNCHRONIZED = {"hf_accelerate_unsynchronized", "cnn_no_process_group"}
 
 

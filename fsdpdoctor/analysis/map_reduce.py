@@ -18,6 +18,7 @@ from fsdpdoctor.analysis import clock as clock_mod
 from fsdpdoctor.analysis import collectives as coll_mod
 from fsdpdoctor.analysis import gpu_idle as gpu_idle_mod
 from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis import issuers as issuers_mod
 from fsdpdoctor.analysis import prefetch as prefetch_mod
 from fsdpdoctor.analysis import recompute as recompute_mod
 from fsdpdoctor.analysis import setup as setup_mod
@@ -128,14 +129,16 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
             c.algbw_gbps, c.busbw_gbps = coll_mod.bus_bandwidth(c.kind, c.size_bytes, c.group_size, c.duration_us)
             if rec.issue_track is not None and c.issue_us is not None and trace.has_stacks:
                 c.source = ctx.source_line(rec.issue_track, c.issue_us)
+        issuers_mod.annotate(ctx, records)
     by_step = defaultdict(list)
     for c in colls:
         by_step[c.step].append(c)
     bds = [breakdown_step(ctx, w, tl, by_step.get(w.step, []), shares) for w in windows]
     backward_end: dict[int | None, float] = {}  # None: a window without a step number (no ProfilerStep)
     for w in windows:
+        # the update after the last closure (optimizer.step(closure)) or the whole step span
         opt = iv.clip(ctx.optimizer_set, w.start, w.end)
-        stop = opt[0, 0] if len(opt) else w.end
+        stop = opt[-1, 0] if len(opt) else w.end
         comp = iv.clip(iv.subtract(tl.compute, tl.optimizer), w.start, stop)
         if len(comp):
             backward_end[w.step] = float(comp[-1, 1])

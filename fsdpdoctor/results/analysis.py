@@ -85,6 +85,7 @@ class Collective:
     fsdp_context: str | None = None    # innermost FSDP/DDP annotation at issue
     prefetch: str | None = None        # "prefetch-pre", "prefetch-post", "prefetch", "on-demand"
     source: str | None = None          # user's source line ("train.py(120): step")
+    issuer: str | None = None          # whose work issued it (analysis/issuers.py): "gradient buckets", ...
 
     @property
     def duration_us(self) -> float:
