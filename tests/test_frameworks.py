@@ -175,3 +175,16 @@ def test_hf_trainer_callback(tmp_path):
     assert m["profiled_steps"] == [1, 2]
     a = open_analysis(out)
     assert [s.step for s in a.ranks[0].steps] == [1, 2]
+
+
+def test_run_folder_with_user_json(tmp_path):
+    """A trainer state and a config beside the traces: what manifest.json lists is read, the rest named."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(TRACES / "mixer_plain", run)
+    (run / "trainer_state.json").write_text('{"global_step": 6, "log_history": []}')
+    (run / "config.json").write_text('{"lr": 0.1}')
+    a = open_analysis(run, use_summaries=False)
+    assert [r.rank for r in a.ranks] == [0, 1]
+    assert any("config.json, trainer_state.json skipped" in n for n in a.data_quality.notes)
