@@ -132,6 +132,8 @@ USER_JOB_PARAMS = {
     "length_skew": 1.0,          # seq_encoder.py: slow_rank's sequences are this many times longer
     "expert_skew": 1.0,          # moe.py: slow_rank's expert gets this many times the tokens of each other one
     "loop": "plain",             # frameworks.py: plain / lightning / lbfgs / hf_trainer (who runs the step)
+    "periodic": "none",          # periodic.py: checkpoint / eval on rank 0 every `every` steps
+    "every": 4,
 }
 
 USER_SCENARIOS: dict[str, dict] = {
@@ -207,6 +209,14 @@ USER_SCENARIOS: dict[str, dict] = {
         script="syncbn.py", wrap="ddp",
         injects="nothing (healthy): pre-activation ResNet with 17 synchronised BatchNorms (all-gather in "
                 "forward, all-reduce in backward) and DDP's buffer broadcast", params={}, must=[]),
+    "periodic_checkpoint": dict(
+        script="periodic.py", wrap="ddp",
+        injects="rank 0 saves a checkpoint (about three steps long) after every 4th step",
+        params={"periodic": "checkpoint", "every": 4}, must=["periodic-stall"]),
+    "periodic_eval": dict(
+        script="periodic.py", wrap="ddp",
+        injects="rank 0 runs an evaluation pass (a few steps long) after every 3rd step",
+        params={"periodic": "eval", "every": 3}, must=["periodic-stall"]),
     "cnn_no_process_group": dict(
         script="cnn.py", wrap="none",
         injects="torchrun without init_process_group: two independent models, no communication",

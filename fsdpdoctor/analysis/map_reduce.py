@@ -19,6 +19,7 @@ from fsdpdoctor.analysis import collectives as coll_mod
 from fsdpdoctor.analysis import gpu_idle as gpu_idle_mod
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis import issuers as issuers_mod
+from fsdpdoctor.analysis import periodic as periodic_mod
 from fsdpdoctor.analysis import prefetch as prefetch_mod
 from fsdpdoctor.analysis import recompute as recompute_mod
 from fsdpdoctor.analysis import setup as setup_mod
@@ -162,6 +163,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     res.recompute = recompute_mod.recompute(ctx, windows)
     res.offload = recompute_mod.offload(ctx, windows, None)
     res.user_frames = stragglers.user_frame_times(ctx, windows)
+    res.step_frames = periodic_mod.step_frame_times(ctx, windows)
     res.work = stragglers.step_work(ctx, windows)
     return res
 
@@ -239,10 +241,14 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     if len(results) == 1 and (world_size or 1) > 1:
         notes.append(f"only rank {results[0].rank} of {world_size} is in the input: straggler analysis needs "
                      "several ranks")
+    run_dir = Path(source) if Path(source).is_dir() else None
+    if run_dir is not None and not (run_dir / "steps").is_dir() and (run_dir.parent / "steps").is_dir():
+        run_dir = run_dir.parent   # a window-<step> folder: the series is the run's
+    periodic = periodic_mod.find(summaries, {r.rank: r.step_frames for r in kept}, run_dir, manifest)
     return Analysis(source=shown(source), job=job, ranks=summaries, mean=overall,
                     collectives=collective_stats(all_colls, sum(len(v) for v in steps_by_rank.values())),
                     prefetch=prefetch, straggler=strag, notes=notes, collective_events=all_colls, signals=sig,
-                    clock=clock)
+                    clock=clock, periodic=periodic)
 
 
 def _world_size(results: list[RankResult], manifest: dict | None) -> int | None:
