@@ -134,6 +134,9 @@ USER_JOB_PARAMS = {
     "loop": "plain",             # frameworks.py: plain / lightning / lbfgs / hf_trainer (who runs the step)
     "periodic": "none",          # periodic.py: checkpoint / eval on rank 0 every `every` steps
     "every": 4,
+    "units": "per_block",        # wrapping.py: per_block / fsdp2_root_only / fsdp1_no_policy /
+                                 # fsdp1_per_block_no_prefetch
+    "collate_sleep_ms": 0.0,     # wrapping.py: slow_rank's collate_fn sleeps this long per batch
 }
 
 USER_SCENARIOS: dict[str, dict] = {
@@ -217,6 +220,21 @@ USER_SCENARIOS: dict[str, dict] = {
         script="periodic.py", wrap="ddp",
         injects="rank 0 runs an evaluation pass (a few steps long) after every 3rd step",
         params={"periodic": "eval", "every": 3}, must=["periodic-stall"]),
+    "wrap_fsdp2_per_block": dict(
+        script="wrapping.py", wrap="fsdp2", injects="nothing (healthy): small ViT, fully_shard per block then root",
+        params={}, must=[]),
+    "wrap_fsdp2_root_only": dict(
+        script="wrapping.py", wrap="fsdp2", injects="small ViT, fully_shard(model) on the root only: one unit",
+        params={"units": "fsdp2_root_only"}, must=["fsdp-single-unit"]),
+    "wrap_fsdp1_no_policy": dict(
+        script="wrapping.py", wrap="fsdp1",
+        injects="small ViT, FullyShardedDataParallel(model) without auto_wrap_policy: one unit",
+        params={"units": "fsdp1_no_policy"}, must=["fsdp-single-unit"]),
+    "wrap_fsdp1_no_prefetch_slow_collate": dict(
+        script="wrapping.py", wrap="fsdp1",
+        injects="two faults: FSDP1 per block with backward_prefetch=None, and rank 1's collate_fn sleeps 250 ms",
+        params={"units": "fsdp1_per_block_no_prefetch", "collate_sleep_ms": 250.0},
+        must=["fsdp1-no-backward-prefetch", "fsdp-forward-prefetch-off", "straggler"]),
     "cnn_no_process_group": dict(
         script="cnn.py", wrap="none",
         injects="torchrun without init_process_group: two independent models, no communication",

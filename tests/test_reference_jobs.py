@@ -31,6 +31,8 @@ REQUIRED = [
     "moe_balanced", "moe_routing_skew",
     # one MLP-Mixer under a plain loop, Lightning, LBFGS's closure and the HF Trainer
     "mixer_plain", "mixer_lightning", "mixer_lbfgs", "mixer_hf_trainer",
+    # synchronised BatchNorm; periodic work on rank 0
+    "syncbn_ddp", "periodic_checkpoint", "periodic_eval",
 ]
 MUST = {
     # forward_prefetch=False in every FSDP1 scenario but fsdp1_forward_prefetch (the on/off pair)
@@ -61,10 +63,12 @@ MUST = {
     "seq_length_skew": ["straggler"],
     "moe_routing_skew": ["straggler"],
     "mixer_hf_trainer": ["ddp-find-unused-unneeded"],
+    "periodic_checkpoint": ["periodic-stall"],
+    "periodic_eval": ["periodic-stall"],
 }
 HEALTHY = ["fsdp1_backward_pre", "fsdp2_default", "ddp_default", "dataloader_fixed", "grad_accum_no_sync"]
 HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp", "seq_ddp", "moe_balanced", "mixer_plain",
-                     "mixer_lightning", "mixer_lbfgs"]
+                     "mixer_lightning", "mixer_lbfgs", "syncbn_ddp"]
 UNSYNCHRONIZED = {"hf_accelerate_unsynchronized", "cnn_no_process_group"}
 
 

@@ -611,3 +611,16 @@ def test_periodic_stall():
     assert "evaluate on every rank" in run(periodic_rules.periodic_stall, a)[0].fix
     a.periodic = stall(2e3, "train.py(52): save_checkpoint")
     assert run(periodic_rules.periodic_stall, a) == []
+
+
+def test_fsdp_single_unit():
+    """FSDP with one unit (manifest) gets the wrap that fixes it and the unsharded memory; more units do not."""
+    from fsdpdoctor.diagnose import wrapping_rules
+
+    a = analysis(wrapping="fsdp2", wrapping_source="manifest", wrapping_details={"kind": "fsdp2", "units": 1},
+                 manifest={"model": {"parameters": 1200000, "param_bytes": 4800000}})
+    found = run(wrapping_rules.single_unit, a)
+    assert ids(found) == ["fsdp-single-unit"] and found[0].severity == "warning"
+    assert "fully_shard(block)" in found[0].fix and "4.8 MB" in found[0].summary
+    a = analysis(wrapping="fsdp1", wrapping_source="manifest", wrapping_details={"kind": "fsdp1", "units": 7})
+    assert run(wrapping_rules.single_unit, a) == []

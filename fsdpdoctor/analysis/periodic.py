@@ -5,7 +5,7 @@ the whole run (``steps/rank<N>.steps``) where it holds two periods, else the pro
 A period ``p`` and offset ``k`` explain the stalls when every step whose number is ``k`` modulo ``p`` is
 longer than the others' median by more than their noise (3 sigma from the median absolute deviation) and
 by a tenth of a step at least, while almost none of the other steps is (a multiple of the true period
-leaves stalled steps among its "others"; a divisor puts healthy steps among its stalled ones). The cost
+leaves stalled steps among its "others"; a divisor puts healthy steps among its stalled ones), in three steps at least. The cost
 per step is the stalled steps' excess averaged over all steps: what moving that work off the step saves.
 
 Under synchronous data parallelism every rank's steps show the stall (the others wait for it in their
@@ -23,7 +23,7 @@ from statistics import median
 from fsdpdoctor.results import PeriodicStall, RankSummary
 
 MAD_TO_SIGMA = 1.4826
-NOISE_SIGMAS = 3.0          # every stalled step (two at least) stands this far above the others' noise
+NOISE_SIGMAS = 3.0          # every stalled step (three at least) stands this far above the others' noise
 MIN_EXCESS_FRAC = 0.10      # and by this share of a step at least (smaller is the straggler's or noise)
 MAX_PERIOD = 16
 SKIP_FIRST = 2              # the first steps hold start-up (allocation, autotuning, a first collective)
@@ -38,7 +38,7 @@ def _fit(steps: list[int], durs: list[float]) -> tuple[int, int, float, list[int
         for k in range(p):
             a = [d for s, d in pairs if s % p == k]
             b = [d for s, d in pairs if s % p != k]
-            if len(a) < 2 or len(b) < 3:
+            if len(a) < 3 or len(b) < 3:   # three occurrences: two outliers a period apart happen by chance
                 continue
             base = median(b)
             noise = MAD_TO_SIGMA * median(abs(x - base) for x in b)
