@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
 import jobkit  # noqa: E402
 from scenarios import SCENARIOS  # noqa: E402
@@ -60,18 +60,6 @@ class Mixer(nn.Module):
         return self.head(self.blocks(x).mean(1))
 
 
-class SyntheticImages(Dataset):
-    def __init__(self, n: int, as_dict: bool = False):
-        self.n, self.as_dict = n, as_dict
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(int(i))
-        x, y = torch.randn(3, SIZE, SIZE, generator=g), int(torch.randint(CLASSES, (1,), generator=g))
-        return {"pixels": x, "labels": y} if self.as_dict else (x, y)
-
 
 def _plain(args, sc, p, rank, world, steps, lbfgs: bool):
     dist.init_process_group("gloo")
@@ -79,7 +67,7 @@ def _plain(args, sc, p, rank, world, steps, lbfgs: bool):
     model = nn.parallel.DistributedDataParallel(Mixer())
     opt = (torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=1, history_size=5) if lbfgs
            else torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
-    ds = SyntheticImages(BATCH * world * (steps + 2))
+    ds = jobkit.SyntheticImages(BATCH * world * (steps + 2), SIZE, CLASSES)
     loader = DataLoader(ds, batch_size=BATCH, sampler=DistributedSampler(ds, world, rank, shuffle=False),
                         drop_last=True)
     it = iter(loader)
@@ -129,7 +117,7 @@ def _lightning(args, sc, p, rank, world, steps):
             return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
     torch.manual_seed(0)
-    ds = SyntheticImages(BATCH * world * (steps + 2))
+    ds = jobkit.SyntheticImages(BATCH * world * (steps + 2), SIZE, CLASSES)
     loader = DataLoader(ds, batch_size=BATCH, shuffle=False, drop_last=True)  # Lightning adds the sampler
     trainer = L.Trainer(accelerator="cpu", devices=world, strategy=DDPStrategy(process_group_backend="gloo"),
                         max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -153,7 +141,7 @@ def _hf_trainer(args, sc, p, rank, world, steps):
             return {"loss": F.cross_entropy(self.net(pixels), labels)}
 
     torch.manual_seed(0)
-    ds = SyntheticImages(BATCH * world * (steps + 2), as_dict=True)
+    ds = jobkit.SyntheticImages(BATCH * world * (steps + 2), SIZE, CLASSES, as_dict=True)
     with tempfile.TemporaryDirectory() as tmp:
         targs = TrainingArguments(output_dir=tmp, per_device_train_batch_size=BATCH, max_steps=steps,
                                   use_cpu=True, ddp_backend="gloo", report_to=[], save_strategy="no",

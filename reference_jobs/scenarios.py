@@ -234,7 +234,7 @@ USER_SCENARIOS: dict[str, dict] = {
         script="wrapping.py", wrap="fsdp1",
         injects="two faults: FSDP1 per block with backward_prefetch=None, and rank 1's collate_fn sleeps 250 ms",
         params={"units": "fsdp1_per_block_no_prefetch", "collate_sleep_ms": 250.0},
-        must=["fsdp1-no-backward-prefetch", "fsdp-forward-prefetch-off", "straggler"]),
+        must=["fsdp1-no-backward-prefetch", "fsdp-forward-prefetch-off", "straggler", "input-bound"]),
     "cnn_no_process_group": dict(
         script="cnn.py", wrap="none",
         injects="torchrun without init_process_group: two independent models, no communication",

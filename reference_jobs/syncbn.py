@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
 import jobkit  # noqa: E402
 from scenarios import SCENARIOS  # noqa: E402
@@ -115,17 +115,6 @@ class PreActResNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-class SyntheticImages(Dataset):
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(int(i))
-        return torch.randn(3, SIZE, SIZE, generator=g), int(torch.randint(CLASSES, (1,), generator=g))
-
 
 def main(argv=None) -> int:
     args = jobkit.parse_args(SCENARIOS, __doc__, argv)
@@ -137,7 +126,7 @@ def main(argv=None) -> int:
     model = nn.parallel.DistributedDataParallel(PreActResNet())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     steps = args.steps if args.steps is not None else args.wait + args.warmup + args.active + 1
-    ds = SyntheticImages(BATCH * world * (steps + 2))
+    ds = jobkit.SyntheticImages(BATCH * world * (steps + 2), SIZE, CLASSES)
     loader = DataLoader(ds, batch_size=BATCH, sampler=DistributedSampler(ds, world, rank, shuffle=False),
                         drop_last=True)
     it = iter(loader)

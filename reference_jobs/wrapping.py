@@ -1,5 +1,5 @@
-"""Reference job: how a model is cut into FSDP units. A small vision transformer (patch embedding, six
-pre-norm attention blocks, a classification head) on synthetic images, sharded three ways:
+"""Reference job: how a model is cut into FSDP units. A small vision transformer (patch embedding,
+three pre-norm attention blocks, a classification head) on synthetic images, sharded three ways:
 
 - ``per_block`` (healthy): ``fully_shard`` on every block, then the root;
 - ``fsdp2_root_only``: ``fully_shard(model)`` alone: one unit, one all-gather of everything;
@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 import jobkit  # noqa: E402
 from scenarios import SCENARIOS  # noqa: E402
 
-BATCH, SIZE, PATCH, DIM, DEPTH, CLASSES = 8, 32, 4, 128, 6, 10
+BATCH, SIZE, PATCH, DIM, DEPTH, CLASSES = 8, 32, 4, 128, 3, 10
 
 
 class ViTBlock(nn.Module):
