@@ -21,7 +21,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.utils.data import DataLoader, Dataset, DistributedSampler  # noqa: E402
+from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
 import jobkit  # noqa: E402
 from scenarios import SCENARIOS  # noqa: E402
@@ -57,17 +57,6 @@ class SmallResNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-class SyntheticImages(Dataset):
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(int(i))
-        return torch.randn(3, SIZE, SIZE, generator=g), int(torch.randint(CLASSES, (1,), generator=g))
-
 
 def main(argv=None) -> int:
     args = jobkit.parse_args(SCENARIOS, __doc__, argv)
@@ -85,7 +74,7 @@ def main(argv=None) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
     steps = args.steps if args.steps is not None else args.wait + args.warmup + args.active + 1
-    ds = SyntheticImages(BATCH * world * (steps + 2))
+    ds = jobkit.SyntheticImages(BATCH * world * (steps + 2), SIZE, CLASSES)
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False) if synchronized else None
     loader = DataLoader(ds, batch_size=BATCH, sampler=sampler, shuffle=False, drop_last=True)
     it = iter(loader)

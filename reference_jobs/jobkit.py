@@ -50,6 +50,23 @@ class GRUClassifier(torch.nn.Module):
         return self.head(out[:, -1])
 
 
+class SyntheticImages(torch.utils.data.Dataset):
+    """``n`` random images (3 x size x size) with random labels, the same for a given index on every run;
+    ``as_dict``: {"pixels", "labels"} items (the Hugging Face Trainer's shape)."""
+
+    def __init__(self, n: int, size: int, classes: int, as_dict: bool = False):
+        self.n, self.size, self.classes, self.as_dict = n, size, classes, as_dict
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(int(i))
+        x = torch.randn(3, self.size, self.size, generator=g)
+        y = int(torch.randint(self.classes, (1,), generator=g))
+        return {"pixels": x, "labels": y} if self.as_dict else (x, y)
+
+
 def launcher_rank() -> tuple[int, int]:
     """(rank, world size) from torchrun's environment (1 process without it)."""
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

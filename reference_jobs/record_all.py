@@ -42,8 +42,11 @@ def active_steps(name: str) -> int:
     # FSDP2 and activation checkpointing: their with_stack traces are several times larger
     if sc["wrap"] == "fsdp2" or sc["params"].get("act_ckpt", "none") != "none":
         return 2
+    if sc["params"].get("periodic", "none") != "none":
+        return 4   # one period of the checkpoint (4) and of the evaluation (3) in the profiled steps
     if (name == "straggler" or sc["params"].get("straggler", "none") != "none" or sc["params"].get("delay_ms")
-            or sc["params"].get("length_skew", 1.0) != 1.0 or sc["params"].get("expert_skew", 1.0) != 1.0):
+            or sc["params"].get("length_skew", 1.0) != 1.0 or sc["params"].get("expert_skew", 1.0) != 1.0
+            or sc["params"].get("collate_sleep_ms")):
         return 4
     return 3
 

@@ -131,6 +131,12 @@ USER_JOB_PARAMS = {
     "slow_rank": 1,
     "length_skew": 1.0,          # seq_encoder.py: slow_rank's sequences are this many times longer
     "expert_skew": 1.0,          # moe.py: slow_rank's expert gets this many times the tokens of each other one
+    "loop": "plain",             # frameworks.py: plain / lightning / lbfgs / hf_trainer (who runs the step)
+    "periodic": "none",          # periodic.py: checkpoint / eval on rank 0 every `every` steps
+    "every": 4,
+    "units": "per_block",        # wrapping.py: per_block / fsdp2_root_only / fsdp1_no_policy /
+                                 # fsdp1_per_block_no_prefetch
+    "collate_sleep_ms": 0.0,     # wrapping.py: slow_rank's collate_fn sleeps this long per batch
 }
 
 USER_SCENARIOS: dict[str, dict] = {
@@ -186,6 +192,49 @@ USER_SCENARIOS: dict[str, dict] = {
         script="moe.py", wrap="ddp",
         injects="the router sends rank 1's expert 3x the tokens of rank 0's (all-to-all dispatch/combine)",
         params={"expert_skew": 3.0}, must=["straggler"]),
+    "mixer_plain": dict(
+        script="frameworks.py", wrap="ddp", injects="nothing (healthy): MLP-Mixer, DDP, hand-written loop",
+        params={}, must=[]),
+    "mixer_lightning": dict(
+        script="frameworks.py", wrap="ddp",
+        injects="nothing (healthy): the same MLP-Mixer under Lightning Trainer(strategy='ddp'): forward and "
+                "backward inside optimizer.step(closure)", params={"loop": "lightning"}, must=[]),
+    "mixer_lbfgs": dict(
+        script="frameworks.py", wrap="ddp",
+        injects="nothing (healthy): the same MLP-Mixer with LBFGS: forward and backward inside the closure",
+        params={"loop": "lbfgs"}, must=[]),
+    "mixer_hf_trainer": dict(
+        script="frameworks.py", wrap="ddp",
+        injects="the same MLP-Mixer under the Hugging Face Trainer (Accelerate, DDP) with its default "
+                "ddp_find_unused_parameters (True for a model without gradient checkpointing)",
+        params={"loop": "hf_trainer"}, must=["ddp-find-unused-unneeded"]),
+    "syncbn_ddp": dict(
+        script="syncbn.py", wrap="ddp",
+        injects="nothing (healthy): pre-activation ResNet with 17 synchronised BatchNorms (all-gather in "
+                "forward, all-reduce in backward) and DDP's buffer broadcast", params={}, must=[]),
+    "periodic_checkpoint": dict(
+        script="periodic.py", wrap="ddp",
+        injects="rank 0 saves a checkpoint (about three steps long) after every 4th step",
+        params={"periodic": "checkpoint", "every": 4}, must=["periodic-stall"]),
+    "periodic_eval": dict(
+        script="periodic.py", wrap="ddp",
+        injects="rank 0 runs an evaluation pass (a few steps long) after every 3rd step",
+        params={"periodic": "eval", "every": 3}, must=["periodic-stall"]),
+    "wrap_fsdp2_per_block": dict(
+        script="wrapping.py", wrap="fsdp2", injects="nothing (healthy): small ViT, fully_shard per block then root",
+        params={}, must=[]),
+    "wrap_fsdp2_root_only": dict(
+        script="wrapping.py", wrap="fsdp2", injects="small ViT, fully_shard(model) on the root only: one unit",
+        params={"units": "fsdp2_root_only"}, must=["fsdp-single-unit"]),
+    "wrap_fsdp1_no_policy": dict(
+        script="wrapping.py", wrap="fsdp1",
+        injects="small ViT, FullyShardedDataParallel(model) without auto_wrap_policy: one unit",
+        params={"units": "fsdp1_no_policy"}, must=["fsdp-single-unit"]),
+    "wrap_fsdp1_no_prefetch_slow_collate": dict(
+        script="wrapping.py", wrap="fsdp1",
+        injects="two faults: FSDP1 per block with backward_prefetch=None, and rank 1's collate_fn sleeps 250 ms",
+        params={"units": "fsdp1_per_block_no_prefetch", "collate_sleep_ms": 250.0},
+        must=["fsdp1-no-backward-prefetch", "fsdp-forward-prefetch-off", "straggler", "input-bound"]),
     "cnn_no_process_group": dict(
         script="cnn.py", wrap="none",
         injects="torchrun without init_process_group: two independent models, no communication",

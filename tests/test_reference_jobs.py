@@ -29,6 +29,12 @@ REQUIRED = [
     "seq_ddp", "seq_length_skew",
     # a mixture of experts exchanging tokens with all_to_all, balanced and with a skewed router
     "moe_balanced", "moe_routing_skew",
+    # one MLP-Mixer under a plain loop, Lightning, LBFGS's closure and the HF Trainer
+    "mixer_plain", "mixer_lightning", "mixer_lbfgs", "mixer_hf_trainer",
+    # synchronised BatchNorm; periodic work on rank 0
+    "syncbn_ddp", "periodic_checkpoint", "periodic_eval",
+    # FSDP units: per block, one unit (FSDP2 root only, FSDP1 without a policy), two faults at once
+    "wrap_fsdp2_per_block", "wrap_fsdp2_root_only", "wrap_fsdp1_no_policy", "wrap_fsdp1_no_prefetch_slow_collate",
 ]
 MUST = {
     # forward_prefetch=False in every FSDP1 scenario but fsdp1_forward_prefetch (the on/off pair)
@@ -58,9 +64,17 @@ MUST = {
     "fsdp2_no_backward_prefetch_sleeper": ["fsdp2-backward-prefetch-ineffective", "straggler"],
     "seq_length_skew": ["straggler"],
     "moe_routing_skew": ["straggler"],
+    "mixer_hf_trainer": ["ddp-find-unused-unneeded"],
+    "periodic_checkpoint": ["periodic-stall"],
+    "periodic_eval": ["periodic-stall"],
+    "wrap_fsdp2_root_only": ["fsdp-single-unit"],
+    "wrap_fsdp1_no_policy": ["fsdp-single-unit"],
+    "wrap_fsdp1_no_prefetch_slow_collate": ["fsdp1-no-backward-prefetch", "fsdp-forward-prefetch-off", "straggler",
+                                            "input-bound"],
 }
 HEALTHY = ["fsdp1_backward_pre", "fsdp2_default", "ddp_default", "dataloader_fixed", "grad_accum_no_sync"]
-HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp", "seq_ddp", "moe_balanced"]
+HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp", "seq_ddp", "moe_balanced", "mixer_plain",
+                     "mixer_lightning", "mixer_lbfgs", "syncbn_ddp", "wrap_fsdp2_per_block"]
 UNSYNCHRONIZED = {"hf_accelerate_unsynchronized", "cnn_no_process_group"}
 
 

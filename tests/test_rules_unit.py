@@ -589,3 +589,38 @@ def test_a_marker_step_is_not_a_step():
     steps = [StepWindow(i, i * 1e4, i * 1e4 + d) for i, d in enumerate((9e3, 9e3, 900.0, 9e5))]
     assert marker_windows(steps) == []
     assert marker_windows([real]) == []
+
+
+def test_periodic_stall():
+    """A stall every 4th step on rank 0, averaged over every step: fires above 5 % of the step with the fix
+    that fits its frame; a small one does not."""
+    from fsdpdoctor.diagnose import periodic_rules
+    from fsdpdoctor.results import PeriodicStall
+
+    def stall(cost_us, frame):
+        return PeriodicStall(rank=0, period=4, offset=3, stalled_steps=[7, 11, 15], excess_us=4 * cost_us,
+                             cost_per_step_us=cost_us, source="step series", owner_evidence="rank 0's long steps "
+                             "start first", median_step_us=100e3, ranks_showing=[0, 1], frame=frame)
+
+    a = analysis()
+    a.periodic = stall(20e3, "train.py(52): save_checkpoint")
+    found = run(periodic_rules.periodic_stall, a)
+    assert ids(found) == ["periodic-stall"] and found[0].ranks == [0]
+    assert "every 4th step" in found[0].title and "async_save" in found[0].fix
+    a.periodic = stall(20e3, "train.py(80): run_validation")
+    assert "evaluate on every rank" in run(periodic_rules.periodic_stall, a)[0].fix
+    a.periodic = stall(2e3, "train.py(52): save_checkpoint")
+    assert run(periodic_rules.periodic_stall, a) == []
+
+
+def test_fsdp_single_unit():
+    """FSDP with one unit (manifest) gets the wrap that fixes it and the unsharded memory; more units do not."""
+    from fsdpdoctor.diagnose import wrapping_rules
+
+    a = analysis(wrapping="fsdp2", wrapping_source="manifest", wrapping_details={"kind": "fsdp2", "units": 1},
+                 manifest={"model": {"parameters": 1200000, "param_bytes": 4800000}})
+    found = run(wrapping_rules.single_unit, a)
+    assert ids(found) == ["fsdp-single-unit"] and found[0].severity == "warning"
+    assert "fully_shard(block)" in found[0].fix and "4.8 MB" in found[0].summary
+    a = analysis(wrapping="fsdp1", wrapping_source="manifest", wrapping_details={"kind": "fsdp1", "units": 7})
+    assert run(wrapping_rules.single_unit, a) == []

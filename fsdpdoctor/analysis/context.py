@@ -16,6 +16,10 @@ from fsdpdoctor.trace.vocabulary import STEP_NAME
 
 DATALOADER_RE = re.compile(r"^enumerate\(DataLoader\)#.*__next__")
 OPTIMIZER_PREFIX = "Optimizer.step#"
+ZERO_GRAD_PREFIX = "Optimizer.zero_grad#"
+# where a module's forward runs: the Python tracer's module frames, the wrappers' own annotations
+FORWARD_FRAME_PREFIX = "nn.Module: "
+FORWARD_ANNOTATIONS = ("DistributedDataParallel.forward", "FullyShardedDataParallel.forward")
 BACKWARD_MARKERS = ("autograd::engine::evaluate_function:", "FSDP::root_post_backward_callback")
 SYNC_NAMES = {"aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize",
               "cudaEventSynchronize", "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize"}
@@ -184,7 +188,46 @@ class RankContext:
 
     @cached_property
     def optimizer_set(self) -> np.ndarray:
-        return self.set_of(self.optimizer_rows)
+        """The optimizer's own work: ``Optimizer.step`` spans less the closures they call
+        (``optimizer.step(closure)``: Lightning, the HF Trainer's closure optimizers, LBFGS), whose
+        forward and backward are the model's compute, not the update."""
+        return iv.subtract(self.set_of(self.optimizer_rows), self.closure_set)
+
+    @cached_property
+    def forward_starts(self) -> np.ndarray:
+        """Sorted starts of module forwards and zero_grad calls: where a closure's work can begin."""
+        fwd = self.rows_prefix(FORWARD_FRAME_PREFIX, PYFUNC)
+        ann = self.rows_prefix(FORWARD_ANNOTATIONS + (ZERO_GRAD_PREFIX,), (ANNOTATION, CPU_OP))
+        return np.sort(self.t.ts[np.concatenate([fwd, ann])].astype(np.float64))
+
+    @cached_property
+    def closure_set(self) -> np.ndarray:
+        """Closure calls inside ``Optimizer.step`` spans: each backward pass inside a step span with the
+        forward before it. A closure's work starts at the first module forward (or zero_grad) after the
+        previous backward (the span's start when the trace names none: then an LBFGS line search's own
+        arithmetic before a later closure call is counted with that closure's forward) and ends where its
+        backward ends (the last backward op before the next forward, or the span's end)."""
+        spans = self.set_of(self.optimizer_rows)
+        bwd = self.backward_set
+        if not len(spans) or not len(bwd):
+            return iv.EMPTY
+        fs = self.forward_starts
+        out = []
+        for a, b in spans:
+            inside = iv.clip(bwd, a, b)
+            pos = a
+            while len(inside):
+                s0 = inside[0, 0]
+                k = np.searchsorted(fs, pos, "left")
+                start = fs[k] if k < len(fs) and fs[k] <= s0 else pos
+                k = np.searchsorted(fs, s0, "right")
+                nxt = fs[k] if k < len(fs) and fs[k] < b else b
+                last = np.searchsorted(inside[:, 0], nxt, "left")   # backward ops starting before it
+                end = float(inside[max(last - 1, 0), 1])
+                out.append((start, end))
+                inside = inside[max(last, 1):]
+                pos = end
+        return iv.as_set([s for s, _ in out], [e for _, e in out])
 
     @cached_property
     def backward_set(self) -> np.ndarray:
@@ -196,10 +239,12 @@ class RankContext:
         return iv.union(*sets)
 
     def phase_at(self, t: float, step_end: float | None = None) -> str:
-        if iv.contains(self.optimizer_set, t):
-            return "optimizer"
+        """The phase whose work runs at ``t``: the autograd engine's (backward) wherever it was called
+        from, the optimizer's own update, else forward when a backward follows in the step."""
         if iv.contains(self.backward_set, t):
             return "backward"
+        if iv.contains(self.optimizer_set, t):
+            return "optimizer"
         # forward if a backward follows within this step, else "other"
         b = self.backward_set
         if len(b) == 0:

@@ -18,6 +18,8 @@ from fsdpdoctor.analysis import clock as clock_mod
 from fsdpdoctor.analysis import collectives as coll_mod
 from fsdpdoctor.analysis import gpu_idle as gpu_idle_mod
 from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis import issuers as issuers_mod
+from fsdpdoctor.analysis import periodic as periodic_mod
 from fsdpdoctor.analysis import prefetch as prefetch_mod
 from fsdpdoctor.analysis import recompute as recompute_mod
 from fsdpdoctor.analysis import setup as setup_mod
@@ -129,14 +131,16 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
             c.algbw_gbps, c.busbw_gbps = coll_mod.bus_bandwidth(c.kind, c.size_bytes, c.group_size, c.duration_us)
             if rec.issue_track is not None and c.issue_us is not None and trace.has_stacks:
                 c.source = ctx.source_line(rec.issue_track, c.issue_us)
+        issuers_mod.annotate(ctx, records)
     by_step = defaultdict(list)
     for c in colls:
         by_step[c.step].append(c)
     bds = [breakdown_step(ctx, w, tl, by_step.get(w.step, []), shares) for w in windows]
     backward_end: dict[int | None, float] = {}  # None: a window without a step number (no ProfilerStep)
     for w in windows:
+        # the update after the last closure (optimizer.step(closure)) or the whole step span
         opt = iv.clip(ctx.optimizer_set, w.start, w.end)
-        stop = opt[0, 0] if len(opt) else w.end
+        stop = opt[-1, 0] if len(opt) else w.end
         comp = iv.clip(iv.subtract(tl.compute, tl.optimizer), w.start, stop)
         if len(comp):
             backward_end[w.step] = float(comp[-1, 1])
@@ -160,6 +164,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     res.recompute = recompute_mod.recompute(ctx, windows)
     res.offload = recompute_mod.offload(ctx, windows, None)
     res.user_frames = stragglers.user_frame_times(ctx, windows)
+    res.step_frames = periodic_mod.step_frame_times(ctx, windows)
     res.work = stragglers.step_work(ctx, windows)
     return res
 
@@ -243,10 +248,14 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     if len(results) == 1 and (world_size or 1) > 1:
         notes.append(f"only rank {results[0].rank} of {world_size} is in the input: straggler analysis needs "
                      "several ranks")
+    run_dir = Path(source) if Path(source).is_dir() else None
+    if run_dir is not None and not (run_dir / "steps").is_dir() and (run_dir.parent / "steps").is_dir():
+        run_dir = run_dir.parent   # a window-<step> folder: the series is the run's
+    periodic = periodic_mod.find(summaries, {r.rank: r.step_frames for r in kept}, run_dir, manifest)
     return Analysis(source=shown(source), job=job, ranks=summaries, mean=overall,
                     collectives=collective_stats(all_colls, sum(len(v) for v in steps_by_rank.values())),
                     prefetch=prefetch, straggler=strag, notes=notes, collective_events=all_colls, signals=sig,
-                    clock=clock)
+                    clock=clock, periodic=periodic)
 
 
 def _world_size(results: list[RankResult], manifest: dict | None) -> int | None:

@@ -157,6 +157,8 @@ class RankResult(msgspec.Struct):
     recompute: RecomputeInfo | None = None
     offload: OffloadInfo | None = None
     user_frames: dict[str, float] = msgspec.field(default_factory=dict)  # user frame -> inclusive us per step
+    # user frames whose time jumps in some step -> step -> inclusive us (periodic stalls)
+    step_frames: dict[str, dict[int, float]] = msgspec.field(default_factory=dict)
     work: WorkCounts | None = None      # ops, kernels and input sizes per step (stragglers: more work or slower)
     quality: RankDataQuality | None = None   # what the loader dropped from this rank's file(s)
     identity: RankIdentity | None = None     # what the one-job checks compare across ranks

@@ -104,13 +104,19 @@ def message_sizes(ctx: RuleContext) -> list[Finding]:
     if len(small) / nrs >= ctx.th["latency_bound_per_step"]:
         exposed = sum(c.exposed_us for c in small) / nrs
         kinds = sorted({c.kind for c in small})
+        groups = _by_issuer(small)
+        by = "; ".join(f"{who} {len(cs) / nrs:.0f} ({ms(sum(c.exposed_us for c in cs) / nrs)} exposed)"
+                       for who, cs in groups[:4])
         out.append(ctx.finding(
             "latency-bound-collectives", f"{len(small) / nrs:.0f} small collectives per step", exposed,
             f"{len(small) / nrs:.0f} collectives per step move less than {size(ctx.th['small_message_bytes'])} "
-            f"each ({', '.join(kinds)}); their cost is latency, not bandwidth.",
-            _latency_fix(ctx), confidence=0.7,
+            f"each ({', '.join(kinds)}); their cost is latency, not bandwidth."
+            + (f" Issued by: {by}." if any(who != _UNKNOWN for who, _ in groups) else ""),
+            _latency_fix_by_issuer(ctx, groups), confidence=0.7,
             evidence=[Evidence(f"median size {size(sorted(c.size_bytes for c in small)[len(small) // 2])}, "
-                               f"exposed {ms(exposed)} per step", time_us=exposed)]))
+                               f"exposed {ms(exposed)} per step", time_us=exposed)]
+                     + [Evidence(f"{who}: {len(cs) / nrs:.0f} per step, e.g. {cs[0].kind} {size(cs[0].size_bytes)}",
+                                 time_us=sum(c.exposed_us for c in cs) / nrs) for who, cs in groups[:4]]))
     if ctx.traits.async_collectives and ctx.traits.has_message_sizes:
         big = [c for c in ctx.a.collective_events if c.busbw_gbps is not None and c.size_bytes
                and c.size_bytes >= 16e6]
@@ -129,6 +135,54 @@ def message_sizes(ctx: RuleContext) -> list[Finding]:
                                    f"{c.busbw_gbps:.1f} GB/s", rank=c.rank, step=c.step, time_us=c.duration_us)
                           for c in slow[:5]]))
     return out
+
+
+_UNKNOWN = "issuer unknown"
+
+
+def _by_issuer(colls: list) -> list[tuple[str, list]]:
+    """Collectives grouped by who issued them (``Collective.issuer``), most exposed first."""
+    groups: dict[str, list] = {}
+    for c in colls:
+        groups.setdefault(c.issuer or _UNKNOWN, []).append(c)
+    return sorted(groups.items(), key=lambda kv: -sum(c.exposed_us for c in kv[1]))
+
+
+def _issuer_fix(ctx: RuleContext, who: str) -> str:
+    """The change that reaches the collectives of one issuer (analysis/issuers.py labels)."""
+    if who.startswith("norm statistics"):
+        return ("fewer synchronised norm layers (SyncBatchNorm only where a rank's batch is too small for its own "
+                "statistics) or plain BatchNorm with a larger per-rank batch: each exchange waits for the layer "
+                "before it, so no bucket size merges them")
+    if who == "DDP buffer broadcast":
+        return "DDP(model, broadcast_buffers=False) where the buffers stay equal on every rank (or sync them less often)"
+    if who.startswith("metrics"):
+        return ("sync metrics at the end of an epoch, not every step (torchmetrics: dist_sync_on_step=False and "
+                "compute() once; Lightning: self.log(..., sync_dist=False) for per-step values)")
+    if who.startswith("framework (lightning"):
+        return "Lightning: log per-step values without sync_dist=True (sync on_epoch), keep rank-0-only work off the step"
+    if who == "clip_grad_norm_":
+        return "clip with one norm reduction per step (FSDP: model.clip_grad_norm_ once; foreach=True), or clip less often"
+    if who == "optimizer-state sharding":
+        return "ZeroRedundancyOptimizer(parameters_as_bucket_view=True, overlap_with_ddp=True): fewer, larger exchanges"
+    if who.startswith("user code "):
+        return (f"coalesce the calls at {who[len('user code '):]} into one collective "
+                "(torch.cat then split, or all_reduce_coalesced)")
+    return _latency_fix(ctx)   # gradient buckets, FSDP units, or an issuer the trace does not name
+
+
+def _latency_fix_by_issuer(ctx: RuleContext, groups: list[tuple[str, list]]) -> str:
+    """The fixes of the issuers that hold most of the small collectives' exposed time (at most three)."""
+    total = sum(c.exposed_us for _, cs in groups for c in cs)
+    fixes, covered = [], 0.0
+    for who, cs in groups:
+        fix = _issuer_fix(ctx, who)
+        if fix not in fixes:
+            fixes.append(fix)
+        covered += sum(c.exposed_us for c in cs)
+        if len(fixes) == 3 or covered >= 0.8 * total:
+            break
+    return "; ".join(fixes)
 
 
 def _latency_fix(ctx: RuleContext) -> str:

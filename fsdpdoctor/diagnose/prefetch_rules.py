@@ -63,6 +63,8 @@ def forward_prefetch(ctx: RuleContext) -> list[Finding]:
         return []
     fwd = [c for c in ctx.a.collective_events if c.kind == "all_gather" and c.phase == "forward"]
     nsteps = rank_steps(ctx)
+    if ctx.wrap.get("units") == 1 or len(fwd) <= nsteps:
+        return []   # one unit: no previous unit to prefetch under (fsdp-single-unit says what to wrap)
     # waiting for a straggler in the first forward gather is the straggler's cost, not prefetch's
     exposed = max(sum(c.exposed_us for c in fwd) / nsteps - straggler_wait_in(ctx, "all_gather", "forward"), 0.0)
     if ctx.frac(exposed) < ctx.th["forward_exposed_frac"]:

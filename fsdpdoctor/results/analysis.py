@@ -85,6 +85,7 @@ class Collective:
     fsdp_context: str | None = None    # innermost FSDP/DDP annotation at issue
     prefetch: str | None = None        # "prefetch-pre", "prefetch-post", "prefetch", "on-demand"
     source: str | None = None          # user's source line ("train.py(120): step")
+    issuer: str | None = None          # whose work issued it (analysis/issuers.py): "gradient buckets", ...
 
     @property
     def duration_us(self) -> float:
@@ -373,6 +374,24 @@ class DataQuality:
 
 
 @dataclass
+class PeriodicStall:
+    """A step that is longer every ``period`` steps on one rank (analysis/periodic.py)."""
+
+    rank: int                           # the rank that does the periodic work
+    period: int
+    offset: int                         # stalled steps: step number % period == offset
+    stalled_steps: list[int]
+    excess_us: float                    # mean extra time of a stalled step over the others' median
+    cost_per_step_us: float             # that excess averaged over every step
+    source: str                         # "step series" (the whole run) or "profiled steps"
+    owner_evidence: str                 # why that rank
+    median_step_us: float
+    ranks_showing: list[int] = field(default_factory=list)   # ranks whose steps show the period
+    frame: str | None = None            # the user frame holding the stall (profiled steps, with stacks)
+    frame_extra_us: float | None = None
+
+
+@dataclass
 class Analysis:
     """The whole result of ``analyze``: what every renderer shows."""
 
@@ -389,6 +408,7 @@ class Analysis:
     signals: "Signals | None" = None
     clock: ClockReport | None = None           # per-rank clock offsets (None with one rank)
     data_quality: DataQuality = field(default_factory=DataQuality)
+    periodic: PeriodicStall | None = None      # a stall every N steps on one rank
     schema_version: str = SCHEMA_VERSION
 
     def to_dict(self, include_events: bool = False) -> dict:

@@ -396,6 +396,25 @@ def _not_a_file(p: Path) -> str | None:
     return None
 
 
+def _listed_only(manifest: dict | None, files: list[Path], notes: list[str]) -> list[Path]:
+    """The files the manifest lists (``files``, ``cycle_files``) where it lists any that are here: a run
+    folder also holds the user's own JSON (a trainer state, a step log), named as skipped, not read."""
+    listed: set[str] = set()
+    for key in ("files", "cycle_files"):
+        v = (manifest or {}).get(key)
+        for names in (v.values() if isinstance(v, dict) else ()):
+            listed.update(n for n in ([names] if isinstance(names, str) else names if isinstance(names, list) else ())
+                          if isinstance(n, str))
+    keep = [f for f in files if f.name in listed]
+    if not keep:
+        return files
+    others = [f.name for f in files if f.name not in listed]
+    if others:
+        notes.append(f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''} skipped: not a trace manifest.json "
+                     "lists")
+    return keep
+
+
 def input_files(path: Path, dq: DataQuality) -> tuple[dict | None, list[Path]]:
     """(manifest, trace files) of a file or a run folder; what cannot be trusted or read is noted in ``dq``."""
     if not path.exists():
@@ -403,7 +422,7 @@ def input_files(path: Path, dq: DataQuality) -> tuple[dict | None, list[Path]]:
     if not path.is_dir():
         return None, [path]
     manifest, dq.manifest = read_manifest(path)
-    files = _trace_files(path, dq.notes)
+    files = _listed_only(manifest, _trace_files(path, dq.notes), dq.notes)
     if not files:
         extra = f" ({'; '.join(dq.notes)})" if dq.notes else ""
         raise InputError(path, f"folder holds no .json or .json.gz trace files{extra}")

@@ -1,0 +1,61 @@
+"""Hugging Face integration: a ``TrainerCallback`` wraps ``Trainer.train`` in
+:func:`fsdpdoctor.capture.capture`.
+
+    from fsdpdoctor.capture.hf import FsdpdoctorCallback
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds)
+    trainer.add_callback(FsdpdoctorCallback("runs/r1", trainer=trainer))
+
+The capture starts at ``on_train_begin`` (Accelerate has set up the process group and prepared the
+model), marks a step at every optimizer step (``on_step_end``: after gradient accumulation) and closes at
+``on_train_end``. The manifest is filled from the Trainer's strategy: its wrapped model
+(``trainer.model_wrapped``: DDP or FSDP as Accelerate prepared it; without ``trainer`` the callback only sees
+the unwrapped model and the manifest says ``wrapping: none`` under DDP), the optimizer, and the samples of one
+optimizer step over all ranks. With Accelerate alone (no Trainer), wrap the loop in ``capture()`` with the
+prepared model: ``capture(out, model=accelerator.prepare(model), ...)`` (docs/frameworks.md).
+transformers is an optional dependency: this module imports it only here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:  # pragma: no cover - without transformers
+    raise ImportError("fsdpdoctor.capture.hf needs transformers: pip install transformers accelerate") from exc
+
+from fsdpdoctor.capture.core import capture
+
+__all__ = ["FsdpdoctorCallback"]
+
+
+class FsdpdoctorCallback(TrainerCallback):
+    """Capture the training loop into ``out_dir``; keyword arguments go to
+    :func:`~fsdpdoctor.capture.capture`. ``samples_per_step`` defaults to per-device batch size x world size x
+    gradient accumulation steps."""
+
+    def __init__(self, out_dir, trainer=None, **capture_kwargs: Any):
+        self.out_dir = out_dir
+        self.trainer = trainer
+        self.capture_kwargs = capture_kwargs
+        self.cap = None
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        kw = dict(self.capture_kwargs)
+        if "samples_per_step" not in kw:
+            kw["samples_per_step"] = (int(args.per_device_train_batch_size) * max(int(args.world_size), 1)
+                                      * max(int(args.gradient_accumulation_steps), 1))
+        wrapped = getattr(self.trainer, "model_wrapped", None) if self.trainer is not None else None
+        opt = optimizer if optimizer is not None else getattr(self.trainer, "optimizer", None)
+        self.cap = capture(self.out_dir, model=wrapped if wrapped is not None else model, optimizer=opt, **kw)
+        self.cap.start()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.cap is not None:
+            self.cap.step()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.cap is not None:
+            cap, self.cap = self.cap, None
+            cap.close()
