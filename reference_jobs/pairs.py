@@ -6,7 +6,9 @@
 
 With capture (the default) the run folder holds what ``fsdpdoctor analyze`` reads. With ``--no-profile``
 the job runs bare and ``--times`` gets rank 0's wall time of every step (the calibration benchmark's
-clean timed runs). The models are this file's own (an MLP-Mixer, pre-LN transformer blocks, a VGG-style
+clean timed runs). ``--variant alternate`` builds both variants in one process and runs them bare in
+alternating blocks (``--blocks`` of ``--block-steps`` steps each), for timing on a machine whose load
+drifts: every block of one variant has a block of the other beside it. The models are this file's own (an MLP-Mixer, pre-LN transformer blocks, a VGG-style
 conv net, a residual MLP), not the bundled scenarios'.
 """
 
@@ -202,7 +204,8 @@ def wrap(model: nn.Module, block, p: dict, world: int) -> nn.Module:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", required=True, choices=sorted(PAIRS))
-    ap.add_argument("--variant", required=True, choices=VARIANTS)
+    ap.add_argument("--variant", required=True, choices=[*VARIANTS, "alternate"],
+                    help="alternate: both, bare, in blocks fault, fix, fault, ... (--blocks, --block-steps, --times)")
     ap.add_argument("--out", default=None, help="run folder of the capture (manifest.json, rank<N>.json.gz)")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: schedule + 1)")
     ap.add_argument("--wait", type=int, default=1)
@@ -210,27 +213,23 @@ def parse_args(argv=None):
     ap.add_argument("--active", type=int, default=6)
     ap.add_argument("--no-profile", action="store_true", help="run without capture (timing)")
     ap.add_argument("--times", default=None, help="--no-profile: write rank 0's step times (s) here as JSON")
+    ap.add_argument("--blocks", type=int, default=5, help="alternate: blocks of each variant")
+    ap.add_argument("--block-steps", type=int, default=6, help="alternate: steps per block")
     args = ap.parse_args(argv)
-    if not args.no_profile and not args.out:
+    if not args.no_profile and not args.out and args.variant != "alternate":
         ap.error("--out is required unless --no-profile")
     args.ranks, args.no_stack = None, False
     args.scenario = f"{args.pair}/{args.variant}"  # jobkit.finish names the run by it
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    pair, p = PAIRS[args.pair], params(args.pair, args.variant)
-    torch.set_num_threads(1)  # two ranks on two cores: one thread each, as a GPU job has one stream
-    rank, world = jobkit.launcher_rank()
-    if "RANK" in os.environ:
-        dist.init_process_group("gloo")
+def build(pair_name: str, variant: str, rank: int, world: int, steps: int):
+    """One variant's job: (train_step, model, optimizer, parameters), its data enough for ``steps`` steps."""
+    pair, p = PAIRS[pair_name], params(pair_name, variant)
     torch.manual_seed(0)
     cls, block = MODELS[pair["model"]]
     model = wrap(cls(), block, p, world)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-
-    steps = args.steps if args.steps is not None else args.wait + args.warmup + args.active + 1
     length = round(BASE_LEN * p["lengths"][min(rank, len(p["lengths"]) - 1)])
     accum = int(p["accum"])
     ds = Synthetic(pair["model"], BATCH * accum * (steps + 2), rank, length, p["item_sleep_ms"])
@@ -258,24 +257,52 @@ def main(argv=None) -> int:
         opt.zero_grad(set_to_none=True)
 
     model.train()
+    return train_step, model, opt, p
+
+
+def timed(train_step, steps: int) -> list[float]:
+    """Wall time of each of ``steps`` steps (s): this rank's, which waits for the others at every collective."""
+    times, t_prev = [], time.perf_counter()
+    for _ in range(steps):
+        train_step()
+        t = time.perf_counter()
+        times.append(t - t_prev)
+        t_prev = t
+    return times
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)  # two ranks on two cores: one thread each, as a GPU job has one stream
+    rank, world = jobkit.launcher_rank()
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+    if args.variant == "alternate":
+        # both variants in one process, in alternating blocks: fault, fix, fault, fix, ... (load that drifts
+        # between blocks hits both alike, and one interpreter start serves every timed run)
+        jobs = {v: build(args.pair, v, rank, world, args.blocks * args.block_steps)[0] for v in VARIANTS}
+        blocks = [{"variant": v, "step_s": timed(jobs[v], args.block_steps), "loadavg": os.getloadavg()}
+                  for _ in range(args.blocks) for v in VARIANTS]
+        if args.times and rank == 0:
+            Path(args.times).write_text(json.dumps({"pair": args.pair, "world": world, "blocks": blocks}))
+        steps, elapsed = 2 * args.blocks * args.block_steps, sum(sum(b["step_s"]) for b in blocks)
+        return jobkit.finish(args, steps, world, elapsed, barrier=dist.is_initialized())
+    steps = args.steps if args.steps is not None else args.wait + args.warmup + args.active + 1
+    train_step, model, opt, p = build(args.pair, args.variant, rank, world, steps)
+    pair = PAIRS[args.pair]
     if args.no_profile:
-        times, t_prev = [], time.perf_counter()
-        for _ in range(steps):
-            train_step()
-            t = time.perf_counter()
-            times.append(t - t_prev)
-            t_prev = t
+        times = timed(train_step, steps)
         elapsed = sum(times)
         if args.times and rank == 0:
             Path(args.times).write_text(json.dumps({"pair": args.pair, "variant": args.variant, "world": world,
                                                     "step_s": times, "loadavg": os.getloadavg()}))
     else:
-        tokens = BATCH * accum * sum(round(BASE_LEN * f) for f in p["lengths"][:world]) \
+        tokens = BATCH * int(p["accum"]) * sum(round(BASE_LEN * f) for f in p["lengths"][:world]) \
             if pair["model"] == "encoder" else None
         scenario = {"name": f"pair_{args.pair}_{args.variant}", "injects": pair["case"] if args.variant == "fault"
                     else "the fix of: " + pair["case"], "params": {k: v for k, v in p.items() if k != "lengths"}}
         elapsed = jobkit.run_steps(args, steps, train_step, model=model, optimizer=opt, scenario=scenario,
-                                   samples_per_step=BATCH * accum * world, tokens_per_step=tokens)
+                                   samples_per_step=BATCH * int(p["accum"]) * world, tokens_per_step=tokens)
     return jobkit.finish(args, steps, world, elapsed, barrier=dist.is_initialized())
 
 
