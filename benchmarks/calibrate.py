@@ -81,6 +81,17 @@ def analyze(run: Path) -> dict:
     return json.loads(proc.stdout)
 
 
+def diff_fixes(fault_run: Path, fix_run: Path) -> list[dict]:
+    """``fsdpdoctor diff FAULT FIX --json``'s fixes: each finding gone with its predicted saving beside the
+    step change measured between the two captures (their profiled steps)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "fsdpdoctor", "diff", str(fault_run), str(fix_run), "--json"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode not in (0, 1):
+        return [{"text": f"diff failed: {proc.stderr.strip()[-300:]}"}]
+    return json.loads(proc.stdout).get("fixes", [])
+
+
 def predicted_interval(f: dict) -> tuple[float, float] | None:
     """The finding's own interval of its saving (µs), when the analysis gives one."""
     iv = f.get("impact_interval_us")
@@ -168,6 +179,7 @@ def calibrate_pair(pair: str, work: Path, reps: int, steps: int, skip: int, leve
             "other_findings_fault": [[g["id"], g["severity"], g["impact_us"]] for g in analyses["fault"]["findings"]
                                      if g["id"] != fid],
             "findings_fix": [[g["id"], g["severity"], g["impact_us"]] for g in analyses["fix"]["findings"]]}
+    out["diff_fixes"] = [x["text"] for x in diff_fixes(work / pair / "fault", work / pair / "fix")]
     runs, loads = timed_runs(pair, work, reps, steps, skip, mode, log) if reps else ({"fault": [], "fix": []}, [])
     diffs = [a - b for a, b in zip(runs["fault"], runs["fix"])]
     m = statistics.fmean(diffs) if diffs else None
@@ -244,10 +256,27 @@ def render(results: list[dict], meta: dict) -> str:
                 f"{i} ({s}, {_ms(u)} ms)" for i, s, u in r["other_findings_fault"]))
         lines.append(f"- fix capture: step {_ms(r['captured_fix_step_us'])} ms, findings: " + (", ".join(
             f"{i} ({s}, {_ms(u)} ms)" for i, s, u in r["findings_fix"]) or "none"))
+        for t in r.get("diff_fixes", []):
+            lines.append(f"- `fsdpdoctor diff FAULT FIX` on the captures: {t}")
         lines.append("- timed runs (ms), fault: " + ", ".join(_ms(x) for x in r["fault_step_us"])
                      + "; fix: " + ", ".join(_ms(x) for x in r["fix_step_us"]))
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def rerender(path: Path, doc: str) -> int:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        print(f"calibrate: {path}: {e}", file=sys.stderr)
+        return 2
+    for r in data["pairs"]:
+        if "diff_fixes" not in r and "fault_run" in r and Path(r["fault_run"]).is_dir():
+            r["diff_fixes"] = [x["text"] for x in diff_fixes(Path(r["fault_run"]), Path(r["fix_run"]))]
+    path.write_text(json.dumps(data, indent=1))
+    if doc != "-":
+        Path(doc).write_text(render(data["pairs"], data["meta"]))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -265,7 +294,12 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one, removed)")
     ap.add_argument("--doc", default=str(ROOT / "docs" / "impact.md"), help="markdown out ('-': none)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
+    ap.add_argument("--rerender", default=None, metavar="JSON",
+                    help="write the document again from an earlier --json (adding the diff lines of runs kept with "
+                         "--work when it lacks them), running nothing else")
     args = ap.parse_args(argv)
+    if args.rerender:
+        return rerender(Path(args.rerender), args.doc)
     names = list(PAIRS) if not args.pairs else [p.strip() for p in args.pairs.split(",") if p.strip()]
     unknown = [n for n in names if n not in PAIRS]
     if unknown:

@@ -59,3 +59,19 @@ def test_bad_pair_name_is_one_line_exit_2(capsys):
 ])
 def test_verdict(p, m, iv, found, want):
     assert _calibrate().verdict(p, None, m, iv, found, 0.35) == want
+
+
+def test_rerender_from_json(tmp_path):
+    # the document again from an earlier --json, running nothing (no run folders kept: no diff lines added)
+    r = {"pair": "host_sync", "rule": "host-sync", "case": "c", "model": "mlp", "world": 2, "found_on_fault": True,
+         "found_on_fix": False, "captured_step_us": 1e5, "captured_fix_step_us": 9e4, "predicted_us": 0.0,
+         "predicted_interval_us": None, "severity": "info", "evidence": ["e"], "other_findings_fault": [],
+         "findings_fix": [], "fault_step_us": [1e5, 1.1e5], "fix_step_us": [1e5, 1e5], "measured_us": 5e3,
+         "measured_interval_us": [0.0, 1e4], "ratio": 0.0, "verdict": "holds", "load_runs": [3.0, 4.0]}
+    meta = {"mode": "alternate", "reps": 2, "steps": 7, "skip": 1, "level": 0.9, "tolerance": 0.35,
+            "command": "python benchmarks/calibrate.py", "date": "d", "machine": "m", "load": "l"}
+    src, doc = tmp_path / "r.json", tmp_path / "impact.md"
+    src.write_text(json.dumps({"meta": meta, "pairs": [r]}))
+    assert _calibrate().main(["--rerender", str(src), "--doc", str(doc)]) == 0
+    assert "| host-sync | c | 0.0 | 5.0 [0.0, 10.0] | 0.00 | holds |" in doc.read_text()
+    assert _calibrate().main(["--rerender", str(tmp_path / "missing.json"), "--doc", str(doc)]) == 2
