@@ -234,12 +234,18 @@ def render(results: list[dict], meta: dict) -> str:
         xs = statistics.median(r["fix_step_us"]) if r["fix_step_us"] else None
         load = f"{min(r['load_runs']):.1f}-{max(r['load_runs']):.1f}" if r["load_runs"] else "n/a"
         ratio = "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        said = r["verdict"]
+        if said == "holds" and abs(r["predicted_us"] - r["measured_us"]) > meta["tolerance"] * abs(r["measured_us"]):
+            said = "holds (only inside M's interval)"  # the weaker of the two tests: M's noise is wide
         p = _ms(r["predicted_us"]) + _iv(r["predicted_interval_us"]) + ("" if r["found_on_fault"] else " (not found)")
         lines.append(f"| {r['rule']} | {r['case']} | {p} | {_ms(r['measured_us'])}{_iv(r['measured_interval_us'])} "
-                     f"| {ratio} | {r['verdict']} | {_ms(fs)} / {_ms(xs)} | "
-                     f"{'no (still found)' if r['found_on_fix'] else 'yes'} | {load} |")
+                     f"| {ratio} | {said} | {_ms(fs)} / {_ms(xs)} | "
+                     f"{'no (still found)' if r['found_on_fix'] else 'yes' if r['found_on_fault'] else 'n/a'} | {load} |")
     n_ok = sum(r.get("verdict") == "holds" for r in results)
-    lines += ["", f"{n_ok} of {len(results)} predictions hold.", "", "## Per pair", ""]
+    n_tight = sum(r.get("verdict") == "holds" and abs(r["predicted_us"] - r["measured_us"])
+                  <= meta["tolerance"] * abs(r["measured_us"]) for r in results)
+    lines += ["", f"{n_ok} of {len(results)} predictions hold: {n_tight} within {round(meta['tolerance'] * 100)} % "
+              f"of M, {n_ok - n_tight} only inside M's interval.", "", "## Per pair", ""]
     for r in results:
         lines.append(f"### {r['pair']} ({r['rule']})")
         lines.append("")
@@ -331,9 +337,11 @@ def main(argv=None) -> int:
         print(f"{name}: P {_ms(r.get('predicted_us'))} ms, M {_ms(r.get('measured_us'))}"
               f"{_iv(r.get('measured_interval_us'))} ms, {r.get('verdict', r.get('error'))}", flush=True)
     load1 = os.getloadavg()[0]
+    defaults = {"mode": "alternate", "reps": 5, "steps": 7 if args.mode == "alternate" else 12,
+                "skip": 1 if args.mode == "alternate" else 3, "pairs": None}
     cmd = " ".join(["python benchmarks/calibrate.py", *(f"--{k} {v}" for k, v in (
         ("mode", args.mode), ("reps", args.reps), ("steps", args.steps), ("skip", args.skip), ("pairs", args.pairs))
-        if v is not None and v != ap.get_default(k))])
+        if v != defaults[k])])
     meta = {"mode": args.mode, "reps": args.reps, "steps": args.steps, "skip": args.skip, "level": args.level,
             "tolerance": args.tolerance, "command": cmd, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": f"{os.cpu_count()} CPU cores, gloo, torch CPU",

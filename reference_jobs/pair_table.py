@@ -26,7 +26,8 @@ DEFAULTS = {
     "fsdp2_prefetch": "default",    # FSDP2: default / self (set_modules_to_backward_prefetch([m]): disabled)
     "accum": 1,                     # micro-steps per optimizer step
     "no_sync": True,                # DDP no_sync() on all but the last micro-step
-    "host_sync": False,             # .item() of the loss and the grad norm every step
+    "host_sync": False,             # .item() of the loss and the grad norm every step (with clip_grad)
+    "clip_grad": False,             # clip_grad_norm_ every step
 }
 
 PAIRS: dict[str, dict] = {
@@ -76,8 +77,8 @@ PAIRS: dict[str, dict] = {
         fault={"find_unused_parameters": True}, fix={}),
     "host_sync": dict(
         model="mlp", world=2, expect="host-sync",
-        case=".item() of the loss and the grad norm every step (residual MLP, DDP, CPU); fix: none",
-        fault={"host_sync": True}, fix={}),
+        case=".item() of the loss and the clipped grad norm every step (residual MLP, DDP, CPU); fix: clip, no .item()",
+        fault={"clip_grad": True, "host_sync": True}, fix={"clip_grad": True}),
 }
 
 VARIANTS = ("fault", "fix")

@@ -73,5 +73,7 @@ def test_rerender_from_json(tmp_path):
     src, doc = tmp_path / "r.json", tmp_path / "impact.md"
     src.write_text(json.dumps({"meta": meta, "pairs": [r]}))
     assert _calibrate().main(["--rerender", str(src), "--doc", str(doc)]) == 0
-    assert "| host-sync | c | 0.0 | 5.0 [0.0, 10.0] | 0.00 | holds |" in doc.read_text()
+    text = doc.read_text()
+    assert "| host-sync | c | 0.0 | 5.0 [0.0, 10.0] | 0.00 | holds (only inside M's interval) |" in text
+    assert "1 of 1 predictions hold: 0 within 35 % of M, 1 only inside M's interval" in text
     assert _calibrate().main(["--rerender", str(tmp_path / "missing.json"), "--doc", str(doc)]) == 2
