@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from fsdpdoctor.diagnose.fix_outcomes import fix_outcomes
 from fsdpdoctor.diagnose.stats import Estimate, estimate, half_width_after, log_ratio_interval, steps_until
 from fsdpdoctor.diagnose.thresholds import resolve
 from fsdpdoctor.results import SEVERITY_RANK as _SEVERITY_RANK
@@ -107,6 +108,9 @@ def compare(base: Analysis, new: Analysis, thresholds: dict[str, float] | None =
     c.components = list(comps.values())
     c.findings = _finding_changes(base, new, comps, step, level)
     _verdict(c, comps, th)
+    machine = None if c.verdict in ("regression", "improvement", "no-detectable-change") else \
+        "the machine may have moved the step too: the comparison could not show the change is the job's"
+    c.fixes = fix_outcomes(base, c.findings, step, th["fix_saving_tolerance"], machine)
     return c
 
 

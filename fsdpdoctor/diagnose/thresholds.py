@@ -120,6 +120,11 @@ THRESHOLDS: list[Threshold] = [
               "interval: a slow-down beyond this is 'slower-unattributed' and fails the gate",
               "docs/noise-study.md: healthy step-time CV up to 0.34; two single steps differ by up to "
               "2 x sqrt(2) x 0.34 = 0.96 of the step at two standard deviations"),
+    Threshold("fix_saving_tolerance", 0.35, "share of the prediction", "`diff` / `check --baseline`: a fix "
+              "whose measured step change is within this share of the saving its finding predicted delivered it "
+              "(also when the prediction lies in the step change's interval)",
+              "the calibration tolerance of docs/impact.md (benchmarks/calibrate.py): predicted against measured "
+              "savings of fault/fix pairs"),
     Threshold("hang_busy_runnable_share", 0.50, "share of the window", "`fsdpdoctor hang`: a stalled rank's main "
               "thread runnable (on a CPU or in the run queue) this share of the 0.2 s sampling window is spinning (a "
               "busy loop); below it, it is blocked", "a spinning thread is runnable all the time however loaded the "

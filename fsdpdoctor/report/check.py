@@ -8,7 +8,7 @@ from rich.text import Text
 
 from fsdpdoctor.diagnose.check import CheckResult
 from fsdpdoctor.report.data_quality import lines as data_quality_lines
-from fsdpdoctor.report.diff_view import baseline_line
+from fsdpdoctor.report.diff_view import baseline_line, fix_lines
 from fsdpdoctor.report.terminal import terminal_console
 
 
@@ -38,6 +38,8 @@ def render(res: CheckResult, console: Console | None = None) -> None:
         con.print(_line(f"FAIL budget  {b.text()}"))
     if res.comparison is not None:
         con.print(_line(baseline_line(res.comparison)))
+        for ln in fix_lines(res.comparison):
+            con.print(_line(ln))
     for q in data_quality_lines(res.analysis.data_quality):
         con.print(_line(f"data quality: {q}"))
     for n in res.notes:

@@ -23,6 +23,8 @@ VERDICT_TEXT = {
     "slower-unattributed": ("SLOWER, cause not attributable (job or machine?)", "bold red"),
     "faster-unattributed": ("faster, cause not attributable (job or machine?)", "yellow"),
 }
+_FIX_STYLE = {"delivered": "green", "more-than-predicted": "green", "less-than-predicted": "yellow",
+              "not-delivered": "red", "undecided": "dim"}
 _STATUS_STYLE = {"new": "red", "worse": "red", "better": "green", "gone": "green", "same": "dim"}
 
 
@@ -87,6 +89,10 @@ def render(c: Comparison, console: Console | None = None) -> None:
                        "-" if f.new_impact_us is None else f"{f.new_impact_us / 1e3:.1f}",
                        Text(share_text(f.share) + (" *" if f.share is not None and f.share.significant else "")))
         con.print(ft)
+    if c.fixes:
+        con.print(Text("Fixes: predicted saving against the measured change of the step", style="bold"))
+        for fx in c.fixes:
+            con.print(Text(f"  {fx.text}", style=_FIX_STYLE[fx.outcome]))
     for n in c.notes:
         con.print(Text(f"note: {n}", style="dim"))
 
@@ -99,3 +105,8 @@ def baseline_line(c: Comparison) -> str:
     # an unattributed slow-down fails or passes by its size: say which, after why it is unattributed
     gate = next((r for r in c.reasons[1:] if r.startswith(("fails the gate", "passes the gate"))), None)
     return f"{mark} baseline {label}; step time {change_text(c.step)}{why}" + (f"; {gate}" if gate else "")
+
+
+def fix_lines(c: Comparison) -> list[str]:
+    """One plain line per finding gone or smaller: its predicted saving beside the step's measured change."""
+    return [f"fixed {fx.text}" for fx in c.fixes]

@@ -90,6 +90,28 @@ class FindingChange:
         return self.significant and self.status in ("new", "worse")
 
 
+FixOutcomeKind = Literal["delivered", "less-than-predicted", "more-than-predicted", "not-delivered", "undecided"]
+
+
+@dataclass
+class FixOutcome:
+    """A finding the new run no longer has (or has smaller): the step change its fix was predicted to bring
+    beside the step change measured, judged on every such finding together (one step time holds them all)."""
+
+    id: str
+    status: FindingStatus                # "gone" or "better"
+    predicted_us: float | None           # predicted change of the step (negative: faster); None: within caused_by's
+    caused_by: str | None                # a consequence: its saving is counted in its root's
+    together: list[str]                  # every finding the measured change is shared by (this one included)
+    predicted_total_us: float            # their predictions summed (roots only)
+    measured_us: float                   # the step's change, new - base
+    measured_lo_us: float | None         # and its interval (None: too few steps)
+    measured_hi_us: float | None
+    level: float
+    outcome: FixOutcomeKind
+    text: str
+
+
 @dataclass
 class Comparison:
     base: str
@@ -105,6 +127,7 @@ class Comparison:
     fails_gate: bool = False             # `--fail-on-regression` / `check --baseline` fail on this comparison
     reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    fixes: list[FixOutcome] = field(default_factory=list)   # findings gone or smaller: predicted vs measured
 
     @property
     def regressed(self) -> bool:

@@ -1,0 +1,87 @@
+"""Did the fix deliver? (``diff``, ``check --baseline``): every finding the new run no longer has, or has
+with a smaller cost, with the saving it predicted beside the measured change of the step and its interval:
+"fsdp1-no-backward-prefetch gone: predicted -37.0 ms, measured -33.0 ms [-41.0, -25.0]: delivered".
+
+One step time holds every fix applied between the runs, so the outcome is judged on their predictions
+summed (roots only: a consequence's cost is inside its root's, ``caused_by``), against the step's change:
+
+* delivered: the predicted change lies in the step change's interval, or the measured change is within
+  ``fix_saving_tolerance`` of the prediction (the calibration tolerance of docs/impact.md), and the
+  interval does not also reach zero;
+* not-delivered: the step did not get detectably faster, and the prediction is outside its interval;
+* less-than-predicted / more-than-predicted: faster beyond noise, but the prediction is outside the
+  interval and beyond the tolerance;
+* undecided: the interval holds both zero and the prediction, or there is no interval and the point
+  estimate is off.
+
+A machine that changed between the runs moves the step too; the comparison's verdict says so, and the
+outcome text repeats it when the verdict is not the job's.
+"""
+
+from __future__ import annotations
+
+from fsdpdoctor.results import Analysis
+from fsdpdoctor.results.comparison import Estimate, FindingChange, FixOutcome
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:+.1f} ms"
+
+
+def _judge(pred: float, step: Estimate, tolerance: float) -> str:
+    d, lo, hi = step.diff, step.lo, step.hi
+    close = pred < 0 and abs(d - pred) <= tolerance * abs(pred)
+    if lo is None or hi is None:
+        return "delivered" if close else "undecided"
+    inside = lo <= pred <= hi
+    if lo <= 0 <= hi:
+        # the step did not change beyond noise: a prediction it cannot tell from zero is undecided
+        return "undecided" if inside or close or pred >= 0 else "not-delivered"
+    if hi < 0:  # faster beyond noise
+        if inside or close:
+            return "delivered"
+        return "less-than-predicted" if d > pred else "more-than-predicted"
+    return "not-delivered"  # slower beyond noise
+
+
+_SAY = {"delivered": "delivered", "less-than-predicted": "delivered less than predicted",
+        "more-than-predicted": "the step got faster than predicted",
+        "not-delivered": "the fix did not deliver: the step did not get faster",
+        "undecided": "undecided: the step's noise cannot tell this saving from none"}
+
+
+def fix_outcomes(base: Analysis, findings: list[FindingChange], step: Estimate, tolerance: float,
+                 machine_note: str | None = None) -> list[FixOutcome]:
+    """One outcome per finding gone or smaller (status "gone", or "better" beyond noise with a smaller cost)."""
+    caused = {f.id: f.caused_by for f in base.findings}
+    # gone, or smaller beyond noise (its share of the step fell significantly) and with a smaller cost
+    fixed = [f for f in findings if f.base_impact_us is not None
+             and (f.status == "gone" or (f.status == "better" and f.significant and f.new_impact_us is not None
+                                         and f.new_impact_us < f.base_impact_us))]
+    if not fixed:
+        return []
+
+    def predicted(f: FindingChange) -> float:
+        return -(f.base_impact_us - (f.new_impact_us or 0.0))
+
+    roots = [f for f in fixed if caused.get(f.id) not in {g.id for g in fixed}]
+    total = sum(predicted(f) for f in roots)
+    outcome = _judge(total, step, tolerance)
+    together = [f.id for f in fixed]
+    iv = "" if step.lo is None else f" [{step.lo / 1e3:+.1f}, {step.hi / 1e3:+.1f}]"
+    measured = f"measured {_ms(step.diff)}{iv} ({100 * step.level:.0f}% CI)" if step.lo is not None else \
+        f"measured {_ms(step.diff)} (too few steps for an interval)"
+    out = []
+    for f in fixed:
+        root = f in roots
+        own = (f"predicted {_ms(predicted(f))}" if root else f"predicted: within {caused[f.id]}'s")
+        shared = "" if len(roots) < 2 else f", all {len(roots)} together {_ms(total)}"
+        text = f"{f.id} {f.status}: {own}{shared}, {measured}: {_SAY[outcome]}"
+        if machine_note:
+            text += f" ({machine_note})"
+        out.append(FixOutcome(
+            id=f.id, status=f.status, predicted_us=predicted(f) if root else None,
+            caused_by=None if root else caused[f.id], together=together, predicted_total_us=total,
+            measured_us=step.diff, measured_lo_us=step.lo, measured_hi_us=step.hi, level=step.level,
+            outcome=outcome, text=text))
+    return out

@@ -1,0 +1,91 @@
+"""The fault/fix pairs, in one table (no torch import: the calibration benchmark and the tests read it).
+
+Each pair is one job run twice by ``reference_jobs/pairs.py``: ``--variant fault`` with the problem,
+``--variant fix`` with the fix the finding names applied and nothing else changed. ``expect`` is the
+finding id that must fire on the fault and not on the fix; the calibration benchmark
+(``benchmarks/calibrate.py``) compares that finding's predicted saving with the measured one.
+
+``model``: ``mixer`` (an MLP-Mixer on 32x32 images), ``encoder`` (pre-LN transformer blocks on token
+sequences), ``convnet`` (a VGG-style conv net with GroupNorm), ``mlp`` (a residual MLP): none of them
+is a bundled scenario's model. ``world``: processes under torchrun. ``fault`` / ``fix``: parameters
+over ``DEFAULTS`` (pairs.py reads them).
+"""
+
+from __future__ import annotations
+
+DEFAULTS = {
+    "wrap": "ddp",                  # ddp / fsdp1 / fsdp2 / none
+    "sleep_ms": 0.0,                # rank 1 sleeps this long before every forward (host-side straggler)
+    "lengths": (1.0, 1.0),          # encoder: per-rank sequence length, times the base length
+    "item_sleep_ms": 0.0,           # Dataset.__getitem__ sleeps this long per sample (slow reads)
+    "num_workers": 0,               # DataLoader workers
+    "bucket_cap_mb": None,          # DDP (None: the torch default)
+    "find_unused_parameters": False,
+    "backward_prefetch": "BACKWARD_PRE",   # FSDP1: BACKWARD_PRE / BACKWARD_POST / none
+    "forward_prefetch": False,             # FSDP1
+    "fsdp2_prefetch": "default",    # FSDP2: default / self (set_modules_to_backward_prefetch([m]): disabled)
+    "accum": 1,                     # micro-steps per optimizer step
+    "no_sync": True,                # DDP no_sync() on all but the last micro-step
+    "host_sync": False,             # .item() of the loss and the grad norm every step (with clip_grad)
+    "clip_grad": False,             # clip_grad_norm_ every step
+}
+
+PAIRS: dict[str, dict] = {
+    "straggler_sleep": dict(
+        model="mixer", world=2, expect="straggler",
+        case="rank 1 sleeps 80 ms before every forward (MLP-Mixer, DDP); fix: no sleep",
+        fault={"sleep_ms": 80.0}, fix={}),
+    "length_skew": dict(
+        model="encoder", world=2, expect="straggler",
+        case="rank 1's sequences 2.5x longer than rank 0's (encoder, DDP); fix: equal token budget (1.75x each)",
+        fault={"lengths": (1.0, 2.5)}, fix={"lengths": (1.75, 1.75)}),
+    "loader_workers": dict(
+        model="convnet", world=2, expect="input-bound",
+        case="__getitem__ sleeps 4 ms a sample, 16 a batch, num_workers=0 (conv net, DDP); fix: num_workers=2",
+        fault={"item_sleep_ms": 4.0}, fix={"item_sleep_ms": 4.0, "num_workers": 2}),
+    "ddp_single_bucket": dict(
+        model="convnet", world=2, expect="ddp-single-bucket",
+        case="DDP bucket_cap_mb=1000 (conv net); fix: the default buckets",
+        fault={"bucket_cap_mb": 1000}, fix={}),
+    "fsdp1_no_backward_prefetch": dict(
+        model="encoder", world=2, expect="fsdp1-no-backward-prefetch",
+        case="FSDP1 backward_prefetch=None (encoder blocks); fix: BACKWARD_PRE",
+        fault={"wrap": "fsdp1", "backward_prefetch": "none"}, fix={"wrap": "fsdp1"}),
+    "fsdp1_backward_post": dict(
+        model="mixer", world=2, expect="fsdp1-backward-post",
+        case="FSDP1 backward_prefetch=BACKWARD_POST (MLP-Mixer blocks); fix: BACKWARD_PRE",
+        fault={"wrap": "fsdp1", "backward_prefetch": "BACKWARD_POST"}, fix={"wrap": "fsdp1"}),
+    "fsdp1_forward_prefetch_off": dict(
+        model="encoder", world=2, expect="fsdp-forward-prefetch-off",
+        case="FSDP1 forward_prefetch=False (encoder blocks); fix: forward_prefetch=True",
+        fault={"wrap": "fsdp1"}, fix={"wrap": "fsdp1", "forward_prefetch": True}),
+    "fsdp2_prefetch_disabled": dict(
+        model="mixer", world=2, expect="fsdp2-backward-prefetch-ineffective",
+        case="FSDP2 set_modules_to_backward_prefetch([m]) on every unit (MLP-Mixer); fix: the default prefetch",
+        fault={"wrap": "fsdp2", "fsdp2_prefetch": "self"}, fix={"wrap": "fsdp2"}),
+    "grad_accum_no_sync": dict(
+        model="mlp", world=2, expect="grad-accum-without-no-sync",
+        case="4 micro-steps, every one all-reduces (residual MLP, DDP); fix: no_sync() on the first 3",
+        fault={"accum": 4, "no_sync": False}, fix={"accum": 4}),
+    "ddp_world_size_1": dict(
+        model="convnet", world=1, expect="wrapper-world-size-1",
+        case="DDP wrapper on 1 process (conv net); fix: no wrapper",
+        fault={}, fix={"wrap": "none"}),
+    "find_unused_unneeded": dict(
+        model="encoder", world=2, expect="ddp-find-unused-unneeded",
+        case="DDP find_unused_parameters=True, every parameter used (encoder); fix: False",
+        fault={"find_unused_parameters": True}, fix={}),
+    "host_sync": dict(
+        model="mlp", world=2, expect="host-sync",
+        case=".item() of the loss and the clipped grad norm every step (residual MLP, DDP, CPU); fix: clip, no .item()",
+        fault={"clip_grad": True, "host_sync": True}, fix={"clip_grad": True}),
+}
+
+VARIANTS = ("fault", "fix")
+
+
+def params(pair: str, variant: str) -> dict:
+    """The full parameter set of one variant of one pair."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r}: one of {VARIANTS}")
+    return {**DEFAULTS, **PAIRS[pair][variant]}

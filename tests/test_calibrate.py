@@ -1,0 +1,79 @@
+"""The calibration benchmark's machinery (benchmarks/calibrate.py) on one small pair end to end: the fault
+captured and analysed (P), the fix captured (the finding gone), both variants timed interleaved (M with its
+bootstrap interval), docs/impact.md's table written. Timing is not asserted: only that every field comes out
+well formed, the expected finding is found on the fault and absent on the fix."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from conftest import requires_torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _calibrate():
+    spec = importlib.util.spec_from_file_location("calibrate", ROOT / "benchmarks" / "calibrate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@requires_torch
+def test_one_pair_end_to_end(tmp_path):
+    cal = _calibrate()
+    doc, out = tmp_path / "impact.md", tmp_path / "r.json"
+    rc = cal.main(["--pairs", "ddp_world_size_1", "--reps", "2", "--steps", "4", "--skip", "1", "--active", "2",
+                   "--work", str(tmp_path / "runs"), "--doc", str(doc), "--json", str(out)])
+    assert rc == 0
+    (r,) = json.loads(out.read_text())["pairs"]
+    assert "error" not in r, r
+    assert r["rule"] == "wrapper-world-size-1" and r["found_on_fault"] and not r["found_on_fix"]
+    assert math.isfinite(r["predicted_us"]) and r["predicted_us"] >= 0
+    assert len(r["fault_step_us"]) == len(r["fix_step_us"]) == 2 and all(x > 0 for x in r["fault_step_us"])
+    lo, hi = r["measured_interval_us"]
+    assert math.isfinite(r["measured_us"]) and lo <= r["measured_us"] <= hi
+    assert r["verdict"] in ("holds", "over", "under") and r["load_runs"]
+    text = doc.read_text()
+    row = next(ln for ln in text.splitlines() if ln.startswith("| wrapper-world-size-1 |"))
+    assert row.count("|") == 10 and f"{r['measured_us'] / 1e3:.1f} [{lo / 1e3:.1f}, {hi / 1e3:.1f}]" in row
+    assert "load average" in text and "python benchmarks/calibrate.py" in text
+
+
+def test_bad_pair_name_is_one_line_exit_2(capsys):
+    assert _calibrate().main(["--pairs", "nope"]) == 2
+    assert "unknown pair" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("p, m, iv, found, want", [
+    (100.0, 80.0, (60.0, 90.0), True, "holds"),     # within 35 %
+    (100.0, 50.0, (20.0, 110.0), True, "holds"),    # inside the interval
+    (100.0, 50.0, (40.0, 60.0), True, "over"),
+    (10.0, 50.0, (40.0, 60.0), True, "under"),
+    (0.0, 50.0, (40.0, 60.0), False, "missed"),
+])
+def test_verdict(p, m, iv, found, want):
+    assert _calibrate().verdict(p, None, m, iv, found, 0.35) == want
+
+
+def test_rerender_from_json(tmp_path):
+    # the document again from an earlier --json, running nothing (no run folders kept: no diff lines added)
+    r = {"pair": "host_sync", "rule": "host-sync", "case": "c", "model": "mlp", "world": 2, "found_on_fault": True,
+         "found_on_fix": False, "captured_step_us": 1e5, "captured_fix_step_us": 9e4, "predicted_us": 0.0,
+         "predicted_interval_us": None, "severity": "info", "evidence": ["e"], "other_findings_fault": [],
+         "findings_fix": [], "fault_step_us": [1e5, 1.1e5], "fix_step_us": [1e5, 1e5], "measured_us": 5e3,
+         "measured_interval_us": [0.0, 1e4], "ratio": 0.0, "verdict": "holds", "load_runs": [3.0, 4.0]}
+    meta = {"mode": "alternate", "reps": 2, "steps": 7, "skip": 1, "level": 0.9, "tolerance": 0.35,
+            "command": "python benchmarks/calibrate.py", "date": "d", "machine": "m", "load": "l"}
+    src, doc = tmp_path / "r.json", tmp_path / "impact.md"
+    src.write_text(json.dumps({"meta": meta, "pairs": [r]}))
+    assert _calibrate().main(["--rerender", str(src), "--doc", str(doc)]) == 0
+    text = doc.read_text()
+    assert "| host-sync | c | 0.0 | 5.0 [0.0, 10.0] | 0.00 | holds (only inside M's interval) |" in text
+    assert "1 of 1 predictions hold: 0 within 35 % of M, 1 only inside M's interval" in text
+    assert _calibrate().main(["--rerender", str(tmp_path / "missing.json"), "--doc", str(doc)]) == 2

@@ -1,0 +1,88 @@
+"""`diff` and `check --baseline` close the loop: each finding the new run no longer has, with the saving it
+predicted beside the measured change of the step and its interval, and whether the fix delivered it
+(diagnose/fix_outcomes.py). Real pairs of bundled traces: a fault and its fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fsdpdoctor.cli import main
+from fsdpdoctor.diagnose.fix_outcomes import _judge
+from fsdpdoctor.results.comparison import Estimate
+
+
+def diff_doc(capsys, base, new) -> dict:
+    main(["diff", str(base), str(new), "--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("fault, fix, fid", [("dataloader_slow", "dataloader_fixed", "input-bound"),
+                                              ("straggler", "ddp_default", "straggler"),
+                                              ("seq_length_skew", "seq_ddp", "straggler")])
+def test_fix_delivered(capsys, traces_dir, fault, fix, fid):
+    d = diff_doc(capsys, traces_dir / fault, traces_dir / fix)
+    fx = {f["id"]: f for f in d["fixes"]}[fid]
+    assert fx["status"] == "gone" and fx["outcome"] == "delivered"
+    # the prediction is the finding's own impact, the measurement the step's change with its interval
+    base_impact = next(f["base_impact_us"] for f in d["findings"] if f["id"] == fid)
+    assert fx["predicted_us"] == pytest.approx(-base_impact)
+    assert fx["measured_us"] == pytest.approx(d["step"]["diff"])
+    assert fx["measured_lo_us"] <= fx["predicted_us"] <= fx["measured_hi_us"] or \
+        abs(fx["measured_us"] - fx["predicted_us"]) <= 0.35 * abs(fx["predicted_us"])
+    assert fx["text"].startswith(f"{fid} gone: predicted -") and "delivered" in fx["text"]
+
+
+def test_fix_that_did_not_deliver_is_said(capsys, traces_dir):
+    # the loader fix of the Qwen2 job: input-bound is gone but the step did not get faster
+    d = diff_doc(capsys, traces_dir / "hf_dataloader_slow", traces_dir / "hf_ddp")
+    fx = d["fixes"][0]
+    assert fx["id"] == "input-bound" and fx["outcome"] == "not-delivered"
+    assert fx["measured_lo_us"] <= 0 <= fx["measured_hi_us"] and fx["predicted_us"] < fx["measured_lo_us"]
+    assert "did not deliver" in fx["text"]
+
+
+def test_noise_that_cannot_decide_says_so(capsys, traces_dir):
+    # FSDP1 backward prefetch on gloo: the step's interval holds both no saving and the predicted one
+    d = diff_doc(capsys, traces_dir / "fsdp1_no_backward_prefetch", traces_dir / "fsdp1_backward_pre")
+    fx = {f["id"]: f for f in d["fixes"]}["fsdp1-no-backward-prefetch"]
+    assert fx["outcome"] == "undecided" and "cannot tell" in fx["text"]
+
+
+def test_several_fixes_share_one_step_change(capsys, traces_dir):
+    d = diff_doc(capsys, traces_dir / "fsdp1_no_backward_prefetch_sleeper", traces_dir / "fsdp1_no_backward_prefetch")
+    gone = {f["id"]: f for f in d["fixes"]}
+    assert "straggler" in gone and all(f["together"] == [g["id"] for g in d["fixes"]] for f in d["fixes"])
+    roots = [f for f in d["fixes"] if f["predicted_us"] is not None]
+    assert sum(f["predicted_us"] for f in roots) == pytest.approx(d["fixes"][0]["predicted_total_us"])
+
+
+def test_console_and_check_baseline_list_the_fix(capsys, traces_dir):
+    main(["diff", str(traces_dir / "dataloader_slow"), str(traces_dir / "dataloader_fixed")])
+    out = capsys.readouterr().out
+    assert "input-bound gone: predicted -34.1 ms, measured" in " ".join(out.split())
+    rc = main(["check", str(traces_dir / "dataloader_fixed"), "--baseline", str(traces_dir / "dataloader_slow")])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 0 and "fixed input-bound gone: predicted -34.1 ms" in out and ": delivered" in out
+    main(["check", str(traces_dir / "dataloader_fixed"), "--baseline", str(traces_dir / "dataloader_slow"), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["baseline"]["fixes"][0]["outcome"] == "delivered"
+
+
+def _est(diff, lo, hi):
+    return Estimate("step", 100.0, 100.0 + diff, diff, lo, hi, 8, 8, 1.0, 1.0, 0.95, "welch-t")
+
+
+@pytest.mark.parametrize("pred, est, want", [
+    (-30, _est(-28, -35, -21), "delivered"),
+    (-30, _est(-10, -14, -6), "less-than-predicted"),
+    (-10, _est(-40, -45, -35), "more-than-predicted"),
+    (-30, _est(2, -5, 9), "not-delivered"),
+    (-30, _est(12, 4, 20), "not-delivered"),
+    (-8, _est(-3, -12, 6), "undecided"),
+    (-30, _est(-29, None, None), "delivered"),
+    (-30, _est(-5, None, None), "undecided"),
+])
+def test_judgement(pred, est, want):
+    assert _judge(pred, est, 0.35) == want
