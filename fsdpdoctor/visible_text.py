@@ -38,6 +38,22 @@ def visible_lines(text: str) -> str:
     return text if _UNSAFE_IN_LINES.search(text) is None else _UNSAFE_IN_LINES.sub(_escape, text)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(value):
+    """``value`` (text, or lists and mappings of it, as ``json.loads`` gives) with every lone surrogate
+    written as ``\\udcNN``: JSON's ``"\\udc9b"`` escape decodes to one, which no UTF-8 writer (a summary,
+    a terminal) accepts. The same convention as a file name's odd bytes (``trace.io.shown``)."""
+    if isinstance(value, str):
+        return value if _SURROGATE.search(value) is None else _SURROGATE.sub(_escape, value)
+    if isinstance(value, list):
+        return [encodable(v) for v in value]
+    if isinstance(value, dict):
+        return {encodable(k) if isinstance(k, str) else k: encodable(v) for k, v in value.items()}
+    return value
+
+
 def has_unsafe(text: str) -> bool:
     """Whether ``text`` holds a character ``visible_lines`` would escape."""
     return _UNSAFE_IN_LINES.search(text) is not None

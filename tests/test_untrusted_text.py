@@ -13,6 +13,7 @@ import asyncio
 import gzip
 import json
 import re
+import shutil
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -243,3 +244,28 @@ def test_tui_hang(tmp_path):
     assert "\\x1b" in screen
     assert_shown_not_obeyed(_terminal_codes_removed(screen))
     assert "\x1b]" not in screen
+
+
+def test_a_lone_surrogate_in_a_manifest_or_hang_dump_is_text_not_a_crash(tmp_path, capsys):
+    # JSON's "\udc9b" escape decodes to a lone surrogate, which no UTF-8 writer accepts: the rank summary's
+    # encoder raised UnicodeEncodeError (exit 3; found by the fuzzer's text mutation). Now written as text
+    def surrogate(v):
+        if isinstance(v, str):
+            return v + "\udc9b"
+        if isinstance(v, list):
+            return [surrogate(x) for x in v]
+        if isinstance(v, dict):
+            return {k: surrogate(x) for k, x in v.items()}
+        return v
+
+    run = tmp_path / "run"
+    shutil.copytree(HOST_SYNC, run)
+    (run / "manifest.json").write_text(json.dumps(surrogate(json.loads((HOST_SYNC / "manifest.json").read_text()))))
+    rc, out, err = cli(capsys, "analyze", "--json", "--no-progress", run)
+    assert rc == 0, err
+    hang = tmp_path / "hang"
+    shutil.copytree(HANG, hang)
+    for f in (hang / "hang").glob("*.json"):
+        f.write_text(json.dumps(surrogate(json.loads(f.read_text()))))
+    rc, out, err = cli(capsys, "hang", hang)
+    assert rc in (0, 1), err

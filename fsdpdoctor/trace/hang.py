@@ -19,6 +19,7 @@ from fsdpdoctor.hang_format import (DUMP_NAME, DUMP_VERSION, FAULTHANDLER_NAME, 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.io import DOCUMENT_MAX, read_raw, read_text
 from fsdpdoctor.trace.limits import parse_bounded
+from fsdpdoctor.visible_text import encodable
 
 FH_NAME = FAULTHANDLER_NAME
 FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[([^\]]*)\])? \(most recent call first\):")
@@ -152,7 +153,7 @@ def _fr_entry(e, path: Path) -> FrEntry:
 
 def read_json_dump(path: Path) -> RankDump:
     try:
-        doc = parse_bounded(json.loads, read_raw(path, DOCUMENT_MAX), path, "hang dump")
+        doc = encodable(parse_bounded(json.loads, read_raw(path, DOCUMENT_MAX), path, "hang dump"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(path, f"not valid JSON ({exc})") from None
     if not isinstance(doc, dict) or "fsdpdoctor_hang" not in doc:

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.io import DOCUMENT_MAX, read_raw
+from fsdpdoctor.visible_text import encodable
 
 WRAPPING_KINDS = ("none", "ddp", "fsdp1", "fsdp2")
 
@@ -176,7 +177,7 @@ def read_manifest(folder: Path) -> tuple[dict | None, list[str]]:
     except (ValueError, RecursionError) as exc:
         why = str(exc).splitlines()[0][:80] if not isinstance(exc, RecursionError) else "nested too deeply"
         return None, [f"manifest.json is not valid JSON ({why}): ignored, everything is inferred from the traces"]
-    return validate(doc)
+    return validate(encodable(doc))
 
 
 def _no_constant(name: str):
