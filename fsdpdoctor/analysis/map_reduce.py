@@ -138,9 +138,12 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     bds = [breakdown_step(ctx, w, tl, by_step.get(w.step, []), shares) for w in windows]
     backward_end: dict[int | None, float] = {}  # None: a window without a step number (no ProfilerStep)
     for w in windows:
-        # the update after the last closure (optimizer.step(closure)) or the whole step span
+        # the first update after the step's last backward op (inside optimizer.step(closure) the
+        # closure's backward runs after the step span began), else the first optimizer step
         opt = iv.clip(ctx.optimizer_set, w.start, w.end)
-        stop = opt[-1, 0] if len(opt) else w.end
+        bwd = iv.clip(ctx.backward_set, w.start, w.end)
+        after = opt[opt[:, 0] >= bwd[-1, 1]] if len(bwd) and len(opt) else opt
+        stop = after[0, 0] if len(after) else opt[0, 0] if len(opt) else w.end
         comp = iv.clip(iv.subtract(tl.compute, tl.optimizer), w.start, stop)
         if len(comp):
             backward_end[w.step] = float(comp[-1, 1])

@@ -25,7 +25,7 @@ from fsdpdoctor.trace.events import (
     CorrArgs, corr_args, decode_trace, is_blank, memory_args, memory_args_list, raw_args,
 )
 from fsdpdoctor.trace.limits import MAX_NAME_CHARS, bounded_name
-from fsdpdoctor.trace.io import gzip_size, inflate, is_gzip, missing_reason, read_bytes, read_raw
+from fsdpdoctor.trace.io import gzip_size, inflate, is_gzip, missing_reason, read_bytes, read_raw, shown
 from fsdpdoctor.trace.vocabulary import STEP_NAME, keeps_args
 from fsdpdoctor.trace.table import (
     DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, RankTrace, Track, category_code, distinct,
@@ -397,18 +397,19 @@ def _not_a_file(p: Path) -> str | None:
 
 
 def _listed_only(manifest: dict | None, files: list[Path], notes: list[str]) -> list[Path]:
-    """The files the manifest lists (``files``, ``cycle_files``) where it lists any that are here: a run
-    folder also holds the user's own JSON (a trainer state, a step log), named as skipped, not read."""
+    """The files the manifest lists (``files``, ``cycle_files``) where it lists any that are here, and those
+    whose name gives a rank (a trace renamed or copied in): a run folder also holds the user's own JSON (a
+    trainer state, a step log), named as skipped, not read."""
     listed: set[str] = set()
     for key in ("files", "cycle_files"):
         v = (manifest or {}).get(key)
         for names in (v.values() if isinstance(v, dict) else ()):
             listed.update(n for n in ([names] if isinstance(names, str) else names if isinstance(names, list) else ())
                           if isinstance(n, str))
-    keep = [f for f in files if f.name in listed]
-    if not keep:
+    if not any(f.name in listed for f in files):
         return files
-    others = [f.name for f in files if f.name not in listed]
+    keep = [f for f in files if f.name in listed or rank_from_filename(f) is not None]
+    others = [shown(f.name) for f in files if f not in keep]
     if others:
         notes.append(f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''} skipped: not a trace manifest.json "
                      "lists")
