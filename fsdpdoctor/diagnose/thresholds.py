@@ -34,6 +34,12 @@ THRESHOLDS: list[Threshold] = [
     Threshold("severity_error_frac", 0.25, "share of step (x confidence)",
               "saving at or above which a finding is an error",
               "a quarter of every step: a fix pays back 1.33x throughput; above XProf's 'highly' band (20%)"),
+    Threshold("impact_confidence", 0.90, "probability (two-sided interval)",
+              "a finding is a warning or an error only when the lower end of this interval of its saving (the "
+              "t-interval of the mean of the per-step values it rests on) earns that band; the interval is shown "
+              "with the impact",
+              "a one-sided 95 % lower bound: a CI gate that fails 1 healthy run in 20 on noise alone at most per "
+              "finding; docs/noise-study.md: healthy runs beside a CPU hog raise no warning with it"),
     Threshold("exposed_comm_frac", 0.10, "share of step",
               "exposed (not overlapped) communication per step above which it is a finding, where collectives run "
               "on their own stream (traits.async_collectives)",
