@@ -88,7 +88,7 @@ def _worker_cost(ctx: RuleContext) -> str:
             + (" (which the ranks already share)" if ctx.traits.shared_host_cores else ""))
 
 
-@rule(ids=("straggler",))
+@rule(ids=("straggler",), thresholds=("straggler_same_work_shared_ratio",))
 def straggler(ctx: RuleContext) -> list[Finding]:
     s = ctx.a.straggler
     verdict = straggler_verdict(ctx)
@@ -161,13 +161,31 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     label = f"waiting on the host: {cause}" if cause in HOST_WAITS else cause
     fix = fixes["more work through an exchange"] if cause == "more work" and s.exchange_kind else \
         fixes.get(cause, "Find what rank {r} does differently{where}")
+    severity = None
+    if cause == "slower at the same work" and ctx.traits.shared_host_cores:
+        ratio = _compute_ratio(ctx, r)
+        if ratio < ctx.th["straggler_same_work_shared_ratio"]:
+            severity = "info"
+            summary += (f" Its compute for the same work is {ratio:.2f}x the others': where ranks share host cores "
+                        "another process taking its core does as much (healthy runs beside a CPU hog reach "
+                        f"1.42x), so this is the host's load, not the job's, unless it exceeds "
+                        f"{ctx.th['straggler_same_work_shared_ratio']:.2f}x.")
     return [ctx.finding(
         "straggler", f"Rank {r} is a straggler ({label})", impact, summary,
         fix.format(r=r, where=where, extra=ms(s.extra_us), ratio=_work_excess(s), exchange=s.exchange_kind,
                    exchange_ratio=f"{s.exchange_ratio or 1.0:.1f}x"),
-        confidence=verdict, evidence=ev, ranks=[r], source=frame, consequences=conseq,
+        confidence=verdict, evidence=ev, ranks=[r], source=frame, consequences=conseq, severity=severity,
         # per step, the wait it causes where it is last and nothing where another rank is
         samples=[p.get("saving_us", p["imbalance_us"]) if p["straggler"] == r else 0.0 for p in s.per_step])]
+
+
+def _compute_ratio(ctx: RuleContext, r: int) -> float:
+    """The rank's compute per step over the median of the other ranks' (compute + optimizer)."""
+    mine = next((x.mean for x in ctx.a.ranks if x.rank == r and x.mean), None)
+    others = sorted(x.mean.compute_us + x.mean.optimizer_us for x in ctx.a.ranks if x.rank != r and x.mean)
+    if mine is None or not others or others[len(others) // 2] <= 0:
+        return 1.0
+    return (mine.compute_us + mine.optimizer_us) / others[len(others) // 2]
 
 
 def _straggler_saving(ctx: RuleContext, cause: str) -> tuple[float, list[Evidence]]:

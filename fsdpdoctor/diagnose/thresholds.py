@@ -69,6 +69,12 @@ THRESHOLDS: list[Threshold] = [
               "same rank is last this unlikely by chance and a frame of its own work holds the wait",
               "two independent lines of evidence; 0.25 admits 3 of 3 steps at 2 ranks (the README's active=3 "
               "schedule), not 4 of 5 (0.38); docs/noise-study.md: none of 26 healthy runs has an own-work frame"),
+    Threshold("straggler_same_work_shared_ratio", 1.5, "ratio of compute time",
+              "where ranks share host cores (traits.shared_host_cores), a rank slower at the same work (not more "
+              "work, not its own frames) is at most info unless its compute per step exceeds the other ranks' "
+              "median by this ratio: below it, another process taking its core does the same",
+              "docs/noise-study.md: 20 healthy 2-rank runs beside two CPU hogs, the slower rank computed the same "
+              "work 1.00-1.42x as long as the other (median 1.07)"),
     Threshold("straggler_min_frac", 0.05, "share of step", "the wait must also be material",
               "the warning band of the severity scale (severity_warning_frac)"),
     Threshold("host_sync_per_step", 1, "calls per step", "user-code host syncs (.item(), synchronize) per step",
