@@ -191,25 +191,11 @@ def _compute_ratio(ctx: RuleContext, r: int) -> float:
 def _straggler_saving(ctx: RuleContext, cause: str) -> tuple[float, list[Evidence]]:
     """What the step saves once the straggler is on time, and the evidence of how that was derived.
 
-    The wait of the others it would no longer cause. With more than two ranks the step ends when the
-    next-latest rank arrives (``saving_us``), but a rank that arrives late only because it waited for the
-    straggler through another process group (the other dimension of a 2-D mesh) is not late on its own: when
-    no other rank's own work (its step less its exposed communication) exceeds the rest's, the whole wait is
-    the straggler's. "More work" is fixed by balancing it: the step comes down to the balanced time, the
-    culprit's excess less its share of the balanced work, (N - 1) / N of its excess."""
+    The wait of the others it would no longer cause; with more than two ranks the step ends when the
+    next-latest rank arrives (``saving_us``). "More work" is fixed by balancing it: the step comes down to
+    the balanced time, the culprit's excess less its share of the balanced work, (N - 1) / N of its excess."""
     s, n = ctx.a.straggler, len(ctx.a.ranks)
     saving, ev = (s.saving_us or s.wait_us), []
-    if n > 2 and saving < 0.99 * s.wait_us:
-        others = [x for x in ctx.a.ranks if x.rank != s.straggler and x.mean]
-        own = sorted(x.mean.duration_us - x.mean.exposed_comm_us for x in others)
-        spread = own[-1] - own[len(own) // 2] if own else 0.0
-        if spread <= max(s.noise_us, 0.1 * (s.wait_us - saving)):
-            ev.append(Evidence(
-                f"every other rank's own work (its step less its exposed communication) is within "
-                f"{ms(spread)} of the rest: the next-latest rank is late only through its wait for rank "
-                f"{s.straggler} (in another process group of the mesh), so the saving is the whole wait, "
-                f"{ms(s.wait_us)}, not the next-latest rank's {ms(saving)}", time_us=s.wait_us))
-            saving = s.wait_us
     if cause == "more work" and n >= 2:
         balanced = min(saving, s.extra_us or saving) * (n - 1) / n
         ev.append(Evidence(
