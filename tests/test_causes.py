@@ -31,7 +31,8 @@ def test_a_sleeper_beside_a_prefetch_fault_leaves_both_roots(run, fault):
     f = _by_id(analyze_path(TRACES / run))
     late, prefetch = f["straggler"], f[fault]
     assert late.caused_by is None and prefetch.caused_by is None
-    assert prefetch.severity == "warning"  # its own severity, not capped under the straggler
+    # its own root, not folded under the straggler; on gloo its predicted saving is nil, so info (issue 28)
+    assert prefetch.severity == "info" and prefetch.impact_us == 0
     assert "waiting on the host: sleep" in late.title and "sleep" in late.fix
     assert fault not in late.consequences
 

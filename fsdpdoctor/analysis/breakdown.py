@@ -112,7 +112,10 @@ def breakdown_step(ctx: RankContext, w: StepWindow, tl: Timelines, colls: list[C
     sl = ctx.sleep_rows
     if len(sl):
         sel = sl[(t.ts[sl] >= w.start) & (t.ts[sl] < w.end)]
-        b.sleep_us = float(iv.total(ctx.set_of(sel)))
+        sleeps = ctx.set_of(sel)
+        b.sleep_us = float(iv.total(sleeps))
+        # the loader's waiting (a sleep under __next__): the part of loading a worker hides on busy cores
+        b.loader_sleep_us = float(iv.total(iv.intersect(sleeps, dl_all)))
     return b
 
 
@@ -123,7 +126,8 @@ def mean_breakdown(steps: list[StepBreakdown], rank: int) -> StepBreakdown | Non
     n = len(steps)
     m = StepBreakdown(rank=rank, step=None, start_us=steps[0].start_us, duration_us=0.0)
     scalar = ["duration_us", "compute_us", "optimizer_us", "exposed_comm_us", "overlapped_comm_us",
-              "data_loading_us", "idle_us", "comm_us", "data_loader_us", "host_sync_us", "sleep_us"]
+              "data_loading_us", "idle_us", "comm_us", "data_loader_us", "host_sync_us", "sleep_us",
+              "loader_sleep_us"]
     for f in scalar:
         setattr(m, f, sum(getattr(s, f) for s in steps) / n)
     m.host_syncs = round(sum(s.host_syncs for s in steps) / n)

@@ -45,6 +45,7 @@ from typing import Callable, Iterable
 from fsdpdoctor.capture import series as _series
 from fsdpdoctor.capture import windows as _win
 from fsdpdoctor.capture.watch import Watch as _Watch
+from fsdpdoctor.capture.grads import GradPresence
 from fsdpdoctor.capture.manifest import BWD_MARK, FWD_MARK, describe_model, describe_wrapping
 
 _now_ns = time.perf_counter_ns
@@ -246,6 +247,7 @@ class Capture:
         self.scenario = scenario
         # hang watchdog (fsdpdoctor.capture.watch), every rank, off unless hang_timeout_s is given
         self._watch = _Watch(self.out_dir, hang_timeout_s) if hang_timeout_s else None
+        self._grads = GradPresence.of(model)  # per-parameter gradients in profiled steps (DDP models)
 
         self.rank, self.world_size = 0, 1
         self.step_num = 0          # number of step() calls so far
@@ -299,6 +301,13 @@ class Capture:
     def manifest_rank(self) -> int | None:
         pr = self.profiled_ranks
         return pr[0] if pr else None
+
+    def _in_fixed_window(self, step: int) -> bool:
+        """Whether ``step`` is an active step of the fixed schedule."""
+        cycle = self.wait + self.warmup + self.active
+        k = step - self.skip_first
+        return (self.fixed_window and k >= 0 and k % cycle >= self.wait + self.warmup
+                and (self.repeat == 0 or k // cycle < self.repeat))
 
     def profiled_steps(self) -> list[int]:
         """Steps (ProfilerStep#N numbers) of every complete or current active window."""
@@ -360,6 +369,8 @@ class Capture:
         """Mark the end of one training step."""
         now = _now_ns()
         self._ends.append(now)
+        if self._grads is not None:
+            self._grads.end_step(self._in_fixed_window(self.step_num))
         self.step_num += 1
         if self._watch is not None:
             self._watch.step()
@@ -937,6 +948,7 @@ class Capture:
                         "profile_memory": self.profile_memory},
             "model": model,
             "wrapping": wrapping,
+            "grad_presence": self._grads.describe(self.rank) if self._grads is not None else None,
             "scenario": self.scenario,
         }
 

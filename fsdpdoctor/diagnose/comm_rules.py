@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fsdpdoctor.diagnose.facts import straggler_wait_us
 from fsdpdoctor.diagnose.framework import RuleContext, rank_steps, rule, sync_confidence
+from fsdpdoctor.diagnose.noise import per_step, per_step_calls
 from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct, size
 
@@ -44,6 +45,7 @@ def exposed_comm(ctx: RuleContext) -> list[Finding]:
     out.append(ctx.finding(
         "exposed-comm-high", f"Exposed communication is {pct(total)} of the step", exposed, summary, fix,
         confidence=sync_confidence(ctx, 0.85), consequences=["low-overlap"],  # the same time, seen as overlap
+        samples=per_step(ctx.a, lambda st: st.exposed_comm_us),
         evidence=[Evidence(f"communication {ms(m.comm_us)} per step, overlapped {ms(m.overlapped_comm_us)} "
                            f"({pct(m.overlap_frac)})")] +
                  [Evidence(f"rank {r.rank}: exposed {ms(r.mean.exposed_comm_us)} per step", rank=r.rank,
@@ -54,7 +56,7 @@ def exposed_comm(ctx: RuleContext) -> list[Finding]:
             "low-overlap", f"Only {pct(m.overlap_frac)} of communication overlaps compute", exposed,
             "Most collective kernels run while no compute kernel runs.",
             "Issue collectives earlier (prefetch, DDP buckets during backward) and keep compute on other streams",
-            confidence=0.7, severity="info",
+            confidence=0.7, severity="info", samples=per_step(ctx.a, lambda st: st.exposed_comm_us),
             evidence=[Evidence(f"overlap {pct(m.overlap_frac)} (threshold {pct(ctx.th['overlap_low_frac'])})")]))
     return out
 
@@ -113,6 +115,7 @@ def message_sizes(ctx: RuleContext) -> list[Finding]:
             f"each ({', '.join(kinds)}); their cost is latency, not bandwidth."
             + (f" Issued by: {by}." if any(who != _UNKNOWN for who, _ in groups) else ""),
             _latency_fix_by_issuer(ctx, groups), confidence=0.7,
+            samples=per_step_calls(ctx.a, small, lambda c: c.exposed_us),
             evidence=[Evidence(f"median size {size(sorted(c.size_bytes for c in small)[len(small) // 2])}, "
                                f"exposed {ms(exposed)} per step", time_us=exposed)]
                      + [Evidence(f"{who}: {len(cs) / nrs:.0f} per step, e.g. {cs[0].kind} {size(cs[0].size_bytes)}",
@@ -131,6 +134,7 @@ def message_sizes(ctx: RuleContext) -> list[Finding]:
                 "for the slowest peer, so a straggler or late arrival also lowers this figure.",
                 "Check NCCL_ALGO/NCCL_PROTO defaults, NIC/NVLink topology (nvidia-smi topo -m), and run "
                 "nccl-tests at this size; rule out stragglers first", confidence=0.5,
+                samples=per_step_calls(ctx.a, slow, lambda c: c.exposed_us),
                 evidence=[Evidence(f"{c.kind} {size(c.size_bytes)} in {ms(c.duration_us, 2)}: "
                                    f"{c.busbw_gbps:.1f} GB/s", rank=c.rank, step=c.step, time_us=c.duration_us)
                           for c in slow[:5]]))

@@ -2,13 +2,46 @@
 
 from __future__ import annotations
 
+import math
+
 from fsdpdoctor.diagnose.framework import RuleContext, rank_steps, rule, sync_confidence, wrap_site
+from fsdpdoctor.diagnose.noise import per_step, per_step_calls
 from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct, size
 
 
 DDP_DEFAULT_BUCKET_MB = 25   # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25), in MiB
 MIB = 1 << 20
+FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+TARGET_BUCKETS = 4           # what the fix below aims at for a model whose gradients fit one default bucket
+BACKWARD_SHARE = 2 / 3       # backward's share of forward + backward compute (two matmuls per weight to one)
+
+
+def bucket_sizes(grad_bytes: float, cap_bytes: float) -> list[float]:
+    """The buckets DDP forms for ``grad_bytes`` of gradients under a cap: the first holds at most 1 MiB
+    (dist._DEFAULT_FIRST_BUCKET_BYTES, so that reduction starts early), the rest at most the cap each."""
+    if grad_bytes <= 0:
+        return [0.0]
+    first = min(FIRST_BUCKET_BYTES, grad_bytes)
+    rest = grad_bytes - first
+    n = math.ceil(rest / cap_bytes) if rest > 0 else 0
+    return [first] + [cap_bytes] * max(n - 1, 0) + ([rest - cap_bytes * (n - 1)] if n else [])
+
+
+def _bucket_saving(ctx: RuleContext, grad_ar: list, sizes: list[float]) -> tuple[float, list[float], str]:
+    """What the fix's buckets save per step: the last bucket can start only after backward ends, so at most
+    the gradients of the other buckets hide, and only under the backward compute there is.
+    Per step: (saving, per-step values, evidence prose)."""
+    exposed = per_step_calls(ctx.a, grad_ar, lambda c: c.exposed_us)
+    compute = per_step(ctx.a, lambda st: st.compute_us)
+    buckets = len(sizes)
+    part = 1.0 - sizes[-1] / sum(sizes) if sum(sizes) else 0.0
+    vals = [min(e * part, BACKWARD_SHARE * c) for e, c in zip(exposed, compute)]
+    saving = sum(vals) / len(vals) if vals else 0.0
+    mean_exposed = sum(exposed) / len(exposed) if exposed else 0.0
+    return saving, vals, (f"predicted saving {ms(saving)} of the {ms(mean_exposed)} exposed: the last of {buckets} "
+                          f"buckets ({pct(1 - part)} of the gradients) can start only after backward ends, and the "
+                          "rest hides only under the backward compute there is")
 
 
 def _grad_dtype_bytes(ctx: RuleContext) -> int:
@@ -45,6 +78,7 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             ev.append(Evidence(f"manifest: bucket_cap_mb={cap}"))
         grad_bytes = biggest * _grad_dtype_bytes(ctx)
         raised = isinstance(cap, (int, float)) and cap > DDP_DEFAULT_BUCKET_MB
+        new_cap = None
         if raised or not grad_bytes:
             # a cap raised above the default is the cause: the known-wrong setting gets a warning floor
             fix = (f"DDP(model, bucket_cap_mb={DDP_DEFAULT_BUCKET_MB})  # now {cap}" if raised else
@@ -56,16 +90,25 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
         else:
             # the default cap already holds every gradient (a small model): only a smaller cap splits it;
             # aim at about four buckets, the first of which can start while backward still runs
-            target = float(f"{max(grad_bytes / 4 / MIB, 0.1):.2g}")
+            target = float(f"{max(grad_bytes / TARGET_BUCKETS / MIB, 0.1):.2g}")
+            new_cap = target
             fix = (f"DDP(model, bucket_cap_mb={target:g})  # now {cap if cap is not None else 'the default'}: all "
                    f"{size(grad_bytes)} of gradients fit one bucket, so the all-reduce waits for the whole backward")
             floor = "info"
         if fix is not None:
+            sizes = bucket_sizes(grad_bytes, (new_cap or DDP_DEFAULT_BUCKET_MB) * MIB)
+            saving, samples, note = _bucket_saving(ctx, grad_ar, sizes)
+            ev.append(Evidence(note, time_us=saving))
             out.append(ctx.finding(
-                "ddp-single-bucket", "DDP all-reduces all gradients in one bucket after backward", exposed_ar,
+                "ddp-single-bucket", "DDP all-reduces all gradients in one bucket after backward", saving,
                 "With a single bucket the all-reduce can start only when the last gradient is ready, so none of it "
-                "overlaps backward compute.", fix,
-                confidence=sync_confidence(ctx, 0.9), evidence=ev, floor=floor, source=wrap_site(ctx)))
+                f"overlaps backward compute. With the fix's {len(sizes)} bucket{'s' if len(sizes) > 1 else ''} all but the "
+                f"last ({size(sizes[-1])} of {size(grad_bytes)}) could run beside backward: "
+                f"about {ms(saving)} per step." + ("" if ctx.traits.async_collectives else
+                " Here gloo's reduction competes with backward for the same cores, so even that may not be "
+                "saved (the fault/fix pair kept 25.7 of its 26.9 ms exposed, docs/impact.md)."), fix,
+                confidence=sync_confidence(ctx, 0.9), evidence=ev, floor=floor, source=wrap_site(ctx),
+                samples=samples))
     mean_nelems = (sum(c.nelems or 0 for c in grad_ar) / len(grad_ar)) if grad_ar else 0
     db = 4 if (ctx.a.job.manifest or {}).get("model", {}).get("param_dtype", "float32") in ("float32", None) else 2
     mean_bytes = mean_nelems * db
@@ -77,26 +120,14 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             f"all-reduce pays a fixed latency, {ms(busy)} of all-reduce per step in total.",
             f"DDP(model, bucket_cap_mb=25)  # now {cap}" if cap is not None else "DDP(model, bucket_cap_mb=25)",
             confidence=0.85, floor="warning", source=wrap_site(ctx),
+            samples=per_step_calls(ctx.a, grad_ar, lambda c: c.exposed_us),
             evidence=[Evidence(f"{per_backward:.0f} all-reduces per backward, mean {size(mean_bytes)} "
                                f"(assuming {db}-byte gradients)"),
                       Evidence(f"exposed all-reduce {ms(exposed_ar)} per step", time_us=exposed_ar)]))
     find_unused = d.search_unused_per_step > 0 or bool(ctx.wrap.get("find_unused_parameters"))
     if find_unused and d.bucket_copies_per_step and d.grads_accumulated_per_step >= d.bucket_copies_per_step * max(
             d.backwards_per_step, 1) - 0.5:
-        bitmap = [c for c in ar if c.nelems is not None and c.nelems <= 1024]
-        cost = d.search_unused_us_per_step + sum(c.duration_us for c in bitmap) / nrs
-        out.append(ctx.finding(
-            "ddp-find-unused-unneeded", "find_unused_parameters=True but every parameter gets a gradient", cost,
-            "DDP traverses the autograd graph after each forward and all-reduces a used-parameter bitmap, yet "
-            "every parameter received a gradient in every backward pass.",
-            "DDP(model, find_unused_parameters=False)  (or static_graph=True if the set of used parameters "
-            "never changes)" + ("  # now find_unused_parameters=True" if ctx.wrap.get("find_unused_parameters")
-                                else ""), confidence=0.85, floor="warning", source=wrap_site(ctx),
-            evidence=[Evidence(f"{d.search_unused_per_step:.0f} search_unused_parameters per step, "
-                               f"{ms(d.search_unused_us_per_step, 2)}"),
-                      Evidence(f"{d.grads_accumulated_per_step:.0f} AccumulateGrad per step for "
-                               f"{d.bucket_copies_per_step:.0f} bucketed parameters"),
-                      Evidence(f"{len(bitmap) / nrs:.0f} extra small all-reduce per step (used-parameter bitmap)")]))
+        out += _find_unused(ctx, d, ar, nrs)
     if d.forwards_per_step >= 2 and d.backwards_with_allreduce_per_step >= 2:
         extra = (d.backwards_with_allreduce_per_step - 1) / d.backwards_with_allreduce_per_step
         cost = sum(c.duration_us for c in grad_ar) / nrs * extra
@@ -105,7 +136,67 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             f"{d.forwards_per_step:.0f} forward/backward passes per optimizer step and "
             f"{d.backwards_with_allreduce_per_step:.0f} of them all-reduce gradients; only the last needs to.",
             "with model.no_sync(): loss.backward()  # for all but the last micro-step",
-            confidence=0.9, floor="warning",
+            confidence=0.9, floor="warning", samples=per_step_calls(ctx.a, grad_ar, lambda c: c.duration_us * extra),
             evidence=[Evidence(f"{d.backwards_with_allreduce_per_step:.0f} backward passes with all-reduce per step"),
                       Evidence(f"{d.allreduces_per_step:.0f} all-reduces per step")]))
+    return out
+
+
+def _find_unused(ctx: RuleContext, d, ar: list, nrs: int) -> list[Finding]:
+    """find_unused_parameters=True where the trace's counts say every parameter got a gradient.
+
+    The counts cannot say which parameter got one: an auxiliary head that never gets a gradient hides
+    behind another parameter's second accumulation, and turning the flag off would crash DDP. So the
+    "unneeded" verdict with its fix needs the capture's per-parameter record (manifest grad_presence):
+    every parameter received a gradient in every profiled step. A parameter that missed one means the flag
+    is needed (no finding); without the record the finding is an info note saying what could not be seen."""
+    bitmap = [c for c in ar if c.nelems is not None and c.nelems <= 1024]
+    samples = [v + d.search_unused_us_per_step for v in _bitmap_cost(ctx, bitmap)]
+    cost = sum(samples) / len(samples) if samples else d.search_unused_us_per_step
+    ev = [Evidence(f"{d.search_unused_per_step:.0f} search_unused_parameters per step, "
+                   f"{ms(d.search_unused_us_per_step, 2)}"),
+          Evidence(f"{d.grads_accumulated_per_step:.0f} AccumulateGrad per step for "
+                   f"{d.bucket_copies_per_step:.0f} bucketed parameters"),
+          Evidence(f"{len(bitmap) / nrs:.0f} extra small all-reduce per step (used-parameter bitmap)")]
+    gp = (ctx.a.job.manifest or {}).get("grad_presence") or {}
+    now = "  # now find_unused_parameters=True" if ctx.wrap.get("find_unused_parameters") else ""
+    if gp.get("steps") and gp.get("without_grad") == 0:
+        ev.append(Evidence(f"manifest: all {gp.get('parameters')} parameters received a gradient in each of the "
+                           f"{gp['steps']} profiled steps (rank {gp.get('rank')})"))
+        return [ctx.finding(
+            "ddp-find-unused-unneeded", "find_unused_parameters=True but every parameter gets a gradient", cost,
+            "DDP traverses the autograd graph after each forward and all-reduces a used-parameter bitmap, yet "
+            "every parameter received a gradient in every profiled step.",
+            "DDP(model, find_unused_parameters=False)  (or static_graph=True if the set of used parameters "
+            "never changes)" + now, confidence=0.85, floor="warning", source=wrap_site(ctx), evidence=ev,
+            samples=samples)]
+    if gp.get("steps"):
+        return []  # a parameter missed a gradient: the flag is needed, nothing to report
+    ev.append(Evidence("no per-parameter record of gradients (the manifest's grad_presence, written by "
+                       "fsdpdoctor's capture): the trace counts gradient accumulations, not which parameter got one"))
+    return [ctx.finding(
+        "ddp-find-unused-unneeded", "find_unused_parameters=True: whether it is needed could not be seen", cost,
+        "DDP traverses the autograd graph after each forward and all-reduces a used-parameter bitmap. The trace "
+        "counts as many gradient accumulations as bucketed parameters, but cannot show that each parameter got "
+        "one: a parameter that never gets a gradient (an auxiliary head left out of the loss) needs the flag, "
+        "and turning it off would crash DDP.",
+        "Record with fsdpdoctor.capture(model=ddp_model, ...): its manifest says per parameter whether it "
+        "received a gradient. If every one does in every step: DDP(model, find_unused_parameters=False)" + now,
+        confidence=0.5, severity="info", source=wrap_site(ctx), evidence=ev, samples=samples)]
+
+
+def _bitmap_cost(ctx: RuleContext, bitmap: list) -> list[float]:
+    """Per step, what the used-parameter bitmap all-reduces cost: each call's time on the rank that arrived
+    last (the least over the ranks). An early rank's time in it is its wait for the others, which would
+    move to the next collective without the bitmap, not a cost of it."""
+    by: dict = {}
+    for c in bitmap:
+        by.setdefault((c.step, c.rank), []).append(c.duration_us)
+    steps = sorted({s.step for r in ctx.a.ranks for s in r.steps}, key=lambda s: (s is None, s or 0))
+    ranks = [r.rank for r in ctx.a.ranks]
+    out = []
+    for st in steps:
+        lists = [by.get((st, r), []) for r in ranks]
+        n = min((len(x) for x in lists), default=0)
+        out.append(sum(min(x[k] for x in lists) for k in range(n)))
     return out

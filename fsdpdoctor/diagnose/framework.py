@@ -7,18 +7,21 @@ finding it returns must carry a declared id. Facts several rules share (is there
 idles the GPU, are CUDA tensors on gloo) live in ``diagnose/facts.py``, computed from the whole
 threshold table. ``diagnose/rules.py`` lists the rule modules and runs them.
 
-Impact is the time per step that fixing the problem would save at most (usually the exposed time it
-causes). Severity is one scale for every rule: the saving as a share of the step, weighted by the
+Impact is the time per step that fixing the problem is predicted to save (what the fix changes, bounded
+by what the backend lets it change), with an interval from the per-step values it rests on. Severity is one scale for every rule: the saving as a share of the step, weighted by the
 confidence of the diagnosis, against the bands of the threshold table (``severity_*_frac``); a rule
 may raise it to a floor of at most "warning" (a configuration that is wrong, not merely non-default),
-never to "error" without the measured cost.
+never to "error" without the measured cost; and a warning or an error only where its saving's interval
+stays in that band beyond the run's own step-to-step noise (diagnose/noise.py).
 """
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Literal, Mapping, get_args
 
+from fsdpdoctor.diagnose.noise import EXPLICIT, SAMPLES_KEY, gate_by_noise
 from fsdpdoctor.diagnose.thresholds import BY_NAME
 from fsdpdoctor.results import SEVERITY_RANK, Analysis, DialectTraits, Evidence, Finding
 
@@ -96,13 +99,19 @@ class RuleContext:
 
     def finding(self, id: str, title: str, impact_us: float, summary: str, fix: str, *, confidence: float,
                 evidence: list[Evidence], severity: str | None = None, ranks=None, source=None,
-                floor: str = "info", consequences: Iterable[str] = ()) -> Finding:
-        return Finding(id=id, title=title,
-                       severity=severity or self.severity(impact_us, floor=floor, confidence=confidence),
-                       confidence=confidence, impact_us=impact_us, impact_frac=self.frac(impact_us),
-                       summary=summary, fix=fix, evidence=evidence,
-                       ranks=list(ranks or self.a.job.ranks_analyzed), source=source,
-                       consequences=list(consequences))
+                floor: str = "info", consequences: Iterable[str] = (),
+                samples: list[float] | None = None) -> Finding:
+        """``samples``: the per-step values the saving rests on (diagnose/noise.py: its interval and whether
+        it is beyond the run's noise); without them the step time's noise stands for it."""
+        f = Finding(id=id, title=title,
+                    severity=severity or self.severity(impact_us, floor=floor, confidence=confidence),
+                    confidence=confidence, impact_us=impact_us, impact_frac=self.frac(impact_us),
+                    summary=summary, fix=fix, evidence=evidence,
+                    ranks=list(ranks or self.a.job.ranks_analyzed), source=source,
+                    consequences=list(consequences))
+        self._cache.setdefault(SAMPLES_KEY, {})[builtins.id(f)] = (
+            None if samples is None else list(samples), floor if severity is None else EXPLICIT)
+        return f
 
 
 def severity_for(weighted_frac: float, th: Mapping[str, float], floor: str = "info") -> str:
@@ -173,12 +182,6 @@ def first_source(a: Analysis, pred) -> str | None:
     return next((c.source for c in a.collective_events if pred(c) and c.source), None)
 
 
-def gpu_note(ctx: RuleContext) -> str:
-    return ("" if ctx.traits.async_collectives else
-            " Here every FSDP collective blocks the host (CPU/gloo), so the saving shows only where collectives "
-            "run on their own stream (GPU/NCCL), the prefetched all-gather under the previous unit's compute.")
-
-
 def sync_confidence(ctx: RuleContext, confidence: float) -> float:
     """Where collectives block the host, an overlap fix cannot be measured here: halve the confidence."""
     return confidence if ctx.traits.async_collectives else confidence * 0.5
@@ -208,6 +211,7 @@ def run_rules(rules: Iterable[Rule], analysis: Analysis, table: Mapping[str, flo
         return []
     out = fold_consequences(findings)
     bound_impacts(out, ctx, parts)
+    gate_by_noise(out, analysis, table, ctx._cache.get(SAMPLES_KEY, {}), severity_for)
     cap_unmarked_steps(out, analysis)
     cap_thin_evidence(out, analysis)
     return out

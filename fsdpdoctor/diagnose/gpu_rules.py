@@ -39,6 +39,15 @@ SHORT = {"launch": "kernel launch overhead", "host_sync": "host syncs", "data_lo
          "collective_wait": "collective waits", "profiler": "profiler overhead", "other": "other host work"}
 
 
+def _idle_per_step(idles, causes) -> list[float]:
+    """Per step, the idle of these causes, averaged over the ranks (the values the saving rests on)."""
+    by: dict = {}
+    for g in idles:
+        for st in g.steps:
+            by.setdefault(st.step, []).append(sum(st.by_cause.get(c, 0.0) for c in causes))
+    return [sum(v) / len(v) for _, v in sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
+
+
 @rule(ids=("gpu-idle",), thresholds=("gpu_idle_frac", "input_bound_frac"))
 def gpu_idle(ctx: RuleContext) -> list[Finding]:
     v = idle_verdict(ctx)
@@ -127,7 +136,8 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
         ranks=[g.rank for g in idles],
         # a step that captures graphs is setup (warm-up runs, then the capture), not a step the job repeats;
         # so is a step that is mostly start-up
-        severity="info" if (captured or (startup and startup >= 0.5 * m[cause])) and not input_bound else None)
+        severity="info" if (captured or (startup and startup >= 0.5 * m[cause])) and not input_bound else None,
+        samples=_idle_per_step(idles, ("data_loading",) if input_bound else FIXABLE))
     if input_bound:
         f.caused_by = "input-bound"
     elif cause == "collective_wait":

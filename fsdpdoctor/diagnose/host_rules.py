@@ -6,6 +6,7 @@ from fsdpdoctor.diagnose.facts import (
     dominant_idle_cause, own_work_frame, straggler_verdict, straggler_wait_us,
 )
 from fsdpdoctor.diagnose.framework import RuleContext, rule
+from fsdpdoctor.diagnose.noise import per_step
 from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct
 
@@ -31,13 +32,16 @@ def input_bound(ctx: RuleContext) -> list[Finding]:
     if worst.slow_frame:
         ev.append(Evidence(f"slowest frame under __next__: {worst.slow_frame} ({ms(worst.slow_frame_us)} per step)",
                            source=worst.slow_frame))
-    impact = m.data_loading_us
+    impact, bound_ev = _loader_saving(ctx, single)
+    ev += bound_ev
+    samples = per_step(ctx.a, lambda st: _loader_share(ctx, st, single))
     # a rank late because its own loader stalls is this finding seen from the others: fixing the loader
     # removes their wait too, so the straggler is its consequence and the wait is its saving
     s = ctx.a.straggler
     loader_straggler = bool(straggler_verdict(ctx)) and s.cause == "data loading"
     if loader_straggler:
         impact = max(impact, s.saving_us or s.wait_us)
+        samples = None  # the others' wait is the straggler's per-step evidence; the step noise stands for it
         ev.append(Evidence(f"rank {s.straggler} is late by its own loading: the others wait {ms(s.wait_us)} per "
                            "step for it", rank=s.straggler, time_us=s.wait_us))
     found = ctx.finding(
@@ -46,21 +50,51 @@ def input_bound(ctx: RuleContext) -> list[Finding]:
         # "the loop", not "the training loop": inference pipelines load through a DataLoader too
         f"The loop waits {ms(m.data_loading_us)} per step for the next batch "
         f"({'single-process loading in the main process' if single else 'the worker processes do not keep up'}).",
-        fix, confidence=0.9, evidence=ev, source=worst.slow_frame, floor="warning",
-        consequences=["straggler"] if loader_straggler else ())
+        fix + (f"  # cost: {_worker_cost(ctx)}" if single else ""), confidence=0.9, evidence=ev,
+        source=worst.slow_frame, floor="warning" if impact > 0 else "info",
+        consequences=["straggler"] if loader_straggler else (), samples=samples)
     if dominant_idle_cause(ctx) == "data_loading":
         found.consequences.append("gpu-idle")  # the GPU idles because it waits for the batch
     return [found]
 
 
-@rule(ids=("straggler",))
+def _loader_share(ctx: RuleContext, st, single: bool) -> float:
+    """What worker processes can take off one step's loading: all of it where the host has cores to spare
+    for them; where the ranks already share every core (traits.shared_host_cores) only the loader's waiting
+    (a sleep under __next__): its computing would move to a worker on the same busy cores, no faster."""
+    if not ctx.traits.shared_host_cores or not single or not ctx.a.job.has_stacks:
+        return st.data_loading_us
+    return min(st.loader_sleep_us, st.data_loading_us)
+
+
+def _loader_saving(ctx: RuleContext, single: bool) -> tuple[float, list[Evidence]]:
+    """The predicted saving of more workers, and the evidence of its bound."""
+    m = ctx.a.mean
+    saving = _loader_share(ctx, m, single)
+    if saving >= m.data_loading_us - 1.0:
+        if single and ctx.traits.shared_host_cores and not ctx.a.job.has_stacks:
+            return saving, [Evidence("no Python stacks: the loader's waiting cannot be told from its computing, "
+                                     "so the whole stall is taken as what workers would hide (an upper bound on "
+                                     "shared cores)")]
+        return saving, []
+    return saving, [Evidence(
+        f"saving bounded at {ms(saving)} of the {ms(m.data_loading_us)} stall: the ranks share every core of this "
+        f"host, so workers hide only the loader's waiting ({ms(m.loader_sleep_us)} of sleep under __next__); its "
+        f"{ms(m.data_loading_us - saving)} of computing would run on the same busy cores", time_us=saving)]
+
+
+def _worker_cost(ctx: RuleContext) -> str:
+    return ("4 worker processes per rank, each with its own copy of the dataset object, on the host's cores"
+            + (" (which the ranks already share)" if ctx.traits.shared_host_cores else ""))
+
+
+@rule(ids=("straggler",), thresholds=("straggler_same_work_shared_ratio",))
 def straggler(ctx: RuleContext) -> list[Finding]:
     s = ctx.a.straggler
     verdict = straggler_verdict(ctx)
     if not verdict:
         return []
     r = s.straggler
-    impact = s.saving_us or s.wait_us  # with more than 2 ranks the step ends when the next-latest arrives
     cause = s.cause or "unknown"
     own_work = own_work_frame(s)
     # extra work in a frame only this rank runs (the others spend at most a tenth as long in it) is code
@@ -71,6 +105,7 @@ def straggler(ctx: RuleContext) -> list[Finding]:
              or (_sleep_source(ctx, r) if cause == "sleep" else None))
     if cause == "compute" and not own_work:
         cause = "slower at the same work"
+    impact, saving_ev = _straggler_saving(ctx, cause)
     where = f" in {frame}" if frame else ""
     fixes = {"more work": "Give every rank the same work per step: rank {r}'s steps hold more ({ratio}). Group "
                           "samples of similar length into batches and give each rank the same token budget "
@@ -115,19 +150,60 @@ def straggler(ctx: RuleContext) -> list[Finding]:
                f"{upto}{ms(s.wait_us)} per step for it ({pct(ctx.frac(s.wait_us))} of the step) in their first "
                "collective after the delay.")
     if impact < 0.99 * s.wait_us:
-        summary += (f" Without it each step would end when the next-latest rank arrives: {ms(impact)} "
+        summary += (f" Balancing its work would shorten each step by about {ms(impact)} ({pct(ctx.frac(impact))}): "
+                    "the balanced step still holds its share of the extra work." if cause == "more work" else
+                    f" Without it each step would end when the next-latest rank arrives: {ms(impact)} "
                     f"({pct(ctx.frac(impact))}) shorter.")
+    ev += saving_ev
     if explained:
         summary += (f" Its lateness holds {pct(explained)} of the other ranks' exposed communication: the "
                     "communication is slow because of this rank, not the network.")
     label = f"waiting on the host: {cause}" if cause in HOST_WAITS else cause
     fix = fixes["more work through an exchange"] if cause == "more work" and s.exchange_kind else \
         fixes.get(cause, "Find what rank {r} does differently{where}")
+    severity = None
+    if cause == "slower at the same work" and ctx.traits.shared_host_cores:
+        ratio = _compute_ratio(ctx, r)
+        if ratio < ctx.th["straggler_same_work_shared_ratio"]:
+            severity = "info"
+            summary += (f" Its compute for the same work is {ratio:.2f}x the others': where ranks share host cores "
+                        "another process taking its core does as much (healthy runs beside a CPU hog reach "
+                        f"1.42x), so this is the host's load, not the job's, unless it exceeds "
+                        f"{ctx.th['straggler_same_work_shared_ratio']:.2f}x.")
     return [ctx.finding(
         "straggler", f"Rank {r} is a straggler ({label})", impact, summary,
         fix.format(r=r, where=where, extra=ms(s.extra_us), ratio=_work_excess(s), exchange=s.exchange_kind,
                    exchange_ratio=f"{s.exchange_ratio or 1.0:.1f}x"),
-        confidence=verdict, evidence=ev, ranks=[r], source=frame, consequences=conseq)]
+        confidence=verdict, evidence=ev, ranks=[r], source=frame, consequences=conseq, severity=severity,
+        # per step, the wait it causes where it is last and nothing where another rank is
+        samples=[p.get("saving_us", p["imbalance_us"]) if p["straggler"] == r else 0.0 for p in s.per_step])]
+
+
+def _compute_ratio(ctx: RuleContext, r: int) -> float:
+    """The rank's compute per step over the median of the other ranks' (compute + optimizer)."""
+    mine = next((x.mean for x in ctx.a.ranks if x.rank == r and x.mean), None)
+    others = sorted(x.mean.compute_us + x.mean.optimizer_us for x in ctx.a.ranks if x.rank != r and x.mean)
+    if mine is None or not others or others[len(others) // 2] <= 0:
+        return 1.0
+    return (mine.compute_us + mine.optimizer_us) / others[len(others) // 2]
+
+
+def _straggler_saving(ctx: RuleContext, cause: str) -> tuple[float, list[Evidence]]:
+    """What the step saves once the straggler is on time, and the evidence of how that was derived.
+
+    The wait of the others it would no longer cause; with more than two ranks the step ends when the
+    next-latest rank arrives (``saving_us``). "More work" is fixed by balancing it: the step comes down to
+    the balanced time, the culprit's excess less its share of the balanced work, (N - 1) / N of its excess."""
+    s, n = ctx.a.straggler, len(ctx.a.ranks)
+    saving, ev = (s.saving_us or s.wait_us), []
+    if cause == "more work" and n >= 2:
+        balanced = min(saving, s.extra_us or saving) * (n - 1) / n
+        ev.append(Evidence(
+            f"with the same work on every rank the step comes down to the balanced time: rank {s.straggler}'s "
+            f"{ms(min(saving, s.extra_us or saving))} excess less its 1/{n} share of it spread over the ranks, "
+            f"{ms(balanced)} per step", time_us=balanced))
+        saving = balanced
+    return saving, ev
 
 
 # a rank late because its host is busy elsewhere: it waits, it does not compute

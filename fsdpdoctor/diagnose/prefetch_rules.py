@@ -8,10 +8,51 @@ from __future__ import annotations
 
 from fsdpdoctor.diagnose.facts import straggler_wait_in
 from fsdpdoctor.diagnose.framework import (
-    RuleContext, first_source, gpu_note, rank_steps, rule, sync_confidence, wrap_site,
+    RuleContext, first_source, rank_steps, rule, sync_confidence, wrap_site,
 )
+from fsdpdoctor.diagnose.noise import per_step, per_step_calls
 from fsdpdoctor.results import Evidence, Finding
-from fsdpdoctor.units import ms, pct
+from fsdpdoctor.units import ms, pct, size
+
+# the share of a step's compute a prefetched all-gather can hide under: backward holds about two thirds of
+# forward + backward (two matmuls per weight, against one), forward the other third
+COMPUTE_SHARE = {"backward": 2 / 3, "forward": 1 / 3}
+
+
+def hideable(ctx: RuleContext, calls: list, phase: str, deduct_us: float = 0.0) -> tuple[float, list[float], str]:
+    """What a prefetch can hide of these exposed all-gathers, per step: (saving, per-step values, prose).
+
+    A prefetched all-gather hides only under compute that exists beside it and only where it can run
+    beside that compute, on its own stream: per step the least of the exposed gathers and the compute of
+    their phase. Where every collective blocks the host (CPU/gloo, gloo's threads on the cores the ranks'
+    compute fills) a prefetch moves the wait and hides nothing: the saving predicted there is nil, and the
+    prose says what it would be on a GPU."""
+    share = COMPUTE_SHARE[phase]
+    exposed = per_step_calls(ctx.a, calls, lambda c: c.exposed_us)
+    compute = per_step(ctx.a, lambda st: st.compute_us)
+    scale = max(1.0 - deduct_us / (sum(exposed) / len(exposed)), 0.0) if exposed and sum(exposed) > 0 else 1.0
+    bound = [min(e * scale, share * c) for e, c in zip(exposed, compute)]
+    gpu_us = sum(bound) / len(bound) if bound else 0.0
+    exposed_us = sum(exposed) / len(exposed) * scale if exposed else 0.0
+    if ctx.traits.async_collectives:
+        note = (f" A prefetch hides them only under the {phase} compute beside them: "
+                f"{ms(gpu_us)} per step of the {ms(exposed_us)} exposed." if gpu_us < exposed_us - 1.0 else "")
+        return gpu_us, bound, note
+    return 0.0, [0.0] * len(bound), (
+        f" No saving is predicted on this backend: every FSDP collective blocks the host (CPU/gloo) and gloo's "
+        f"threads share the cores the ranks' compute fills, so a prefetch moves the wait but hides none of it "
+        f"(the fault/fix pairs measured -23 to +9 ms, docs/impact.md). On a GPU, with the all-gather on its own "
+        f"stream, it would hide up to {ms(gpu_us)} per step: the least of the exposed gathers ({ms(exposed_us)}) "
+        f"and the {phase} compute to hide under.")
+
+
+def unit_cost(ctx: RuleContext) -> str:
+    """The fix's memory cost: one more unsharded FSDP unit held while the next one is gathered."""
+    nbytes = ((ctx.a.job.manifest or {}).get("model") or {}).get("param_bytes")
+    units = ctx.wrap.get("units")
+    if nbytes and units:
+        return f"  # cost: one more unsharded unit in memory, about {size(nbytes / units)} ({units} units)"
+    return "  # cost: one more unsharded unit in memory"
 
 
 @rule(ids=("fsdp1-no-backward-prefetch", "fsdp1-backward-post"),
@@ -23,6 +64,7 @@ def fsdp1_backward_prefetch(ctx: RuleContext) -> list[Finding]:
     bwd_ag = [c for c in ctx.a.collective_events if c.kind == "all_gather" and c.phase == "backward"]
     nsteps = rank_steps(ctx)
     exposed = sum(c.exposed_us for c in bwd_ag) / nsteps
+    saving, samples, note = hideable(ctx, bwd_ag, "backward")
     configured = (ctx.wrap.get("backward_prefetch", "unknown (no manifest)") if ctx.a.job.wrapping_source == "manifest"
                   else "unknown (no manifest)")
     ev = [Evidence(f"{p.backward_prefetched} of {p.backward_all_gathers} backward all-gathers were issued by a "
@@ -33,22 +75,24 @@ def fsdp1_backward_prefetch(ctx: RuleContext) -> list[Finding]:
     now = f"  # now {configured}" if ctx.a.job.wrapping_source == "manifest" else ""
     if p.backward_mode == "none":
         return [ctx.finding(
-            "fsdp1-no-backward-prefetch", "FSDP backward prefetch is off", exposed,
+            "fsdp1-no-backward-prefetch", "FSDP backward prefetch is off", saving,
             f"Every backward all-gather is issued on demand when its unit's gradient is needed, so "
-            f"{ctx.device_word} waits for each gather before the unit's backward." + gpu_note(ctx),
+            f"{ctx.device_word} waits for each gather before the unit's backward." + note,
             "FSDP(model, ..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)" + (now or
-            "  # from torch.distributed.fsdp import BackwardPrefetch"),
-            # off is not FSDP's default (BACKWARD_PRE): a configuration that is wrong, at least a warning
-            confidence=sync_confidence(ctx, 0.95), evidence=ev, source=src, floor="warning")]
+            "  # from torch.distributed.fsdp import BackwardPrefetch") + unit_cost(ctx),
+            # off is not FSDP's default (BACKWARD_PRE): a configuration that is wrong, a warning where it costs
+            confidence=sync_confidence(ctx, 0.95), evidence=ev, source=src,
+            floor="warning" if saving > 0 else "info", samples=samples)]
     return [ctx.finding(
-        "fsdp1-backward-post", "FSDP backward prefetch is BACKWARD_POST", exposed,
+        "fsdp1-backward-post", "FSDP backward prefetch is BACKWARD_POST", saving,
         "BACKWARD_POST issues the next all-gather only after the current unit's gradient is computed, in the "
         "post-backward hook, right before its reduce-scatter; BACKWARD_PRE issues it before the gradient "
-        "computation and overlaps more, at the cost of one more unsharded unit in memory." + gpu_note(ctx),
-        "FSDP(model, ..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)" + now,
-        # away from FSDP's default (BACKWARD_PRE) toward less overlap: at least a warning; an error only
+        "computation and overlaps more, at the cost of one more unsharded unit in memory." + note,
+        "FSDP(model, ..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)" + now + unit_cost(ctx),
+        # away from FSDP's default (BACKWARD_PRE) toward less overlap: a warning where it costs; an error only
         # from its measured cost (it is also a memory trade-off, so never more without one)
-        confidence=sync_confidence(ctx, 0.9), evidence=ev, source=src, floor="warning")]
+        confidence=sync_confidence(ctx, 0.9), evidence=ev, source=src,
+        floor="warning" if saving > 0 else "info", samples=samples)]
 
 
 @rule(ids=("fsdp-forward-prefetch-off",), thresholds=("forward_exposed_frac",),
@@ -66,19 +110,21 @@ def forward_prefetch(ctx: RuleContext) -> list[Finding]:
     if ctx.wrap.get("units") == 1 or len(fwd) <= nsteps:
         return []   # one unit: no previous unit to prefetch under (fsdp-single-unit says what to wrap)
     # waiting for a straggler in the first forward gather is the straggler's cost, not prefetch's
-    exposed = max(sum(c.exposed_us for c in fwd) / nsteps - straggler_wait_in(ctx, "all_gather", "forward"), 0.0)
+    waited = straggler_wait_in(ctx, "all_gather", "forward")
+    exposed = max(sum(c.exposed_us for c in fwd) / nsteps - waited, 0.0)
     if ctx.frac(exposed) < ctx.th["forward_exposed_frac"]:
         return []
     if p.framework == "fsdp1" and ctx.wrap.get("forward_prefetch") is True:
         return []  # already set: the trace disagrees with the manifest; prefetch status says so
+    saving, samples, note = hideable(ctx, fwd, "forward", deduct_us=waited)
     fix = ("FSDP(model, ..., forward_prefetch=True)" + ("  # now False" if ctx.wrap.get("forward_prefetch") is False
                                                        else "") if p.framework == "fsdp1" else
            "for i, block in enumerate(blocks[:-1]): block.set_modules_to_forward_prefetch([blocks[i + 1]])")
     return [ctx.finding(
-        "fsdp-forward-prefetch-off", "Forward all-gathers are exposed and not prefetched", exposed,
+        "fsdp-forward-prefetch-off", "Forward all-gathers are exposed and not prefetched", saving,
         f"{len(fwd) // nsteps} forward all-gathers per step are issued on demand and expose {ms(exposed)} "
-        f"({pct(ctx.frac(exposed))} of the step)." + gpu_note(ctx),
-        fix, confidence=sync_confidence(ctx, 0.8),
+        f"({pct(ctx.frac(exposed))} of the step)." + note,
+        fix + unit_cost(ctx), confidence=sync_confidence(ctx, 0.8), samples=samples,
         evidence=[Evidence(f"{p.forward_prefetched} of {p.forward_all_gathers} forward all-gathers prefetched"),
                   Evidence(f"exposed forward all-gather time {ms(exposed)} per step", time_us=exposed)],
         # forward_prefetch=False is FSDP's default: never more than its measured saving says, and where
@@ -95,6 +141,7 @@ def fsdp2_backward_prefetch(ctx: RuleContext) -> list[Finding]:
     bwd_ag = [c for c in ctx.a.collective_events if c.kind == "all_gather" and c.phase == "backward"]
     nsteps = rank_steps(ctx)
     exposed = sum(c.exposed_us for c in bwd_ag) / nsteps
+    saving, samples, note = hideable(ctx, bwd_ag, "backward")
     lists = ctx.wrap.get("backward_prefetch") or {}
     self_ref = [m or "<root module>" for m, targets in lists.items() if m in (targets or [])]
     ev = [Evidence(f"{p.backward_on_demand} of {p.backward_all_gathers} backward all-gathers issued on demand under "
@@ -109,19 +156,21 @@ def fsdp2_backward_prefetch(ctx: RuleContext) -> list[Finding]:
                "Let FSDP2 prefetch: do not override set_modules_to_backward_prefetch, or give each block the "
                "previous one: blocks[i].set_modules_to_backward_prefetch([blocks[i - 1]])")
         return [ctx.finding(
-            "fsdp2-backward-prefetch-ineffective", "FSDP2 backward prefetch does not take effect", exposed,
+            "fsdp2-backward-prefetch-ineffective", "FSDP2 backward prefetch does not take effect", saving,
             "FSDP2 normally all-gathers the previous block during a block's backward (like BACKWARD_PRE); here "
             "the backward all-gathers are issued on demand, so each block waits for its own gather."
-            + gpu_note(ctx), fix, confidence=sync_confidence(ctx, 0.9), evidence=ev, floor="warning",
+            + note, fix + unit_cost(ctx), confidence=sync_confidence(ctx, 0.9), evidence=ev + [
+                Evidence(f"backward all-gathers expose {ms(exposed)} per step", time_us=exposed)],
+            floor="warning" if saving > 0 else "info", samples=samples,
             source=first_source(ctx.a, lambda c: c.kind == "all_gather" and c.phase == "backward"))]
     if p.gpu_overlap_confirmed is False:
         ev.append(Evidence("prefetched all-gather kernels do not overlap backward compute kernels"))
         return [ctx.finding(
-            "fsdp2-backward-prefetch-ineffective", "FSDP2 prefetched all-gathers do not overlap compute", exposed,
+            "fsdp2-backward-prefetch-ineffective", "FSDP2 prefetched all-gathers do not overlap compute", saving,
             "All-gathers are issued by prefetch, but on the device they still run while no compute runs: something "
             "serialises the streams (a sync, a too-late prefetch, or CPU-bound launch).",
             "Check for host syncs in backward and CPU launch overhead; consider reshard_after_forward=False for "
-            "the last blocks", confidence=0.6, evidence=ev)]
+            "the last blocks", confidence=0.6, evidence=ev, samples=samples)]
     return []
 
 

@@ -35,6 +35,12 @@ THRESHOLDS: list[Threshold] = [
     Threshold("severity_error_frac", 0.25, "share of step (x confidence)",
               "saving at or above which a finding is an error",
               "a quarter of every step: a fix pays back 1.33x throughput; above XProf's 'highly' band (20%)"),
+    Threshold("impact_confidence", 0.90, "probability (two-sided interval)",
+              "a finding is a warning or an error only when the lower end of this interval of its saving (the "
+              "t-interval of the mean of the per-step values it rests on) earns that band; the interval is shown "
+              "with the impact",
+              "a one-sided 95 % lower bound: a CI gate that fails 1 healthy run in 20 on noise alone at most per "
+              "finding; docs/noise-study.md: healthy runs beside a CPU hog raise no warning with it"),
     Threshold("exposed_comm_frac", 0.10, "share of step",
               "exposed (not overlapped) communication per step above which it is a finding, where collectives run "
               "on their own stream (traits.async_collectives)",
@@ -64,6 +70,12 @@ THRESHOLDS: list[Threshold] = [
               "same rank is last this unlikely by chance and a frame of its own work holds the wait",
               "two independent lines of evidence; 0.25 admits 3 of 3 steps at 2 ranks (the README's active=3 "
               "schedule), not 4 of 5 (0.38); docs/noise-study.md: none of 26 healthy runs has an own-work frame"),
+    Threshold("straggler_same_work_shared_ratio", 1.5, "ratio of compute time",
+              "where ranks share host cores (traits.shared_host_cores), a rank slower at the same work (not more "
+              "work, not its own frames) is at most info unless its compute per step exceeds the other ranks' "
+              "median by this ratio: below it, another process taking its core does the same",
+              "docs/noise-study.md: 20 healthy 2-rank runs beside two CPU hogs, the slower rank computed the same "
+              "work 1.00-1.42x as long as the other (median 1.07)"),
     Threshold("straggler_min_frac", 0.05, "share of step", "the wait must also be material",
               "the warning band of the severity scale (severity_warning_frac)"),
     Threshold("periodic_stall_frac", 0.05, "share of step",

@@ -124,7 +124,9 @@ def findings_table(a: Analysis, evidence_lines: int = 2) -> Group | Text:
             head.append("caused by the above: ", style="dim")
         head.append(f"{f.severity.upper()} ", style=SEVERITY_STYLE.get(f.severity, ""))
         head.append(f.title, style="bold")
-        head.append(f"  {ms(f.impact_us)}/step ({pct(f.impact_frac)})  [{f.id}]", style="dim")
+        iv = (f" [{f.impact_interval_us[0] / 1e3:.1f}-{f.impact_interval_us[1] / 1e3:.1f}]"
+              if f.impact_interval_us and f.impact_us > 0 else "")
+        head.append(f"  {ms(f.impact_us)}{iv}/step ({pct(f.impact_frac)})  [{f.id}]", style="dim")
         body = Text()
         body.append(f.summary)
         for e in f.evidence[:evidence_lines]:

@@ -128,6 +128,7 @@ class StepBreakdown:
     host_syncs: int = 0
     host_sync_us: float = 0.0
     sleep_us: float = 0.0             # time.sleep frames on the main thread (with stacks)
+    loader_sleep_us: float = 0.0      # the part of sleep_us under DataLoader __next__ (the loader waits)
     collectives: int = 0
 
     @property
@@ -339,6 +340,9 @@ class Finding:
     consequences: list[str] = field(default_factory=list)
     # ... and, on a consequence, the id of the finding that explains it
     caused_by: str | None = None
+    # the saving's interval [lo, hi] per step (the impact_confidence t-interval over the steps it rests on);
+    # None where the window is too short to give one
+    impact_interval_us: list[float] | None = None
 
 
 @dataclass

@@ -1,0 +1,132 @@
+"""Severity follows evidence: a finding's saving against the run's own step-to-step noise.
+
+A rule predicts a saving per step from values it measured step by step (an exposed all-gather, a wait
+for a late rank, a loader stall). Those per-step values are the evidence; their spread is the noise the
+prediction carries. ``per_step`` turns what a rule measured into one value per step (the mean over the
+ranks: ranks of one step are coupled by their collectives, so the step is the unit of independent
+observation, as in diagnose/stats.py). A rule hands them to ``ctx.finding(..., samples=...)``; a finding
+without them rests on the step time's own noise around its estimate.
+
+After the rules (and after ``bound_impacts`` cut what roots explain twice), ``gate_by_noise``:
+
+- gives every finding an interval of its saving, the ``impact_confidence`` t-interval of the mean of
+  its per-step values (scaled to the impact as bounded), or says the window is too short for one;
+- keeps a warning or an error only where the interval's lower end earns it: the severity scale read at
+  the lower end (a wrong configuration's warning floor needs a lower end above zero); otherwise the
+  finding drops, at most to info, and says how many more steps at this spread would decide it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+
+from fsdpdoctor.diagnose.stats import steps_until, t_quantile
+from fsdpdoctor.results import SEVERITY_RANK, Analysis, Evidence, Finding, StepBreakdown
+
+EXPLICIT = "explicit"   # a rule set the severity itself (from structure, not from the saving): kept as set
+SAMPLES_KEY = "finding_samples"   # RuleContext cache: id(finding) -> (per-step values of its saving, rule's floor)
+
+
+def per_step(a: Analysis, value: Callable[[StepBreakdown], float]) -> list[float]:
+    """One value per analysed step: ``value`` of each rank's breakdown of that step, averaged over ranks."""
+    by_step: dict = {}
+    for r in a.ranks:
+        for s in r.steps:
+            by_step.setdefault(s.step, []).append(float(value(s)))
+    return [sum(v) / len(v) for _, v in sorted(by_step.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
+
+
+def per_step_calls(a: Analysis, calls: Iterable, value: Callable[[object], float]) -> list[float]:
+    """One value per analysed step: ``value`` summed over the calls of each rank in that step, averaged over
+    the ranks (a rank with no such call in a step counts 0)."""
+    steps = sorted({s.step for r in a.ranks for s in r.steps}, key=lambda s: (s is None, s or 0))
+    ranks = [r.rank for r in a.ranks] or [0]
+    tot: dict = {}
+    for c in calls:
+        tot[(c.rank, c.step)] = tot.get((c.rank, c.step), 0.0) + float(value(c))
+    return [sum(tot.get((r, s), 0.0) for r in ranks) / len(ranks) for s in steps]
+
+
+def interval(samples: list[float], level: float) -> tuple[float, float, float, float] | None:
+    """(mean, lo, hi, sd) of the ``level`` t-interval of the mean; None under 2 samples."""
+    x = np.asarray(samples, dtype=float)
+    if len(x) < 2:
+        return None
+    m, sd = float(x.mean()), float(x.std(ddof=1))
+    hw = t_quantile(0.5 + level / 2, len(x) - 1) * sd / math.sqrt(len(x))
+    return m, m - hw, m + hw, sd
+
+
+def _steps_to_decide(mean: float, sd: float, n: int, bar: float, level: float) -> int | None:
+    """More steps (same spread) after which the interval's lower end clears ``bar``; None if it never does."""
+    if mean <= bar:
+        return None
+    if sd == 0:
+        return 0
+    return steps_until(lambda k: mean - t_quantile(0.5 + level / 2, n + k - 1) * sd / math.sqrt(n + k) > bar,
+                       cap=10_000)
+
+
+def gate_by_noise(findings: list[Finding], a: Analysis, table: Mapping[str, float],
+                  samples_of: Mapping[int, tuple], severity_for) -> None:
+    """Give each finding its interval and keep warning/error only where the interval's lower end earns it."""
+    step = a.mean.duration_us if a.mean else 0.0
+    if step <= 0:
+        return
+    level = table["impact_confidence"]
+    step_series = per_step(a, lambda s: s.duration_us)
+    for f in findings:
+        raw, floor = samples_of.get(id(f), (None, "info"))
+        if raw is None and f.impact_us <= 0:
+            continue  # nothing predicted (a configuration that costs nothing measurable): no interval to give
+        if raw is not None and len(raw) >= 2:
+            x = np.asarray(raw, dtype=float)
+            if float(x.mean()) > 0:
+                x = x * (f.impact_us / float(x.mean()))  # scaled to the impact as bounded
+            basis = "its per-step values"
+        elif len(step_series) >= 2:
+            x = f.impact_us + (np.asarray(step_series) - float(np.mean(step_series)))
+            basis = "the step time's noise around it"
+        else:
+            x = np.asarray([f.impact_us])
+        iv = interval(list(x), level)
+        if iv is None:
+            if f.impact_us > 0:
+                f.evidence.append(Evidence("no interval for this saving: the window holds one step; profile "
+                                           "more steps (active=5 or more) to judge it against the run's noise"))
+            continue
+        mean, lo, hi, sd = iv
+        f.impact_interval_us = [max(lo, 0.0), min(max(hi, 0.0), step)]
+        shown = f"{f.impact_interval_us[0] / 1e3:.1f} to {f.impact_interval_us[1] / 1e3:.1f} ms"
+        if f.impact_us <= 0 or floor == EXPLICIT or SEVERITY_RANK.get(f.severity, 0) <= SEVERITY_RANK["info"]:
+            continue
+        w = min(max(f.confidence, 0.0), 1.0)
+        earned = severity_for(max(lo, 0.0) / step * w, table)
+        # a wrong configuration (the rule's floor) keeps its floor where its cost, however small, is beyond
+        # the noise
+        floored = SEVERITY_RANK.get(floor, 0) > SEVERITY_RANK["info"]
+        kept = earned
+        if floored and lo > 0 and SEVERITY_RANK[floor] > SEVERITY_RANK[earned]:
+            kept = floor
+        if SEVERITY_RANK[kept] >= SEVERITY_RANK[f.severity]:
+            continue
+        band = table["severity_error_frac" if f.severity == "error" else "severity_warning_frac"]
+        bar = 0.0 if floored and f.severity == floor else band * step / w if w > 0 else math.inf
+        more = _steps_to_decide(mean, sd, len(x), bar, level)
+        what = ("nothing (its configuration's warning needs a saving beyond the noise)" if bar == 0.0 else
+                f"the {f.severity} band ({band:.0%} of the step{', weighted by the confidence' if w < 1 else ''})")
+        decide = (f"about {more} more step{'s' if more != 1 else ''} at this spread would decide it" if more else
+                  f"no number of steps would make it {f.severity}: the estimate itself is below that band"
+                  if mean <= bar else "more steps would decide it")
+        f.evidence.append(Evidence(
+            f"{kept} rather than {f.severity}: the saving's {level:.0%} interval over {len(x)} steps "
+            f"({basis}) is {shown}, and its lower end does not clear {what}; "
+            f"{decide}"))
+        f.summary += (f" {kept.capitalize()}, not {f.severity}: within this run's step-to-step noise its saving may "
+                      f"be {'nothing' if bar == 0.0 else f'below the {f.severity} band'} ({level:.0%} interval {shown} over "
+                      f"{len(x)} steps)"
+                      + (f"; about {more} more step{'s' if more != 1 else ''} would decide it." if more else "."))
+        f.severity = kept
