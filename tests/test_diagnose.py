@@ -14,9 +14,10 @@ import pytest
 from fsdpdoctor.diagnose.rules import RULE_IDS
 from fsdpdoctor.pipeline import open_analysis
 from shared_data import PUBLIC, needs_public
+from bundled import TRACES  # the committed traces, in a pristine copy
+from conftest import error_lines
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "traces"
 SCENARIOS = sorted(p.parent.name for p in TRACES.glob("*/expected.json"))
 
 
@@ -110,7 +111,7 @@ def test_check_exit_codes_and_junit(tmp_path):
     assert json.loads(budget.stdout)["budgets_exceeded"]
     missing = subprocess.run([sys.executable, "-m", "fsdpdoctor", "check", str(tmp_path / "nope")],
                              capture_output=True, text=True)
-    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+    assert missing.returncode == 2 and len(error_lines(missing.stderr)) == 1
 
 
 def test_diff_reports_gone_and_new():

@@ -13,9 +13,10 @@ import pytest
 from fsdpdoctor.cli import main
 from fsdpdoctor.pipeline import open_analysis
 from shared_data import PUBLIC, needs_public
+from bundled import TRACES as BUNDLED  # the committed traces, in a pristine copy
 
 ROOT = Path(__file__).resolve().parents[1]
-CUDA = ROOT / "traces" / "cuda"
+CUDA = BUNDLED / "cuda"
 MY_RULES = {"gpu-idle", "cpu-staged-collectives", "ranks-never-communicate", "wrapper-world-size-1",
             "mixed-backends", "activation-recompute", "offload-exposed"}
 PREFETCH = {"fsdp-forward-prefetch-off", "fsdp1-backward-post", "fsdp1-no-backward-prefetch",
@@ -501,7 +502,7 @@ def test_scorecard_covers_the_cuda_set(tmp_path):
     sys.path.insert(0, str(ROOT / "reference_jobs"))
     import scorecard
 
-    names = {p.parent.name for p in scorecard.scenario_files(ROOT / "traces") if p.parent.parent.name == "cuda"}
+    names = {p.parent.name for p in scorecard.scenario_files(BUNDLED) if p.parent.parent.name == "cuda"}
     assert names == set(CUDA_SCENARIOS)
     (tmp_path / "cuda").symlink_to(CUDA)
     stats, failures = scorecard.scorecard(tmp_path)

@@ -17,9 +17,10 @@ from fsdpdoctor.analysis.hang import analyze_hang, is_library, user_frame
 from fsdpdoctor.cli import main
 from fsdpdoctor.diagnose.hang import diagnose_hang
 from fsdpdoctor.trace.hang import Frame, load_hang_dumps, read_faulthandler
+from bundled import TRACES  # the committed traces, in a pristine copy
+from conftest import error_lines
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "traces"
 HANG_RUNS = sorted(p.parent for p in TRACES.glob("hang_*/expected.json"))
 
 
@@ -217,10 +218,10 @@ def test_analyze_mentions_hang_folder(capsys):
 # --------------------------------------------------------------------------- malformed input
 def _one_line_error(capsys, path) -> str:
     rc = main(["hang", str(path), "--no-trend"])
-    err = capsys.readouterr().err.strip()
-    assert rc == 2, err
-    assert len(err.splitlines()) == 1 and err.startswith("fsdpdoctor: error:"), err
-    return err
+    lines = error_lines(capsys.readouterr().err)
+    assert rc == 2, lines
+    assert len(lines) == 1 and lines[0].startswith("fsdpdoctor: error:"), lines
+    return lines[0]
 
 
 def _run_with(tmp_path, name: str, text: str) -> Path:

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from fsdpdoctor.analysis import memory as mem
+from conftest import error_lines
 
 GB = 1e9
 
@@ -164,7 +165,7 @@ def test_cli_bad_input_one_line_exit_2(args):
 
 def test_cli_folder_without_manifest(tmp_path):
     r = cli(str(tmp_path))
-    assert r.returncode == 2 and "manifest.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and "manifest.json" in r.stderr and len(error_lines(r.stderr)) == 1
 
 
 def manifest_for(n_params, *, profile_memory, files=None, dtype="float32", optimizer="AdamW",
@@ -201,7 +202,7 @@ def test_manifest_fsdp1_mapping(tmp_path):
 def test_manifest_unknown_optimizer_is_input_error(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(manifest_for(1000, profile_memory=False, optimizer=None)))
     r = cli(str(tmp_path))
-    assert r.returncode == 2 and "model.optimizer" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and "model.optimizer" in r.stderr and len(error_lines(r.stderr)) == 1
     assert cli(str(tmp_path), "--optimizer", "sgd").returncode == 0
 
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import requires_torch
+from conftest import error_lines, requires_torch
 from fsdpdoctor.cli import main
 from fsdpdoctor.commands.reference import load_scenarios, reference_dir
 
@@ -104,7 +104,7 @@ def test_reference_list(capsys):
 def test_reference_run_unknown_scenario(capsys):
     assert main(["reference", "run", "no_such_scenario", "--out", "x"]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1
+    assert len(error_lines(err)) == 1
     assert "unknown scenario 'no_such_scenario'" in err and "ddp_default" in err
 
 

@@ -23,9 +23,9 @@ from fsdpdoctor.results import (
     Analysis, Finding, JobInfo, RankSummary, StepBreakdown, StragglerReport,
 )
 from fsdpdoctor.pipeline import open_analysis
+from bundled import TRACES  # the committed traces, in a pristine copy
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "traces"
 ALL = sorted(p.parent for p in TRACES.glob("*/expected.json"))
 needs_traces = pytest.mark.skipif(not (TRACES / "straggler" / "rank0.json.gz").exists(), reason="traces/ absent")
 

@@ -23,9 +23,9 @@ from fsdpdoctor.pipeline import open_analysis
 
 from conftest import requires_torch
 from shared_data import PUBLIC
+from bundled import TRACES  # the committed traces, in a pristine copy
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO / "traces"
 RUNS = ["straggler", "fsdp2_default", "ddp_default", "fsdp1_backward_pre", "host_sync"]
 
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from fsdpdoctor.analysis import context
 from fsdpdoctor.analysis.stats import median, member
+from bundled import TRACES as BUNDLED  # the committed traces, in a pristine copy
 
 finite = st.floats(-1e12, 1e12, allow_nan=False)
 
@@ -86,7 +87,7 @@ def test_enclosing_by_its_index_is_the_definition():
     from fsdpdoctor.trace.loader import load_file
     from fsdpdoctor.trace.table import CPU_OP, PYFUNC
 
-    t = load_file(Path(__file__).resolve().parents[1] / "traces" / "straggler" / "rank1.json.gz")
+    t = load_file(BUNDLED / "straggler" / "rank1.json.gz")
     ctx = RankContext(t, detect(t))
     rng = np.random.default_rng(3)
     frames = t.rows_named(lambda n: True, cat=PYFUNC)           # sorted by start
@@ -130,7 +131,7 @@ def test_rows_of_names_by_index_or_by_test_are_the_definition():
     from fsdpdoctor.trace.loader import load_file
     from fsdpdoctor.trace.table import CPU_OP, PYFUNC
 
-    t = load_file(Path(__file__).resolve().parents[1] / "traces" / "straggler" / "rank1.json.gz")
+    t = load_file(BUNDLED / "straggler" / "rank1.json.gz")
     rng = np.random.default_rng(7)
     for size in (1, 3, 40, 64, 65, 300):
         for cat in (None, CPU_OP, (CPU_OP, PYFUNC)):

@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from bundled import TRACES  # the committed traces, in a pristine copy
 
 pytest.importorskip("textual")
 
@@ -29,7 +30,6 @@ from fsdpdoctor.tui.tables import VimTable  # noqa: E402
 from shared_data import PUBLIC_DIR, SHARED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACES = ROOT / "traces"
 STRAGGLER = TRACES / "straggler"
 RECSYS = PUBLIC_DIR / "recsys_2_of_128_ranks"
 

@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from bundled import TRACES as BUNDLED  # the committed traces, in a pristine copy
 
 pytest.importorskip("textual")
 
@@ -28,7 +29,7 @@ from fsdpdoctor.tui.scaling_app import (NEG_GLYPH, POS_GLYPH, RunsTable, Scaling
                                         ScalingHelpScreen, WaterfallView)
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN1, RUN2 = ROOT / "traces" / "scaling_1proc", ROOT / "traces" / "scaling_2proc"
+RUN1, RUN2 = BUNDLED / "scaling_1proc", BUNDLED / "scaling_2proc"
 
 pytestmark = pytest.mark.skipif(not (RUN1.is_dir() and RUN2.is_dir()),
                                 reason="bundled traces/scaling_1proc, traces/scaling_2proc not present")

@@ -15,9 +15,9 @@ import pytest
 
 from fsdpdoctor import cli
 from fsdpdoctor.cli import main
+from bundled import TRACES  # the committed traces, in a pristine copy
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "traces"
 BOX = re.compile(r"^[\s\u2500-\u257f]+$")  # box-drawing lines of tables and panels
 
 
