@@ -43,3 +43,14 @@ def _copy() -> Path:
 
 
 TRACES = _copy()
+
+
+def expectations() -> dict[Path, dict]:
+    """Each bundled recording's folder (in the copy) -> what it must and must not show, derived from
+    the scenario tables (reference_jobs/expectations.py); no file in traces/ holds a copy."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "reference_jobs"))
+    from expectations import expectations as derive
+
+    return derive(TRACES)

@@ -8,7 +8,6 @@ for the map (no engine would run at all)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -80,7 +80,6 @@ def _enclosing_by_test(ctx, rows, track, t):
 def test_enclosing_by_its_index_is_the_definition():
     """The per-track index of a large row set answers exactly as a test of every row, on a real trace
     with Python stacks (nested frames, ops on several threads) and at row starts and ends."""
-    from pathlib import Path
 
     from fsdpdoctor.analysis.context import RankContext
     from fsdpdoctor.analysis.dialects import detect
@@ -126,7 +125,6 @@ def test_enclosing_by_its_index_breaks_ties_as_the_definition(tmp_path):
 def test_rows_of_names_by_index_or_by_test_are_the_definition():
     """Rows of a few names come from the per-name index, of many names from a test of every row:
     both are the rows with those names (and categories), sorted by start, ties in file order."""
-    from pathlib import Path
 
     from fsdpdoctor.trace.loader import load_file
     from fsdpdoctor.trace.table import CPU_OP, PYFUNC

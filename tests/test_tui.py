@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
-from bundled import TRACES  # the committed traces, in a pristine copy
+from bundled import TRACES, expectations  # the committed traces, in a pristine copy
 
 pytest.importorskip("textual")
 
@@ -446,13 +446,11 @@ async def test_public_trace_128_rank_job():
 
 
 def _expected(folder: Path) -> list[str]:
-    try:
-        return json.loads((folder / "expected.json").read_text())["must"]
-    except (OSError, KeyError, ValueError):
-        return []
+    return EXPECTED[folder]["must"] if folder in EXPECTED else []
 
 
-REAL = sorted(p for p in TRACES.glob("*") if (p / "expected.json").exists() and _expected(p)) if TRACES.exists() else []
+EXPECTED = expectations()
+REAL = sorted(p for p in EXPECTED if p.parent == TRACES and _expected(p))
 
 
 @pytest.mark.parametrize("folder", REAL[:3] or [pytest.param(None, marks=pytest.mark.skip("no bundled traces"))],
