@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpdoctor.analysis.scaling import RESIDUAL
+from fsdpdoctor.results.scaling import RESIDUAL
 from fsdpdoctor.diagnose.scaling import FINDING_ID, scaling_report
 from fsdpdoctor.cli import main
 from fsdpdoctor.errors import InputError

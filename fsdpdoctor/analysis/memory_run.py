@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from fsdpdoctor.analysis import memory as mem
-from fsdpdoctor.results.memory import MemoryReport  # noqa: F401 - importable from here as before
+from fsdpdoctor.results.memory import MemoryConfig, MemoryReport
 from fsdpdoctor.trace.io import within
 
 
@@ -72,7 +72,7 @@ def measured(folder: Path, manifest: dict, devices: dict[str, str]) -> tuple[lis
     return rows, notes
 
 
-def memory_report(cfg: mem.MemoryConfig, notes: list[str] | None = None, folder: Path | None = None,
+def memory_report(cfg: MemoryConfig, notes: list[str] | None = None, folder: Path | None = None,
                   manifest: dict | None = None, devices: dict[str, str] | None = None) -> MemoryReport:
     """The prediction for ``cfg``; with a run folder, each rank's measured peak beside it.
     Raises ValueError on a configuration the model cannot hold."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import COLLECTIVE_KINDS, Analysis, DialectTraits
-from fsdpdoctor.results.scaling import (  # noqa: F401 - the report's types, importable from here as before
+from fsdpdoctor.results.scaling import (
     COMPUTE, DATA, IDLE, RESIDUAL, WAIT, ScalingReport, ScalingRun, StepParts, Waterfall, WaterfallPart,
 )
 

@@ -35,7 +35,7 @@ def build_report(path: str, trend: bool = True, thresholds: dict[str, float] | N
         try:
             tr = trend_from_analysis(open_analysis(root, thresholds=thresholds))
         except InputError as exc:
-            from fsdpdoctor.analysis.hang import Trend
+            from fsdpdoctor.results.hang import Trend
 
             tr = Trend(False, summary=f"the profiled traces could not be read ({exc})")
     from fsdpdoctor.diagnose.hang import diagnose_hang

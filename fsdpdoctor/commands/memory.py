@@ -10,7 +10,7 @@ from fsdpdoctor.commands.base import add_output, print_json
 from fsdpdoctor.errors import InputError
 
 if TYPE_CHECKING:
-    from fsdpdoctor.analysis import memory as mem
+    from fsdpdoctor.results.memory import ActivationSpec, MemoryConfig
 
 
 def register(subparsers) -> None:
@@ -69,8 +69,8 @@ def _posint(flag: str, value) -> int:
     return n
 
 
-def _activations(args) -> mem.ActivationSpec | None:
-    from fsdpdoctor.analysis import memory as mem
+def _activations(args) -> ActivationSpec | None:
+    from fsdpdoctor.results.memory import ActivationSpec
     shape = {"layers": args.layers, "hidden": args.hidden, "seq": args.seq, "micro_batch": args.micro_batch}
     given = {k: v for k, v in shape.items() if v is not None}
     if not given:
@@ -82,7 +82,7 @@ def _activations(args) -> mem.ActivationSpec | None:
         raise InputError(None, f"activation estimate needs {' '.join(missing)} too")
     vals = {k: _posint(f"--{k.replace('_', '-')}", v) for k, v in shape.items()}
     heads = _posint("--heads", args.heads) if args.heads is not None else None
-    return mem.ActivationSpec(**vals, heads=heads, checkpointing=args.activation_checkpointing)
+    return ActivationSpec(**vals, heads=heads, checkpointing=args.activation_checkpointing)
 
 
 def _norm(flag: str, fn, value):
@@ -118,8 +118,9 @@ def _read_manifest(folder: Path) -> tuple[dict, list[str]]:
 
 # ----------------------------------------------------------------- run
 
-def build_config(args) -> tuple[mem.MemoryConfig, list[str], Path | None, dict | None, dict[str, str]]:
+def build_config(args) -> tuple[MemoryConfig, list[str], Path | None, dict | None, dict[str, str]]:
     from fsdpdoctor.analysis import memory as mem
+    from fsdpdoctor.results.memory import MemoryConfig
     notes: list[str] = []
     folder = manifest = None
     devices: dict[str, str] = {}
@@ -135,7 +136,7 @@ def build_config(args) -> tuple[mem.MemoryConfig, list[str], Path | None, dict |
     else:
         if args.params is None:
             raise InputError(None, "give --params (e.g. --params 7B) or a RUN_FOLDER")
-        cfg = mem.MemoryConfig(parameters=_count("--params", args.params), dtype="fp32",
+        cfg = MemoryConfig(parameters=_count("--params", args.params), dtype="fp32",
                                optimizer=optimizer or "adamw")
     over: dict = {}
     if args.params is not None:

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fsdpdoctor.analysis import memory as mem
-from fsdpdoctor.analysis.memory_run import MemoryReport
+from fsdpdoctor.results.memory import MemoryReport
 
 
 def _column(words: bool) -> dict:
