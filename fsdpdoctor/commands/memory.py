@@ -45,6 +45,9 @@ def register(subparsers) -> None:
     p.add_argument("--micro-batch", help="micro-batch size per rank")
     p.add_argument("--heads", help="attention heads (default hidden/128)")
     p.add_argument("--activation-checkpointing", action="store_true", help="full activation recomputation")
+    p.add_argument("--gpu-memory", metavar="SIZE",
+                   help="one device's memory, e.g. 80GB or 80GiB: say whether the per-rank total fits "
+                        "(default: the memory the manifest's device name states, where it does)")
     add_output(p, "the prediction")
     p.set_defaults(func=run)
 
@@ -57,6 +60,20 @@ def _count(flag: str, value) -> int:
         return mem.parse_param_count(value)
     except ValueError as exc:
         raise InputError(None, f"{flag}: {exc}") from None
+
+
+def _size(value: str | None) -> int | None:
+    """--gpu-memory: 80GB (1e9 bytes), 80GiB (2^30), 80e9 (bytes)."""
+    import re
+
+    if value is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*(GB|GiB|TB|TiB|MB|MiB|B)?\s*", value, re.I)
+    units = {"": 1, "b": 1, "mb": 1e6, "mib": 2**20, "gb": 1e9, "gib": 2**30, "tb": 1e12, "tib": 2**40}
+    n = int(float(m.group(1)) * units[(m.group(2) or "").lower()]) if m else 0
+    if n <= 0:
+        raise InputError(None, f"--gpu-memory: cannot read {value!r} (use e.g. 80GB or 80GiB)")
+    return n
 
 
 def _posint(flag: str, value) -> int:
@@ -175,7 +192,7 @@ def run(args) -> int:
 
     cfg, notes, folder, manifest, devices = build_config(args)
     try:
-        rep = memory_report(cfg, notes, folder, manifest, devices)
+        rep = memory_report(cfg, notes, folder, manifest, devices, device_bytes=_size(args.gpu_memory))
     except ValueError as exc:
         raise InputError(folder, str(exc)) from None
     if args.json:
