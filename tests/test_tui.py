@@ -161,9 +161,9 @@ async def test_filter_narrows_the_list():
         assert lst.option_count == len(a.findings) == len(pane.shown)
         await pilot.press("slash")
         assert app.focused.id == "filter"
-        await pilot.press(*"sev:info")
-        assert {f.severity for f in pane.shown} == {"info"}
-        assert "fsdp-forward-prefetch-off" in [f.id for f in pane.shown]
+        await pilot.press(*"sev:warning")  # at least a warning: the info finding goes
+        assert {f.severity for f in pane.shown} <= {"warning", "error"} and pane.shown
+        assert "fsdp-forward-prefetch-off" not in [f.id for f in pane.shown]
         assert lst.option_count == len(pane.shown) < len(a.findings)
         await pilot.press("enter")  # back to the list, filter kept
         assert isinstance(app.focused, FindingList)
