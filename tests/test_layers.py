@@ -19,7 +19,7 @@ LAYERS = {
     "trace": 2,
     "analysis": 3,
     "diagnose": 4,
-    "pipeline": 5,
+    "pipeline": 5, "hang_pipeline": 5.5,  # the hang pipeline reads the profiled steps through pipeline
     "report": 6,
     "tui": 7, "api": 7,
     "__init__": 8,
