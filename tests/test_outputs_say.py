@@ -50,3 +50,21 @@ def test_memory_says_whether_it_fits(capsys):
 
 def test_cpu_note_does_not_speak_of_fsdp_only():
     assert "FSDP" not in GlooCpu.note
+
+
+def test_steps_plot_fits_80_columns_words_wrapped_not_cut():
+    """The legend and the window lines were 90-114 columns at COLUMNS=80; they wrap now, whole."""
+    from pathlib import Path
+
+    from fsdpdoctor.capture.series import StepSeries
+    from fsdpdoctor.report.steps_plot import render
+    from fsdpdoctor.trace.windows import Window
+
+    s = StepSeries(rank=0, world_size=2, origin_unix_s=0.0, pid=1, steps=list(range(40)),
+                   start_s=[0.01 * i for i in range(40)], duration_s=[0.01] * 30 + [0.5] * 10, wait_s=[0.0] * 40)
+    why = "step time 4.2x the median of the last 20 steps (anomaly trigger, threshold 3x, 8 steps profiled)"
+    wins = [Window(folder=Path("windows/step_000031_anomaly"), first=31, last=38, trigger="anomaly", reason=why,
+                   partial=[])]
+    lines = render([s], wins, width=80, height=8)
+    assert max(map(len, lines)) <= 80, [ln for ln in lines if len(ln) > 80]
+    assert why.split()[-1] in " ".join(lines) and "windows: S schedule" in " ".join(lines)
