@@ -118,7 +118,7 @@ JSON_VERBS = {
 def test_every_json_carries_schema_version(verb, monkeypatch, capsys):
     from fsdpdoctor.results import SCHEMA_VERSION
 
-    monkeypatch.chdir(ROOT)
+    monkeypatch.chdir(TRACES.parent)  # traces/ there is the pristine copy
     assert main(JSON_VERBS[verb]) in (0, 1)
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema_version"] == SCHEMA_VERSION
@@ -147,7 +147,7 @@ TUI_VERBS = {
 def _run(argv: list[str], stdin, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="80")
     # a TUI that starts anyway never exits here (stdin at end of file): the timeout fails the test
-    return subprocess.run([sys.executable, "-m", "fsdpdoctor", *argv], cwd=ROOT, env=env, stdin=stdin,
+    return subprocess.run([sys.executable, "-m", "fsdpdoctor", *argv], cwd=TRACES.parent, env=env, stdin=stdin,
                           stdout=stdout, stderr=subprocess.PIPE, text=True,
                           timeout=600)  # a guard against a hang, not a speed bound: scaling loads two runs first
 
