@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PUBLIC_CANDIDATES = [REPO.parent / "shared" / "traces-public", Path("/work/shared/traces-public")]
+# ../shared beside the repository, or the folder FSDPDOCTOR_SHARED names (as tests/shared_data.py)
+PUBLIC_CANDIDATES = [Path(os.environ.get("FSDPDOCTOR_SHARED") or REPO.parent / "shared") / "traces-public"]
 GPU_TRACES = ["ddp_a100_rank0", "recsys_2_of_128_ranks", "v100_trace_diff_test", "mi300_rccl_ddp_act_checkpoint",
               "resnet50_loader_num_workers_0", "resnet50_loader_num_workers_4"]
 NOT_TRACES = ("manifest.json", "expected.json")

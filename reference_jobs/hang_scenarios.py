@@ -63,7 +63,7 @@ HANG_SCENARIOS: dict[str, dict] = {
 
 
 def expected(name: str) -> dict:
-    """expected.json of a recorded hang scenario: no diagnosis-rule expectations (the profiled
+    """What a recorded hang scenario must show (expectations.py): no diagnosis-rule expectations (the profiled
     steps before the fault are healthy but for hang_loader's slowing rank), the hang verdict."""
     sc = HANG_SCENARIOS[name]
     return {"scenario": name, "injects": sc["injects"], "must": [], "must_not": [], "hang": sc["expected"]}

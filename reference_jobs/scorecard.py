@@ -2,27 +2,30 @@
 
     python reference_jobs/scorecard.py [--traces traces] [--markdown]
 
-For each scenario folder with an expected.json (CPU scenarios in traces/<name>/, GPU recordings in
-traces/cuda/<name>/): a rule listed in "must" that
-fires is a true positive, one that does not is a false negative; a rule listed
-in "must_not" that fires is a false positive. Rules firing where expected.json
-says nothing either way are counted as "unlisted" (neither right nor wrong).
+For each bundled recording (CPU scenarios in traces/<name>/, GPU recordings in traces/cuda/<name>/)
+with its expectations derived from the scenario tables (expectations.py): a rule listed in "must"
+that fires is a true positive, one that does not is a false negative; a rule listed in "must_not"
+that fires is a false positive. Rules firing where the expectations say nothing either way are
+counted as "unlisted" (neither right nor wrong).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 
-from fsdpdoctor.diagnose.rules import RULE_IDS
-from fsdpdoctor.pipeline import open_analysis
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from expectations import expectations  # noqa: E402
+from fsdpdoctor.diagnose.rules import RULE_IDS  # noqa: E402
+from fsdpdoctor.pipeline import open_analysis  # noqa: E402
 
 
-def scenario_files(traces: Path) -> list[Path]:
-    """expected.json of every CPU scenario and every GPU (CUDA) recording."""
-    return sorted(traces.glob("*/expected.json")) + sorted(traces.glob("cuda/*/expected.json"))
+def scenario_folders(traces: Path) -> dict[Path, dict]:
+    """Every CPU scenario and every GPU (CUDA) recording under ``traces``, with its expectations."""
+    return dict(sorted(expectations(traces).items()))
 
 
 # injected problems whose rule has no measurable cost on a CPU/gloo trace, so `check` (which gates on
@@ -34,13 +37,13 @@ NOT_GATING_ON_CPU = {"fsdp-forward-prefetch-off", "fsdp1-no-backward-prefetch", 
                      "fsdp2-backward-prefetch-ineffective", "host-sync", "activation-recompute"}
 
 
-def gate_rows(exp_path: Path, exp: dict, findings) -> str:
+def gate_rows(folder: Path, exp: dict, findings) -> str:
     """One row: does `fsdpdoctor check` (default: fail on warning) pass or fail this scenario as it should?"""
     fails = sorted({f.id for f in findings if f.severity in ("warning", "error")})
-    gpu = "cuda" in exp_path.parent.parts
+    gpu = folder.parent.name == "cuda"
     gating = set(exp["must"]) - (set() if gpu else NOT_GATING_ON_CPU)
     want, got = ("fail" if gating else "pass"), ("fail" if fails else "pass")
-    return (f"| `{exp_path.parent.name}`{' (CUDA)' if gpu else ''} | {', '.join(sorted(exp['must'])) or '-'} | "
+    return (f"| `{folder.name}`{' (CUDA)' if gpu else ''} | {', '.join(sorted(exp['must'])) or '-'} | "
             f"{want} | {got} ({', '.join(fails) or 'no warning'}) | {'yes' if want == got else '**no**'} |")
 
 
@@ -48,12 +51,11 @@ def scorecard(traces: Path) -> tuple[dict, list[str]]:
     stats = {r: defaultdict(int) for r in RULE_IDS}
     failures = []
     scorecard.gate = []
-    for exp_path in scenario_files(traces):
-        exp = json.loads(exp_path.read_text())
-        findings = open_analysis(exp_path.parent).findings
+    for folder, exp in scenario_folders(traces).items():
+        findings = open_analysis(folder).findings
         fired = {f.id for f in findings}
-        if not exp_path.parent.name.startswith("hang_"):
-            scorecard.gate.append(gate_rows(exp_path, exp, findings))
+        if not folder.name.startswith("hang_"):
+            scorecard.gate.append(gate_rows(folder, exp, findings))
         must, must_not = set(exp["must"]), set(exp["must_not"])
         for r in RULE_IDS:
             s = stats[r]
@@ -64,23 +66,23 @@ def scorecard(traces: Path) -> tuple[dict, list[str]]:
             elif r in fired:
                 s["unlisted"] += 1
         if must - fired or must_not & fired:
-            failures.append(f"{exp_path.parent.relative_to(traces)}: missing {sorted(must - fired)}, forbidden {sorted(must_not & fired)}")
+            failures.append(f"{folder.relative_to(traces)}: missing {sorted(must - fired)}, forbidden {sorted(must_not & fired)}")
     return stats, failures
 
 
 def hang_scorecard(traces: Path) -> tuple[list[str], list[str]]:
     """Markdown rows (scenario, expected and found cause, ranks, frame) of `fsdpdoctor hang` on every
-    recorded hang scenario (expected.json with a "hang" verdict), and the mismatches."""
+    recorded hang scenario (hang_scenarios.py's expected verdict), and the mismatches."""
     from fsdpdoctor.analysis.hang import analyze_hang
     from fsdpdoctor.trace.hang import load_hang_dumps
 
     rows, failures = [], []
-    for exp_path in sorted(traces.glob("*/expected.json")):
-        exp = json.loads(exp_path.read_text()).get("hang")
+    for folder, expected in scenario_folders(traces).items():
+        exp = expected.get("hang")
         if not exp:
             continue
-        name = exp_path.parent.name
-        rep = analyze_hang(load_hang_dumps(exp_path.parent))
+        name = folder.name
+        rep = analyze_hang(load_hang_dumps(folder))
         v = rep.verdicts[0] if rep.verdicts else None
         got_fn = v.frame.function if v and v.frame else None
         ok = (v is not None and v.cause == exp["cause"] and sorted(v.ranks) == sorted(exp["lagging"])

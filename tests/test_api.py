@@ -13,6 +13,7 @@ import pytest
 import fsdpdoctor
 from fsdpdoctor.cli import main
 from fsdpdoctor.results import Analysis
+from bundled import TRACES as BUNDLED  # the committed traces, in a pristine copy
 
 pd = pytest.importorskip("pandas")
 RUN = "ddp_tiny_buckets"
@@ -153,7 +154,7 @@ def test_readme_notebook_example_runs(repo_root, tmp_path, monkeypatch):
     text = (repo_root / "README.md").read_text()
     section = text.split("## From a notebook", 1)[1]
     code = section.split("```python", 1)[1].split("```", 1)[0]
-    code = code.replace('"traces/dataloader_slow"', repr(str(repo_root / "traces" / "dataloader_slow")))
+    code = code.replace('"traces/dataloader_slow"', repr(str(BUNDLED / "dataloader_slow")))
     monkeypatch.chdir(tmp_path)
     ns: dict = {}
     exec(compile(code, "README.md", "exec"), ns)

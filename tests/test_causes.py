@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from fsdpdoctor.pipeline import open_analysis as analyze_path
+from bundled import TRACES  # the committed traces, in a pristine copy
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "traces"
 needs = pytest.mark.skipif(not (TRACES / "seq_length_skew" / "rank0.json.gz").exists(), reason="traces/ absent")
 
 

@@ -1,23 +1,47 @@
-"""`.ci/run` runs the README's test command: the install line and the pytest call are one list."""
+"""`.ci/run` runs the README's test command: the install line and both halves of the tests, the slow
+half whatever the fast one gave, and fails when either fails."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _commands(line: str) -> list[str]:
-    # `python -m pip install -q X` in CI is `pip install X` in the README (the quiet flag only)
-    line = line.replace("python -m pip install -q ", "pip install ")
-    return [c.strip() for c in line.split("&&")]
-
-
-def test_ci_runs_the_readme_test_command():
+def _readme_block() -> list[str]:
     readme = (ROOT / "README.md").read_text()
     shown = [m for m in re.findall(r"```bash\n(.*?)\n```", readme, re.S) if "pytest" in m and "pip install" in m]
     assert len(shown) == 1, "the README shows one install-and-test command"
-    ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in ln]
-    assert len(ci) == 1
-    assert _commands(ci[0]) == _commands(shown[0].strip())
+    return [ln.strip() for ln in shown[0].strip().splitlines()]
+
+
+def _ci_lines() -> list[str]:
+    """.ci/run from its install line on; `python -m pip install -q X` there is `pip install X` in the
+    README, and the install line's `|| exit` stops CI where an install failed."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if "pip install" in ln)
+    return [ln.replace("python -m pip install -q ", "pip install ").removesuffix(" || exit").strip()
+            for ln in lines[start:] if ln.strip()]
+
+
+def test_ci_runs_the_readme_test_command():
+    block = _readme_block()
+    assert _ci_lines() == block
+    assert not any("&&" in ln and "pytest" in ln for ln in block), "an && would skip the slow half"
+
+
+@pytest.mark.parametrize("fast,slow", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_both_halves_run_and_either_fails_the_command(fast, slow):
+    """The test lines of the README, with `python` standing in for pytest: both halves run, the last
+    line names both exit codes, and the command fails when either half fails."""
+    tests = [ln for ln in _readme_block() if "pip install" not in ln]
+    stub = ('python() { case "$*" in *"not slow"*) echo "fast half ran"; return %d;; '
+            '*) echo "slow half ran"; return %d;; esac; }' % (fast, slow))
+    out = subprocess.run(["bash", "-c", "\n".join([stub, *tests])], capture_output=True, text=True, timeout=30)
+    assert "fast half ran" in out.stdout and "slow half ran" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == f"fast tests: exit {fast}; slow tests (torchrun jobs): exit {slow}"
+    assert (out.returncode == 0) == (fast == slow == 0)

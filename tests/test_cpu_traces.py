@@ -13,8 +13,8 @@ import pytest
 from intervals_ref import merge
 
 from fsdpdoctor.pipeline import open_analysis
+from bundled import TRACES  # the committed traces, in a pristine copy
 
-TRACES = Path(__file__).resolve().parents[1] / "traces"
 
 # the c10d op names -> kind, written out independently of fsdpdoctor.analysis.collectives
 C10D_KIND = {"c10d::allreduce_": "all_reduce", "c10d::allreduce_coalesced_": "all_reduce",

@@ -1,5 +1,5 @@
 """Diagnosis on real traces: every bundled reference scenario yields exactly its
-expected findings (expected.json), and the public GPU traces get the verdicts
+expected findings (derived from reference_jobs/scenarios.py), and the public GPU traces get the verdicts
 issue 4 asks for."""
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import pytest
 from fsdpdoctor.diagnose.rules import RULE_IDS
 from fsdpdoctor.pipeline import open_analysis
 from shared_data import PUBLIC, needs_public
+from bundled import TRACES, expectations  # the committed traces, in a pristine copy
+from conftest import error_lines
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "traces"
-SCENARIOS = sorted(p.parent.name for p in TRACES.glob("*/expected.json"))
+EXPECTED = expectations()
+SCENARIOS = sorted(p.name for p in EXPECTED if p.parent == TRACES)
 
 
 def ids(path, **kw) -> set[str]:
@@ -30,11 +32,11 @@ def test_bundled_scenarios_exist():
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_scenario_expected_findings(scenario):
-    expected = json.loads((TRACES / scenario / "expected.json").read_text())
+    expected = EXPECTED[TRACES / scenario]
     found = ids(TRACES / scenario)
     assert set(expected["must"]) <= found, f"missing {set(expected['must']) - found}"
     assert not (set(expected["must_not"]) & found), f"forbidden {set(expected['must_not']) & found}"
-    # expected.json only names rules that exist
+    # the expectations only name rules that exist
     assert set(expected["must"]) | set(expected["must_not"]) <= set(RULE_IDS)
 
 
@@ -113,7 +115,7 @@ def test_check_exit_codes_and_junit(tmp_path):
     assert json.loads(budget.stdout)["budgets_exceeded"]
     missing = subprocess.run([sys.executable, "-m", "fsdpdoctor", "check", str(tmp_path / "nope")],
                              capture_output=True, text=True)
-    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+    assert missing.returncode == 2 and len(error_lines(missing.stderr)) == 1
 
 
 def test_diff_reports_gone_and_new():

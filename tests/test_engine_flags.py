@@ -8,14 +8,13 @@ for the map (no engine would run at all)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from fsdpdoctor import pipeline
 from fsdpdoctor.cli import main
+from bundled import TRACES  # the committed traces, in a pristine copy
 
-TRACES = Path(__file__).resolve().parents[1] / "traces"
 BASE, NEW = TRACES / "straggler", TRACES / "ddp_default"              # diff: two runs of 2 ranks
 RUN1, RUN2 = TRACES / "scaling_1proc", TRACES / "scaling_2proc"        # scaling: one job at 1 and 2 ranks
 

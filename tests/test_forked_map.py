@@ -15,8 +15,8 @@ from fsdpdoctor.engines import SerialEngine, local, make_engine
 from fsdpdoctor.engines.forking import can_fork
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.pipeline import RankUnit, rank_step
+from bundled import TRACES  # the committed traces, in a pristine copy
 
-TRACES = Path(__file__).resolve().parents[1] / "traces"
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="needs fork and no other non-daemon thread")
 

@@ -15,8 +15,8 @@ import fsdpdoctor
 from fsdpdoctor import pipeline
 from fsdpdoctor.cli import main
 from fsdpdoctor.pipeline import open_analysis
+from bundled import TRACES  # the committed traces, in a pristine copy
 
-TRACES = Path(__file__).resolve().parents[1] / "traces"
 
 
 def _cli(*argv: str) -> tuple[int, str]:

@@ -40,8 +40,8 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from fsdpdoctor.cli import main
+from bundled import TRACES  # the committed traces, in a pristine copy
 
-TRACES = Path(__file__).resolve().parents[1] / "traces"
 SCENARIO = TRACES / "ddp_default"
 EXAMPLES = int(os.environ.get("FSDPDOCTOR_FUZZ_EXAMPLES", "0"))
 SEED = int(os.environ.get("FSDPDOCTOR_FUZZ_SEED", "13"))

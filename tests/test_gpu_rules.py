@@ -13,9 +13,10 @@ import pytest
 from fsdpdoctor.cli import main
 from fsdpdoctor.pipeline import open_analysis
 from shared_data import PUBLIC, needs_public
+from bundled import TRACES as BUNDLED, expectations  # the committed traces, in a pristine copy
 
 ROOT = Path(__file__).resolve().parents[1]
-CUDA = ROOT / "traces" / "cuda"
+CUDA = BUNDLED / "cuda"
 MY_RULES = {"gpu-idle", "cpu-staged-collectives", "ranks-never-communicate", "wrapper-world-size-1",
             "mixed-backends", "activation-recompute", "offload-exposed"}
 PREFETCH = {"fsdp-forward-prefetch-off", "fsdp1-backward-post", "fsdp1-no-backward-prefetch",
@@ -289,7 +290,8 @@ def test_offload_copies_exposed(tmp_path):
 
 
 # ----------------------------------------------------------------- the bundled CUDA recordings
-CUDA_SCENARIOS = sorted(p.parent.name for p in CUDA.glob("*/expected.json"))
+EXPECTED = expectations()
+CUDA_SCENARIOS = sorted(p.name for p in EXPECTED if p.parent == CUDA)
 
 
 def test_cuda_set_is_bundled():
@@ -299,7 +301,7 @@ def test_cuda_set_is_bundled():
 
 @pytest.mark.parametrize("scenario", CUDA_SCENARIOS)
 def test_cuda_expected_findings(scenario):
-    exp = json.loads((CUDA / scenario / "expected.json").read_text())
+    exp = EXPECTED[CUDA / scenario]
     a = open_analysis(CUDA / scenario)
     found = {f.id for f in a.findings}
     assert set(exp["must"]) <= found, f"missing {set(exp['must']) - found}"
@@ -501,7 +503,7 @@ def test_scorecard_covers_the_cuda_set(tmp_path):
     sys.path.insert(0, str(ROOT / "reference_jobs"))
     import scorecard
 
-    names = {p.parent.name for p in scorecard.scenario_files(ROOT / "traces") if p.parent.parent.name == "cuda"}
+    names = {p.name for p in scorecard.scenario_folders(BUNDLED) if p.parent.name == "cuda"}
     assert names == set(CUDA_SCENARIOS)
     (tmp_path / "cuda").symlink_to(CUDA)
     stats, failures = scorecard.scorecard(tmp_path)

@@ -17,10 +17,12 @@ from fsdpdoctor.analysis.hang import analyze_hang, is_library, user_frame
 from fsdpdoctor.cli import main
 from fsdpdoctor.diagnose.hang import diagnose_hang
 from fsdpdoctor.trace.hang import Frame, load_hang_dumps, read_faulthandler
+from bundled import TRACES, expectations  # the committed traces, in a pristine copy
+from conftest import error_lines
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "traces"
-HANG_RUNS = sorted(p.parent for p in TRACES.glob("hang_*/expected.json"))
+EXPECTED = expectations()
+HANG_RUNS = sorted(p for p in EXPECTED if "hang" in EXPECTED[p])
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +53,7 @@ def check_verdict(rep, exp: dict) -> None:
 
 @pytest.mark.parametrize("run", HANG_RUNS, ids=[p.name for p in HANG_RUNS])
 def test_bundled_dumps_verdict(run):
-    exp = json.loads((run / "expected.json").read_text())["hang"]
+    exp = EXPECTED[run]["hang"]
     rep = diagnose_hang(analyze_hang(load_hang_dumps(run)))
     check_verdict(rep, exp)
     # the verdicts as findings, one each, on the one severity scale: a hang costs the whole step
@@ -217,10 +219,10 @@ def test_analyze_mentions_hang_folder(capsys):
 # --------------------------------------------------------------------------- malformed input
 def _one_line_error(capsys, path) -> str:
     rc = main(["hang", str(path), "--no-trend"])
-    err = capsys.readouterr().err.strip()
-    assert rc == 2, err
-    assert len(err.splitlines()) == 1 and err.startswith("fsdpdoctor: error:"), err
-    return err
+    lines = error_lines(capsys.readouterr().err)
+    assert rc == 2, lines
+    assert len(lines) == 1 and lines[0].startswith("fsdpdoctor: error:"), lines
+    return lines[0]
 
 
 def _run_with(tmp_path, name: str, text: str) -> Path:

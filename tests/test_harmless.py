@@ -21,9 +21,9 @@ from fsdpdoctor.pipeline import rank_step as _real_rank_step
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.report.json_report import to_json
 from fsdpdoctor.trace.io import read_raw, write_atomic
+from bundled import TRACES  # the committed traces, in a pristine copy
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO / "traces"
 # a verb that waited on a FIFO would wait forever: this bounds the test, not the tool
 PATIENCE_S = 120
 

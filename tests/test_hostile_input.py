@@ -17,8 +17,9 @@ import pytest
 
 from fsdpdoctor.cli import main
 from shared_data import PUBLIC
+from bundled import TRACES  # the committed traces, in a pristine copy
+from conftest import error_lines
 
-TRACES = Path(__file__).resolve().parents[1] / "traces"
 DDP = TRACES / "ddp_default"
 
 pytestmark = pytest.mark.skipif(not (DDP / "rank0.json.gz").exists(), reason="bundled traces not present")
@@ -46,7 +47,7 @@ def cli(capsys, *argv) -> tuple[int, str, str]:
     out, err = capsys.readouterr()
     assert "Traceback" not in err and "internal error" not in err, err
     if rc == 2:
-        assert len(err.strip().splitlines()) == 1, err
+        assert len(error_lines(err)) == 1, err
     return rc, out, err
 
 

@@ -17,12 +17,14 @@ from fsdpdoctor.analysis import invariants
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import Analysis, Finding
 from fsdpdoctor.pipeline import open_analysis as analyze_path
+from bundled import TRACES as BUNDLED  # the committed traces, in a pristine copy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shared_data import SHARED as _SHARED  # noqa: E402
 from trace_edit import split_cycles  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = next((p for p in (ROOT.parent / "shared", Path("/work/shared")) if p.is_dir()), None)
+SHARED = _SHARED if _SHARED.is_dir() else None  # ../shared beside the repository (tests/shared_data.py)
 
 
 def _runs(base: Path) -> list[Path]:
@@ -43,11 +45,11 @@ def _assert_family(runs: list[Path]) -> None:
 
 
 def test_invariants_hold_on_bundled_traces():
-    _assert_family([d for d in _runs(ROOT / "traces") if d.name != "cuda"])
+    _assert_family([d for d in _runs(BUNDLED) if d.name != "cuda"])
 
 
 def test_invariants_hold_on_bundled_cuda_traces():
-    _assert_family(_runs(ROOT / "traces" / "cuda"))
+    _assert_family(_runs(BUNDLED / "cuda"))
 
 
 @pytest.mark.skipif(SHARED is None or not (SHARED / "traces-public").is_dir(), reason="../shared/traces-public absent")
@@ -64,7 +66,7 @@ def test_invariants_hold_on_shared_cuda_traces():
 def test_collectives_table_adds_up_on_straggler():
     """Two gloo all-reduces of a step wait together for the sleeping rank: their exposed times were
     summed (298 ms of exposed all-reduce per rank and step against 155.5 ms of exposed communication)."""
-    a = analyze_path(ROOT / "traces" / "straggler", use_summaries=False)
+    a = analyze_path(BUNDLED / "straggler", use_summaries=False)
     rank_steps = sum(len(r.steps) for r in a.ranks)
     exposed = sum(s.exposed_comm_us for r in a.ranks for s in r.steps) / rank_steps
     comm = sum(s.comm_us for r in a.ranks for s in r.steps) / rank_steps
@@ -82,7 +84,7 @@ def test_collectives_table_adds_up_on_straggler():
 def test_kinds_and_phases_add_up_where_kinds_overlap():
     """DDP's broadcast of buffers runs beside the gradient all-reduces: each kind's own union summed
     over kinds was 70.9 us more than the step's exposed communication."""
-    a = analyze_path(ROOT / "traces" / "cnn_ddp", use_summaries=False)
+    a = analyze_path(BUNDLED / "cnn_ddp", use_summaries=False)
     calls = sorted(a.collective_events, key=lambda c: (c.rank, c.start_us))
     assert any(x.rank == y.rank and x.kind != y.kind and y.start_us < x.end_us for x, y in zip(calls, calls[1:]))
     for r in a.ranks:
@@ -93,7 +95,7 @@ def test_kinds_and_phases_add_up_where_kinds_overlap():
 
 
 def test_enforce_bounds_and_names_a_violated_figure(monkeypatch):
-    a = analyze_path(ROOT / "traces" / "host_sync", use_summaries=False)
+    a = analyze_path(BUNDLED / "host_sync", use_summaries=False)
     step = a.mean.duration_us
     a.findings.append(Finding(id="made-up", title="t", severity="error", confidence=1.0, impact_us=2 * step,
                               impact_frac=2.0, summary="", fix=""))
@@ -111,7 +113,7 @@ def test_enforce_bounds_and_names_a_violated_figure(monkeypatch):
 
 
 def test_enforce_withholds_a_table_that_does_not_add_up(monkeypatch):
-    a = analyze_path(ROOT / "traces" / "straggler", use_summaries=False)
+    a = analyze_path(BUNDLED / "straggler", use_summaries=False)
     a.collectives[0].exposed_us *= 2
     monkeypatch.setenv(invariants.STRICT_ENV, "0")
     invariants.enforce(a)
@@ -149,7 +151,7 @@ def test_two_profiler_cycles_are_separate_runs_of_steps(tmp_path, names):
 def test_our_h100_recording_split_into_two_cycles(tmp_path):
     """Our own H100 recording (traces/cuda/dataloader_slow, steps 2-4) as two cycles 5 minutes apart:
     step 2 alone in the first cycle, steps 3-4 in the second."""
-    src = ROOT / "traces" / "cuda" / "dataloader_slow"
+    src = BUNDLED / "cuda" / "dataloader_slow"
     whole = analyze_path(src, use_summaries=False)
     split_cycles(src / "rank0.json.gz", tmp_path, 1, 300e6, ("rank0.json.gz", "rank0.cycle2.json.gz"))
     a = analyze_path(tmp_path, use_summaries=False)
@@ -246,7 +248,7 @@ def test_generated_traces_keep_the_invariants(tmp_path_factory, trace):
 def test_own_recording_with_two_profiler_cycles(run):
     """reference_jobs/gru_cycles.py: repeat=2 with a 2 s pause between the cycles, through the capture
     wrapper (manifest cycle_files) and through torch.profiler's trace handler (no manifest)."""
-    a = analyze_path(ROOT / "traces" / run, use_summaries=False)
+    a = analyze_path(BUNDLED / run, use_summaries=False)
     assert [r.rank for r in a.ranks] == [0, 1]
     for r in a.ranks:
         assert len(r.cycles) == 2 and r.cycles[1][0] - r.cycles[0][1] > 1.5e6  # the pause

@@ -11,8 +11,9 @@ import pytest
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.pipeline import open_analysis
+from bundled import TRACES as BUNDLED  # the committed traces, in a pristine copy
 
-TRACES = Path(__file__).resolve().parents[1] / "traces"
+TRACES = BUNDLED
 
 
 def _tables_of(path, **kw):
@@ -96,7 +97,7 @@ def _tables(path: Path, monkeypatch, generic: bool):
     return t
 
 
-_BUNDLED = sorted(Path(__file__).resolve().parents[1].glob("traces/**/rank*.json.gz"))
+_BUNDLED = sorted(TRACES.glob("**/rank*.json.gz"))
 
 
 @pytest.mark.parametrize("path", _BUNDLED[::4], ids=lambda p: f"{p.parent.name}/{p.name}")

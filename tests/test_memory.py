@@ -10,12 +10,14 @@ import sys
 import pytest
 
 from fsdpdoctor.analysis import memory as mem
+from fsdpdoctor.results.memory import ActivationSpec, MemoryConfig
+from conftest import error_lines
 
 GB = 1e9
 
 
 def model_state(**kw) -> float:
-    return mem.estimate(mem.MemoryConfig(**kw)).model_state
+    return mem.estimate(MemoryConfig(**kw)).model_state
 
 
 def close(a, b, rel=0.01):
@@ -26,7 +28,7 @@ def close(a, b, rel=0.01):
 
 def test_7b_bf16_adamw_is_84_gb():
     assert close(model_state(parameters=mem.parse_param_count("7B"), dtype="bf16", optimizer="adamw"), 84 * GB)
-    assert mem.bytes_per_param(mem.MemoryConfig(parameters=1, dtype="bf16")).total == 12
+    assert mem.bytes_per_param(MemoryConfig(parameters=1, dtype="bf16")).total == 12
 
 
 def test_13b_bf16_adamw_is_156_gb():
@@ -38,7 +40,7 @@ def test_7b_fp32_adam_is_112_gb():
 
 
 def test_mixed_precision_is_16_bytes_per_param():
-    bpp = mem.bytes_per_param(mem.MemoryConfig(parameters=1, dtype="bf16", mixed_precision=True))
+    bpp = mem.bytes_per_param(MemoryConfig(parameters=1, dtype="bf16", mixed_precision=True))
     assert (bpp.weights, bpp.gradients, bpp.master_weights, bpp.optimizer_states) == (2, 2, 4, 8)
     assert close(model_state(parameters=7e9, dtype="bf16", mixed_precision=True), 112 * GB)
 
@@ -69,40 +71,40 @@ def test_hybrid_between_no_shard_and_full_shard():
 
 def test_cpu_offload_moves_bytes_to_host():
     kw = dict(parameters=7_000_000_000, dtype="bf16", mixed_precision=True, world_size=8, strategy="zero3")
-    on_dev = mem.estimate(mem.MemoryConfig(**kw))
-    off = mem.estimate(mem.MemoryConfig(cpu_offload=True, **kw))
+    on_dev = mem.estimate(MemoryConfig(**kw))
+    off = mem.estimate(MemoryConfig(cpu_offload=True, **kw))
     assert on_dev.host.total == 0
     assert off.model_state < on_dev.model_state
     assert off.host.total > 0
     assert off.model_state + off.host.total == on_dev.model_state  # bytes moved, not lost
     # ZeRO-2 + offload: weights stay on device (needed unsharded for compute)
-    z2 = mem.estimate(mem.MemoryConfig(cpu_offload=True, **{**kw, "strategy": "zero2"}))
+    z2 = mem.estimate(MemoryConfig(cpu_offload=True, **{**kw, "strategy": "zero2"}))
     assert z2.weights == 7_000_000_000 * 2 and z2.optimizer_states == 0 and z2.host.optimizer_states > 0
 
 
 def test_transient_included_only_when_largest_unit_known():
     kw = dict(parameters=7_000_000_000, dtype="bf16", world_size=8, strategy="zero3")
-    e = mem.estimate(mem.MemoryConfig(**kw))
+    e = mem.estimate(MemoryConfig(**kw))
     assert e.peak_transient is None and any("transient" in s for s in e.not_included)
-    e2 = mem.estimate(mem.MemoryConfig(largest_unit_params=200_000_000, **kw))
+    e2 = mem.estimate(MemoryConfig(largest_unit_params=200_000_000, **kw))
     assert e2.peak_transient and e2.total == e2.model_state + e2.peak_transient
     assert e2.peak_transient < 200_000_000 * 4 + 1
 
 
 def test_activation_estimate_korthikanti():
-    spec = mem.ActivationSpec(layers=2, hidden=1024, seq=512, micro_batch=4, heads=16)
+    spec = ActivationSpec(layers=2, hidden=1024, seq=512, micro_batch=4, heads=16)
     a = mem.estimate_activations(spec, "bf16")
     s, b, h, heads = 512, 4, 1024, 16
     assert a.per_layer_bytes == round(s * b * h * (34 + 5 * heads * s / h))
     assert a.total_bytes == 2 * a.per_layer_bytes
-    ck = mem.estimate_activations(mem.ActivationSpec(layers=2, hidden=1024, seq=512, micro_batch=4, heads=16,
+    ck = mem.estimate_activations(ActivationSpec(layers=2, hidden=1024, seq=512, micro_batch=4, heads=16,
                                                      checkpointing=True), "bf16")
     assert ck.per_layer_bytes == 2 * s * b * h and ck.total_bytes < a.total_bytes
     assert "estimate" in a.notes[0]
 
 
 def test_comparison_covers_every_strategy():
-    cfg = mem.MemoryConfig(parameters=7_000_000_000, dtype="bf16", world_size=16, gpus_per_node=8, strategy="ddp")
+    cfg = MemoryConfig(parameters=7_000_000_000, dtype="bf16", world_size=16, gpus_per_node=8, strategy="ddp")
     rows = mem.compare_strategies(cfg)
     names = {r.strategy for r in rows}
     assert {"ddp", "zero1", "zero2", "zero3", "hybrid_shard"} <= names
@@ -164,7 +166,7 @@ def test_cli_bad_input_one_line_exit_2(args):
 
 def test_cli_folder_without_manifest(tmp_path):
     r = cli(str(tmp_path))
-    assert r.returncode == 2 and "manifest.json" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and "manifest.json" in r.stderr and len(error_lines(r.stderr)) == 1
 
 
 def manifest_for(n_params, *, profile_memory, files=None, dtype="float32", optimizer="AdamW",
@@ -201,7 +203,7 @@ def test_manifest_fsdp1_mapping(tmp_path):
 def test_manifest_unknown_optimizer_is_input_error(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(manifest_for(1000, profile_memory=False, optimizer=None)))
     r = cli(str(tmp_path))
-    assert r.returncode == 2 and "model.optimizer" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and "model.optimizer" in r.stderr and len(error_lines(r.stderr)) == 1
     assert cli(str(tmp_path), "--optimizer", "sgd").returncode == 0
 
 

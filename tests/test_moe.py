@@ -13,9 +13,9 @@ import pytest
 
 from conftest import requires_torch
 from fsdpdoctor.pipeline import open_analysis
+from bundled import TRACES  # the committed traces, in a pristine copy
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "traces"
 needs = pytest.mark.skipif(not (TRACES / "moe_routing_skew" / "rank0.json.gz").exists(), reason="traces/ absent")
 
 # per step the job exchanges token counts, dispatches and combines in the forward, and sends the

@@ -13,9 +13,10 @@ from fsdpdoctor.analysis import invariants
 from fsdpdoctor.pipeline import open_analysis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shared_data import SHARED as _SHARED  # noqa: E402
 from trace_edit import rename_comm_kernels  # noqa: E402
 
-SHARED = next((p for p in (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared")) if p.is_dir()), None)
+SHARED = _SHARED if _SHARED.is_dir() else None  # ../shared beside the repository (tests/shared_data.py)
 A100 = SHARED / "traces-public" / "ddp_a100_rank0" / "nccl_data.json.gz" if SHARED else None
 pytestmark = pytest.mark.skipif(A100 is None or not A100.is_file(), reason="../shared/traces-public absent")
 

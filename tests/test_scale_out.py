@@ -23,9 +23,9 @@ from fsdpdoctor.pipeline import open_analysis
 
 from conftest import requires_torch
 from shared_data import PUBLIC
+from bundled import TRACES  # the committed traces, in a pristine copy
 
 REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO / "traces"
 RUNS = ["straggler", "fsdp2_default", "ddp_default", "fsdp1_backward_pre", "host_sync"]
 
 
@@ -208,66 +208,7 @@ def test_capture_writes_a_summary_beside_the_trace(tmp_path):
     assert from_summary == from_trace
 
 
-# ------------------------------------------------------------------ layers
-LAYERS = {"capture": 0, "trace": 1, "analysis": 2, "diagnose": 3, "report": 4, "tui": 4}
-
-
-def _imports(path: Path, top_level_only: bool) -> set[str]:
-    import ast
-
-    tree = ast.parse(path.read_text())
-    nodes = tree.body if top_level_only else ast.walk(tree)
-    out = set()
-    # ``from PKG import SUBMODULE`` imports the submodule (PKG's __init__ is only its face)
-    for n in nodes:
-        if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
-            folder = REPO.joinpath(*n.module.split("."))
-            subs = [a.name for a in n.names if (folder / f"{a.name}.py").is_file() or (folder / a.name).is_dir()]
-            out.update(f"{n.module}.{s}" for s in subs)
-            if len(subs) < len(n.names):
-                out.add(n.module)
-        elif isinstance(n, ast.Import):
-            out.update(a.name for a in n.names)
-    return {m for m in out if m.startswith("fsdpdoctor")}
-
-
-def test_layers_import_only_upstream():
-    pkg = REPO / "fsdpdoctor"
-    bad = []
-    for f in pkg.rglob("*.py"):
-        layer = f.relative_to(pkg).parts[0]
-        if layer not in LAYERS:
-            continue
-        for m in _imports(f, top_level_only=False):
-            target = m.split(".")[1] if "." in m else None
-            if target in LAYERS and LAYERS[target] > LAYERS[layer]:
-                bad.append(f"{f.relative_to(pkg)} imports {m}")
-    assert not bad, bad
-
-
-def test_no_import_cycles_at_module_level():
-    pkg = REPO / "fsdpdoctor"
-    graph = {}
-    for f in pkg.rglob("*.py"):
-        mod = ".".join(("fsdpdoctor",) + f.relative_to(pkg).with_suffix("").parts).removesuffix(".__init__")
-        graph[mod] = {m for m in _imports(f, top_level_only=True)}
-    # a module imports its package's __init__ too; only edges between known modules count
-    state: dict[str, int] = {}
-
-    def visit(m, stack):
-        state[m] = 1
-        for n in graph.get(m, ()):
-            if n not in graph:
-                continue
-            if state.get(n) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack + [m, n]))
-            if n not in state:
-                visit(n, stack + [m])
-        state[m] = 2
-
-    for m in graph:
-        if m not in state:
-            visit(m, [])
+# the layer and import-circle guards: tests/test_layers.py (every package and root module)
 
 
 # ------------------------------------------------------------------ loader paths

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from fsdpdoctor.analysis.scaling import RESIDUAL
+from fsdpdoctor.results.scaling import RESIDUAL
 from fsdpdoctor.diagnose.scaling import FINDING_ID, scaling_report
 from fsdpdoctor.cli import main
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.pipeline import open_analysis
+from bundled import TRACES  # the committed traces, in a pristine copy
+from conftest import error_lines
 
-TRACES = Path(__file__).resolve().parents[1] / "traces"
 RUN1, RUN2 = TRACES / "scaling_1proc", TRACES / "scaling_2proc"
 
 
@@ -225,9 +226,9 @@ def _copy_run(src: Path, dst: Path, **manifest_changes) -> Path:
 
 def _error(capsys, argv) -> str:
     assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("fsdpdoctor: error:") and "\n" not in err
-    return err
+    err = error_lines(capsys.readouterr().err)
+    assert len(err) == 1 and err[0].startswith("fsdpdoctor: error:"), err
+    return err[0]
 
 
 def test_cli_errors(capsys, tmp_path):

@@ -19,10 +19,11 @@ from fsdpdoctor.engines import SerialEngine, make_engine
 from fsdpdoctor.pipeline import open_analysis
 from fsdpdoctor.trace.loader import load_file
 from fsdpdoctor.trace.table import RankTrace
+from bundled import TRACES as BUNDLED  # the committed traces, in a pristine copy
 
 ROOT = Path(__file__).resolve().parents[1]
-CUDA_FSDP2 = ROOT / "traces" / "cuda" / "fsdp2_default" / "rank0.json.gz"   # 17 MB of JSON, 65 k events
-CPU_RANK = ROOT / "traces" / "straggler" / "rank1.json.gz"
+CUDA_FSDP2 = BUNDLED / "cuda" / "fsdp2_default" / "rank0.json.gz"   # 17 MB of JSON, 65 k events
+CPU_RANK = BUNDLED / "straggler" / "rank1.json.gz"
 
 
 def _same(a: RankTrace, b: RankTrace) -> None:

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from fsdpdoctor.analysis import context
 from fsdpdoctor.analysis.stats import median, member
+from bundled import TRACES as BUNDLED  # the committed traces, in a pristine copy
 
 finite = st.floats(-1e12, 1e12, allow_nan=False)
 
@@ -79,14 +80,13 @@ def _enclosing_by_test(ctx, rows, track, t):
 def test_enclosing_by_its_index_is_the_definition():
     """The per-track index of a large row set answers exactly as a test of every row, on a real trace
     with Python stacks (nested frames, ops on several threads) and at row starts and ends."""
-    from pathlib import Path
 
     from fsdpdoctor.analysis.context import RankContext
     from fsdpdoctor.analysis.dialects import detect
     from fsdpdoctor.trace.loader import load_file
     from fsdpdoctor.trace.table import CPU_OP, PYFUNC
 
-    t = load_file(Path(__file__).resolve().parents[1] / "traces" / "straggler" / "rank1.json.gz")
+    t = load_file(BUNDLED / "straggler" / "rank1.json.gz")
     ctx = RankContext(t, detect(t))
     rng = np.random.default_rng(3)
     frames = t.rows_named(lambda n: True, cat=PYFUNC)           # sorted by start
@@ -125,12 +125,11 @@ def test_enclosing_by_its_index_breaks_ties_as_the_definition(tmp_path):
 def test_rows_of_names_by_index_or_by_test_are_the_definition():
     """Rows of a few names come from the per-name index, of many names from a test of every row:
     both are the rows with those names (and categories), sorted by start, ties in file order."""
-    from pathlib import Path
 
     from fsdpdoctor.trace.loader import load_file
     from fsdpdoctor.trace.table import CPU_OP, PYFUNC
 
-    t = load_file(Path(__file__).resolve().parents[1] / "traces" / "straggler" / "rank1.json.gz")
+    t = load_file(BUNDLED / "straggler" / "rank1.json.gz")
     rng = np.random.default_rng(7)
     for size in (1, 3, 40, 64, 65, 300):
         for cat in (None, CPU_OP, (CPU_OP, PYFUNC)):

@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from bundled import TRACES as BUNDLED  # the committed traces, in a pristine copy
 
 pytest.importorskip("textual")
 
@@ -28,7 +29,7 @@ from fsdpdoctor.tui.scaling_app import (NEG_GLYPH, POS_GLYPH, RunsTable, Scaling
                                         ScalingHelpScreen, WaterfallView)
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN1, RUN2 = ROOT / "traces" / "scaling_1proc", ROOT / "traces" / "scaling_2proc"
+RUN1, RUN2 = BUNDLED / "scaling_1proc", BUNDLED / "scaling_2proc"
 
 pytestmark = pytest.mark.skipif(not (RUN1.is_dir() and RUN2.is_dir()),
                                 reason="bundled traces/scaling_1proc, traces/scaling_2proc not present")
@@ -239,7 +240,7 @@ def no_app(monkeypatch):
 
 
 def test_cli_tui_gets_the_report(no_app, capsys, monkeypatch):
-    monkeypatch.chdir(ROOT)
+    monkeypatch.chdir(BUNDLED.parent)  # traces/ there is the pristine copy
     assert main(["scaling", "traces/scaling_2proc", "traces/scaling_1proc", "--tui",
                  "--threshold", "scaling_efficiency_low=10"]) == 0
     [app] = no_app
@@ -255,7 +256,7 @@ def test_cli_tui_gets_the_report(no_app, capsys, monkeypatch):
     (["traces/scaling_1proc", "traces/scaling_1proc"], "fsdpdoctor: error: all runs have the same world size"),
 ], ids=["one-run", "missing-folder", "same-size"])
 def test_cli_bad_input_fails_before_launch(no_app, capsys, monkeypatch, argv, message):
-    monkeypatch.chdir(ROOT)
+    monkeypatch.chdir(BUNDLED.parent)  # traces/ there is the pristine copy
     assert main(["scaling", *argv, "--tui"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1

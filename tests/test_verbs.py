@@ -15,9 +15,10 @@ import pytest
 
 from fsdpdoctor import cli
 from fsdpdoctor.cli import main
+from conftest import error_lines
+from bundled import TRACES  # the committed traces, in a pristine copy
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACES = ROOT / "traces"
 BOX = re.compile(r"^[\s\u2500-\u257f]+$")  # box-drawing lines of tables and panels
 
 
@@ -117,7 +118,7 @@ JSON_VERBS = {
 def test_every_json_carries_schema_version(verb, monkeypatch, capsys):
     from fsdpdoctor.results import SCHEMA_VERSION
 
-    monkeypatch.chdir(ROOT)
+    monkeypatch.chdir(TRACES.parent)  # traces/ there is the pristine copy
     assert main(JSON_VERBS[verb]) in (0, 1)
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema_version"] == SCHEMA_VERSION
@@ -146,8 +147,9 @@ TUI_VERBS = {
 def _run(argv: list[str], stdin, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="80")
     # a TUI that starts anyway never exits here (stdin at end of file): the timeout fails the test
-    return subprocess.run([sys.executable, "-m", "fsdpdoctor", *argv], cwd=ROOT, env=env, stdin=stdin,
-                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "fsdpdoctor", *argv], cwd=TRACES.parent, env=env, stdin=stdin,
+                          stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          timeout=600)  # a guard against a hang, not a speed bound: scaling loads two runs first
 
 
 @pytest.mark.parametrize("verb", sorted(TUI_VERBS))
@@ -156,7 +158,7 @@ def test_tui_refuses_without_a_terminal(verb):
     p = _run(TUI_VERBS[verb], subprocess.DEVNULL)
     assert p.returncode == 2, p.stderr
     assert p.stdout == "" and "\x1b" not in p.stderr
-    assert p.stderr == "fsdpdoctor: error: the TUI needs a terminal; stdin and stdout are not one\n"
+    assert error_lines(p.stderr) == ["fsdpdoctor: error: the TUI needs a terminal; stdin and stdout are not one"]
 
 
 @pytest.mark.skipif(os.name != "posix", reason="pseudo-terminals")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from fsdpdoctor.results.hang import (  # noqa: F401 - the report's types, importable from here as before
+from fsdpdoctor.results.hang import (
     Activity, Cause, GroupDivergence, HangReport, Mismatch, RankState, Trend,
 )
 from fsdpdoctor.results.hang import HangVerdict as Verdict

@@ -26,7 +26,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from fsdpdoctor.results.memory import (  # noqa: F401 - the memory types, importable from here as before
+from fsdpdoctor.results.memory import (
     GB, ActivationEstimate, ActivationSpec, BytesPerParam, DevicePeak, GiB, HostMemory, MemoryConfig,
     MemoryEstimate, StrategyRow,
 )

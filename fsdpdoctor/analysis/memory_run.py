@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from fsdpdoctor.analysis import memory as mem
-from fsdpdoctor.results.memory import MemoryReport  # noqa: F401 - importable from here as before
+from fsdpdoctor.results.memory import MemoryConfig, MemoryReport
 from fsdpdoctor.trace.io import within
 
 
@@ -72,13 +72,31 @@ def measured(folder: Path, manifest: dict, devices: dict[str, str]) -> tuple[lis
     return rows, notes
 
 
-def memory_report(cfg: mem.MemoryConfig, notes: list[str] | None = None, folder: Path | None = None,
-                  manifest: dict | None = None, devices: dict[str, str] | None = None) -> MemoryReport:
-    """The prediction for ``cfg``; with a run folder, each rank's measured peak beside it.
+def device_memory(devices: dict[str, str]) -> tuple[int | None, str | None]:
+    """One device's memory as the manifest's device names state it ("cuda:0 (NVIDIA H100 80GB HBM3)":
+    80 GB, read as 1e9 bytes, the lower reading); None where no name states it or the names differ."""
+    import re
+
+    found = [re.search(r"\b(\d+(?:\.\d+)?)\s?GB\b", name) for name in devices.values()]
+    sizes = {m.group(1) for m in found if m}
+    if not found or not all(found) or len(sizes) != 1:  # no name, a name without a size, or sizes that differ
+        return None, None
+    return int(float(sizes.pop()) * 1e9), f"the manifest's device, {next(iter(devices.values()))}"
+
+
+def memory_report(cfg: MemoryConfig, notes: list[str] | None = None, folder: Path | None = None,
+                  manifest: dict | None = None, devices: dict[str, str] | None = None,
+                  device_bytes: int | None = None) -> MemoryReport:
+    """The prediction for ``cfg``; with a run folder, each rank's measured peak beside it; whether the
+    per-rank total fits one device (``device_bytes``, else the memory the manifest's device names state).
     Raises ValueError on a configuration the model cannot hold."""
     est = mem.estimate(cfg)
     rows = mem.compare_strategies(cfg)
     rep = MemoryReport(est, rows, mem.comparison_sentences(cfg, rows), notes=list(notes or []), run_folder=folder)
+    if device_bytes:
+        rep.device_bytes, rep.device_source = device_bytes, "--gpu-memory"
+    else:
+        rep.device_bytes, rep.device_source = device_memory(devices or {})
     if folder is not None and manifest is not None:
         rep.measured, meas_notes = measured(folder, manifest, devices or {})
         rep.notes += meas_notes

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import COLLECTIVE_KINDS, Analysis, DialectTraits
-from fsdpdoctor.results.scaling import (  # noqa: F401 - the report's types, importable from here as before
+from fsdpdoctor.results.scaling import (
     COMPUTE, DATA, IDLE, RESIDUAL, WAIT, ScalingReport, ScalingRun, StepParts, Waterfall, WaterfallPart,
 )
 
@@ -114,7 +114,21 @@ def _pick_unit(analyses: list[Analysis], samples_per_rank: float | None,
                             "(for every run); pass --samples-per-step N or --tokens-per-step N (per rank)")
 
 
+def _check_same_hardware(analyses: list[Analysis]) -> None:
+    """The losses of a waterfall are those of adding ranks only on the same devices and backend: an
+    H100 NCCL run beside a CPU gloo run measures the hardware, not the scaling. Compared where known."""
+    for what, of in (("timeline", lambda a: a.job.dialect),
+                     ("backend", lambda a: (a.job.backend or "").lower() or None),
+                     ("devices", lambda a: ", ".join(sorted(set(a.job.devices))) or None)):
+        seen = {a.source: of(a) for a in analyses if of(a) not in (None, "undefined")}
+        if len(set(seen.values())) > 1:
+            desc = "; ".join(f"{s}: {v}" for s, v in seen.items())
+            raise InputError(None, f"runs on different hardware: {what} differs ({desc}); scaling compares "
+                                   "one job on one kind of device and backend")
+
+
 def _check_same_job(analyses: list[Analysis]) -> None:
+    _check_same_hardware(analyses)
     kinds = {a.source: a.job.wrapping for a in analyses if a.job.wrapping not in ("unknown", None)}
     if len(set(kinds.values())) > 1:
         desc = ", ".join(f"{s}: {k}" for s, k in kinds.items())

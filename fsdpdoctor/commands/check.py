@@ -83,10 +83,10 @@ def _hang(args) -> tuple[list, list[str]]:
 
     if not has_hang_dumps(args.path):
         return [], []
-    from fsdpdoctor.commands.hang import build_report
+    from fsdpdoctor.hang_pipeline import open_hang
 
     try:
-        return build_report(args.path, trend=False, thresholds=parse_thresholds(args)).findings, []
+        return open_hang(args.path, trend=False, thresholds=parse_thresholds(args)).findings, []
     except InputError as exc:
         return [], [f"the hang dumps could not be read ({exc})"]
 

@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fsdpdoctor.commands.base import add_output, add_thresholds, print_json, require_terminal
-from fsdpdoctor.errors import InputError
 
 
 def register(sub) -> None:
@@ -23,25 +20,9 @@ def register(sub) -> None:
 
 
 def build_report(path: str, trend: bool = True, thresholds: dict[str, float] | None = None):
-    from fsdpdoctor.analysis.hang import analyze_hang, trend_from_analysis
-    from fsdpdoctor.trace.hang import load_hang_dumps
+    from fsdpdoctor.hang_pipeline import open_hang
 
-    dumps = load_hang_dumps(path)
-    tr = None
-    root = Path(dumps.run_dir)
-    if trend and any(root.glob("rank*.json*")):
-        from fsdpdoctor.pipeline import open_analysis
-
-        try:
-            tr = trend_from_analysis(open_analysis(root, thresholds=thresholds))
-        except InputError as exc:
-            from fsdpdoctor.analysis.hang import Trend
-
-            tr = Trend(False, summary=f"the profiled traces could not be read ({exc})")
-    from fsdpdoctor.diagnose.hang import diagnose_hang
-    from fsdpdoctor.diagnose.thresholds import resolve
-
-    return diagnose_hang(analyze_hang(dumps, tr, resolve(thresholds)), thresholds)
+    return open_hang(path, trend=trend, thresholds=thresholds)
 
 
 def run(args) -> int:

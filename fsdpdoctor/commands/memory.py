@@ -10,7 +10,7 @@ from fsdpdoctor.commands.base import add_output, print_json
 from fsdpdoctor.errors import InputError
 
 if TYPE_CHECKING:
-    from fsdpdoctor.analysis import memory as mem
+    from fsdpdoctor.results.memory import ActivationSpec, MemoryConfig
 
 
 def register(subparsers) -> None:
@@ -45,6 +45,9 @@ def register(subparsers) -> None:
     p.add_argument("--micro-batch", help="micro-batch size per rank")
     p.add_argument("--heads", help="attention heads (default hidden/128)")
     p.add_argument("--activation-checkpointing", action="store_true", help="full activation recomputation")
+    p.add_argument("--gpu-memory", metavar="SIZE",
+                   help="one device's memory, e.g. 80GB or 80GiB: say whether the per-rank total fits "
+                        "(default: the memory the manifest's device name states, where it does)")
     add_output(p, "the prediction")
     p.set_defaults(func=run)
 
@@ -59,6 +62,20 @@ def _count(flag: str, value) -> int:
         raise InputError(None, f"{flag}: {exc}") from None
 
 
+def _size(value: str | None) -> int | None:
+    """--gpu-memory: 80GB (1e9 bytes), 80GiB (2^30), 80e9 (bytes)."""
+    import re
+
+    if value is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?(?:e\d+)?)\s*(GB|GiB|TB|TiB|MB|MiB|B)?\s*", value, re.I)
+    units = {"": 1, "b": 1, "mb": 1e6, "mib": 2**20, "gb": 1e9, "gib": 2**30, "tb": 1e12, "tib": 2**40}
+    n = int(float(m.group(1)) * units[(m.group(2) or "").lower()]) if m else 0
+    if n <= 0:
+        raise InputError(None, f"--gpu-memory: cannot read {value!r} (use e.g. 80GB or 80GiB)")
+    return n
+
+
 def _posint(flag: str, value) -> int:
     try:
         n = int(str(value).strip())
@@ -69,8 +86,8 @@ def _posint(flag: str, value) -> int:
     return n
 
 
-def _activations(args) -> mem.ActivationSpec | None:
-    from fsdpdoctor.analysis import memory as mem
+def _activations(args) -> ActivationSpec | None:
+    from fsdpdoctor.results.memory import ActivationSpec
     shape = {"layers": args.layers, "hidden": args.hidden, "seq": args.seq, "micro_batch": args.micro_batch}
     given = {k: v for k, v in shape.items() if v is not None}
     if not given:
@@ -82,7 +99,7 @@ def _activations(args) -> mem.ActivationSpec | None:
         raise InputError(None, f"activation estimate needs {' '.join(missing)} too")
     vals = {k: _posint(f"--{k.replace('_', '-')}", v) for k, v in shape.items()}
     heads = _posint("--heads", args.heads) if args.heads is not None else None
-    return mem.ActivationSpec(**vals, heads=heads, checkpointing=args.activation_checkpointing)
+    return ActivationSpec(**vals, heads=heads, checkpointing=args.activation_checkpointing)
 
 
 def _norm(flag: str, fn, value):
@@ -118,8 +135,9 @@ def _read_manifest(folder: Path) -> tuple[dict, list[str]]:
 
 # ----------------------------------------------------------------- run
 
-def build_config(args) -> tuple[mem.MemoryConfig, list[str], Path | None, dict | None, dict[str, str]]:
+def build_config(args) -> tuple[MemoryConfig, list[str], Path | None, dict | None, dict[str, str]]:
     from fsdpdoctor.analysis import memory as mem
+    from fsdpdoctor.results.memory import MemoryConfig
     notes: list[str] = []
     folder = manifest = None
     devices: dict[str, str] = {}
@@ -135,7 +153,7 @@ def build_config(args) -> tuple[mem.MemoryConfig, list[str], Path | None, dict |
     else:
         if args.params is None:
             raise InputError(None, "give --params (e.g. --params 7B) or a RUN_FOLDER")
-        cfg = mem.MemoryConfig(parameters=_count("--params", args.params), dtype="fp32",
+        cfg = MemoryConfig(parameters=_count("--params", args.params), dtype="fp32",
                                optimizer=optimizer or "adamw")
     over: dict = {}
     if args.params is not None:
@@ -174,7 +192,7 @@ def run(args) -> int:
 
     cfg, notes, folder, manifest, devices = build_config(args)
     try:
-        rep = memory_report(cfg, notes, folder, manifest, devices)
+        rep = memory_report(cfg, notes, folder, manifest, devices, device_bytes=_size(args.gpu_memory))
     except ValueError as exc:
         raise InputError(folder, str(exc)) from None
     if args.json:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import socket
 import subprocess
 import time
@@ -76,7 +77,11 @@ def cmd_run(args) -> int:
     for attempt in (1, 2):
         started = time.time()
         script = scenarios[args.scenario].get("script", "train.py")
-        proc = subprocess.run(build_command(args.scenario, args, script))  # a fresh port each attempt
+        # with several processes torchrun sets OMP_NUM_THREADS=1 itself and prints a banner saying so:
+        # the same setting given first, without the banner (the capture's output is its own lines)
+        env = ({**os.environ, "OMP_NUM_THREADS": "1"} if args.nproc > 1 and "OMP_NUM_THREADS" not in os.environ
+               else None)
+        proc = subprocess.run(build_command(args.scenario, args, script), env=env)  # a fresh port each attempt
         if proc.returncode == 0:
             return 0
         if _run_complete(Path(args.out), started):

@@ -4,11 +4,9 @@ report/check.py."""
 
 from __future__ import annotations
 
-from fsdpdoctor.diagnose.compare import Comparison
 from fsdpdoctor.results import SEVERITIES, Analysis, Finding, Severity
-from fsdpdoctor.results.check import (  # noqa: F401 - the decision's types, importable from here as before
-    BUDGETS, Budget, BudgetBreach, CheckResult,
-)
+from fsdpdoctor.results.check import BUDGETS, Budget, BudgetBreach, CheckResult
+from fsdpdoctor.results.comparison import Comparison
 
 
 def at_or_above(findings: list[Finding], bar: Severity) -> list[Finding]:

@@ -28,10 +28,7 @@ from fsdpdoctor.diagnose.stats import Estimate, estimate, half_width_after, log_
 from fsdpdoctor.diagnose.thresholds import resolve
 from fsdpdoctor.results import SEVERITY_RANK as _SEVERITY_RANK
 from fsdpdoctor.results import Analysis, StepBreakdown
-from fsdpdoctor.results.comparison import (  # noqa: F401 - the comparison's types, importable from here as before
-    Comparison, ComponentChange, FindingChange, FindingStatus,
-)
-from fsdpdoctor.results.comparison import ComparisonVerdict as Verdict  # noqa: F401
+from fsdpdoctor.results.comparison import Comparison, ComponentChange, Estimate, FindingChange
 
 # the parts of a step: they add up to its duration
 PARTITION = ("compute", "optimizer", "exposed_comm", "data_loading", "idle")

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import get_args
 
-from fsdpdoctor.analysis.hang import Cause, HangReport, Verdict
+from fsdpdoctor.results.hang import Cause, HangReport
+from fsdpdoctor.results.hang import HangVerdict as Verdict
 from fsdpdoctor.diagnose.framework import severity_for
 from fsdpdoctor.diagnose.thresholds import resolve
 from fsdpdoctor.results import Evidence, Finding

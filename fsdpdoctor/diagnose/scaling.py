@@ -6,11 +6,10 @@ module turns the measurement into findings with the shared threshold table.
 
 from __future__ import annotations
 
-from fsdpdoctor.analysis.scaling import (
-    COMPUTE, DATA, IDLE, RESIDUAL, WAIT, ScalingReport, Waterfall, measure_scaling, part_label,
-)
+from fsdpdoctor.analysis.scaling import measure_scaling, part_label
 from fsdpdoctor.diagnose.thresholds import resolve
 from fsdpdoctor.results import Analysis, DialectTraits, Evidence, Finding
+from fsdpdoctor.results.scaling import COMPUTE, DATA, IDLE, RESIDUAL, WAIT, ScalingReport, Waterfall
 
 FINDING_ID = "low-scaling-efficiency"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from fsdpdoctor.diagnose.check import CheckResult
+from fsdpdoctor.results.check import CheckResult
 from fsdpdoctor.report.data_quality import lines as data_quality_lines
 from fsdpdoctor.report.diff_view import baseline_line, fix_lines
 from fsdpdoctor.report.terminal import terminal_console

@@ -10,8 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fsdpdoctor.diagnose.compare import Comparison
-from fsdpdoctor.diagnose.stats import Estimate
+from fsdpdoctor.results.comparison import Comparison, Estimate
 from fsdpdoctor.report.terminal import terminal_console
 
 VERDICT_TEXT = {

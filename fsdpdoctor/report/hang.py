@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.padding import Padding
 from rich.text import Text
 
-from fsdpdoctor.analysis.hang import HangReport, RankState
+from fsdpdoctor.results.hang import HangReport, RankState
 from fsdpdoctor.report.format import SEVERITY_STYLE
 from fsdpdoctor.report.terminal import terminal_console
 

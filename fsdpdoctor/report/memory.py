@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fsdpdoctor.analysis import memory as mem
-from fsdpdoctor.analysis.memory_run import MemoryReport
+from fsdpdoctor.results.memory import MemoryReport
 from fsdpdoctor.report.terminal import terminal_console
 
 
@@ -18,6 +18,19 @@ def _column(words: bool) -> dict:
     """A column of words wraps at spaces; a column of figures ("10.50 GB") is never broken, its
     header wraps instead."""
     return {"justify": "left"} if words else {"justify": "right", "no_wrap": True}
+
+
+def _fit(rep: MemoryReport, gb) -> str:
+    """Whether the per-rank total fits one device, in one sentence."""
+    total = rep.estimate.total
+    if rep.fits is None:
+        return (f"Fits the device? Unknown: give its memory with --gpu-memory (e.g. 80GB) to compare the "
+                f"{gb(total)} per rank with it.")
+    cap = f"{gb(rep.device_bytes)} ({rep.device_source})"
+    if rep.fits:
+        return f"Fits: {gb(total)} per rank of {cap}, {gb(rep.device_bytes - total)} left for what is not included."
+    return (f"DOES NOT FIT: {gb(total)} per rank is more than the {cap}, by {gb(total - rep.device_bytes)}; "
+            "the strategies below show what would.")
 
 
 def render(rep: MemoryReport, console: Console | None = None) -> None:
@@ -61,6 +74,7 @@ def render(rep: MemoryReport, console: Console | None = None) -> None:
         t.add_row("activations (ESTIMATE)", "", "", gb(a), gib(a), "device")
     t.add_row("[bold]total (device)[/]", "", "", f"[bold]{gb(est.total)}[/]", gib(est.total), "device")
     console.print(t)
+    console.print(Padding(Text(_fit(rep, gb)), (0, 0, 0, 2), expand=False))
 
     c = Table(title="How the other strategies would change it (per rank)", box=box.SIMPLE_HEAD)
     longest_word = max((len(w) for r in rows for w in r.label.split()), default=8)

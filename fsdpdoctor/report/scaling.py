@@ -9,7 +9,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from fsdpdoctor.analysis.scaling import ScalingReport
+from fsdpdoctor.results.scaling import ScalingReport
 from fsdpdoctor.report.format import SEVERITY_STYLE
 from fsdpdoctor.report.terminal import terminal_console
 

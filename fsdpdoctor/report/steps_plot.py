@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import textwrap
 from pathlib import Path
 
 from fsdpdoctor.errors import InputError
@@ -92,8 +93,12 @@ def render(series, windows, width: int = 80, height: int = 12) -> list[str]:
         axis[start:start + len(text)] = list(text)
     lines.append(f"{'step':>{margin - 1}}  " + "".join(axis))
     legend = ", ".join(f"{v} {k if k != 'demand' else 'trigger'}" for k, v in MARKS.items() if k != "unknown")
-    lines.append(f"{'':>{margin - 1}}  ranks by digit, * overlap, ^ off the scale (max {_fmt_ms(peak)} ms)"[:width])
-    lines.append(f"{'':>{margin - 1}}  windows: {legend}")
-    for w in windows:
-        lines.append(f"  {MARKS.get(w.trigger, '?')} {w.label()}")
-    return [ln[:width] if not ln.startswith("  ") or len(ln) <= width else ln for ln in lines]
+    plot = [ln[:width] for ln in lines]
+    # the words below the plot wrap at the width (a cut would lose them), under their own indent
+    text = [(f"{'':>{margin - 1}}  ranks by digit, * overlap, ^ off the scale (max {_fmt_ms(peak)} ms)", margin + 1),
+            (f"{'':>{margin - 1}}  windows: {legend}", margin + 1)]
+    text += [(f"  {MARKS.get(w.trigger, '?')} {w.label()}", 4) for w in windows]
+    for line, indent in text:
+        plot += (textwrap.wrap(line, width, subsequent_indent=" " * min(indent, width // 2))
+                 if len(line) > width else [line])
+    return [ln.rstrip() for ln in plot]

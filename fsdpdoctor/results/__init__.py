@@ -13,7 +13,8 @@ creation costs ~1 ms apiece at start-up, and a verb needs one or two of the modu
 
 from fsdpdoctor.results.analysis import *  # noqa: F401,F403 - the face of the package, needed by every verb
 
-# where the other names are, in the order they are looked for
+# where the other names are, in the order they are looked for; a new result module adds its name here
+# (docs/adding-a-verb.md), or `from fsdpdoctor.results import ItsType` does not find it
 _LAZY = ("check", "comparison", "hang", "memory", "scaling")
 
 

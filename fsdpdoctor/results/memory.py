@@ -162,8 +162,16 @@ class MemoryReport:
     measured: list[dict] = field(default_factory=list)   # per rank: its peak beside the prediction
     notes: list[str] = field(default_factory=list)
     run_folder: Path | None = None
+    device_bytes: int | None = None         # one device's memory: --gpu-memory, or the manifest's device name
+    device_source: str | None = None        # where device_bytes comes from, in words
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the predicted per-rank device total fits one device (None: its memory unknown)."""
+        return None if not self.device_bytes else self.estimate.total <= self.device_bytes
 
     def to_dict(self) -> dict:
         return {"run_folder": str(self.run_folder) if self.run_folder else None,
+                "device": {"bytes": self.device_bytes, "source": self.device_source, "fits": self.fits},
                 "estimate": self.estimate.to_dict(), "comparison": [asdict(r) for r in self.strategies],
                 "comparison_sentences": self.sentences, "measured": self.measured, "notes": self.notes}

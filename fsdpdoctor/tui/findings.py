@@ -29,11 +29,13 @@ def sort_findings(findings: list[Finding]) -> list[Finding]:
 
 
 def matches(f: Finding, query: str) -> bool:
-    """Every word of the query must match: ``sev:warning`` / ``id:host`` or plain text anywhere."""
+    """Every word of the query must match: ``sev:warning`` (that severity or a higher one: a severity
+    filter is a bar, as ``check --fail-on``), ``id:host`` or plain text anywhere."""
     hay = " ".join(str(x) for x in (f.severity, f.id, f.title, f.summary, f.source or "", f.fix)).lower()
     for word in query.lower().split():
         if word.startswith(("sev:", "severity:")):
-            if not f.severity.lower().startswith(word.split(":", 1)[1]):
+            named = [s for s in SEVERITY_RANK if s.startswith(word.split(":", 1)[1])]
+            if not named or SEVERITY_RANK.get(f.severity, 0) < min(SEVERITY_RANK[s] for s in named):
                 return False
         elif word.startswith("id:"):
             if word[3:] not in f.id.lower():

@@ -1,6 +1,6 @@
 """The hang TUI: ``fsdpdoctor hang RUN --tui``.
 
-Shows a ready :class:`~fsdpdoctor.analysis.hang.HangReport` (the verb reads the dumps first, so
+Shows a ready :class:`~fsdpdoctor.results.hang.HangReport` (the verb reads the dumps first, so
 bad input is a one-line error, exit 2): the verdict (cause, ranks, frame with its source line,
 fix), a table of ranks and of the process groups where they diverge, and for the selected rank
 what it was doing (its innermost frame, its last collective, its note).
@@ -16,7 +16,7 @@ from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Label, Static
 
-from fsdpdoctor.analysis.hang import HangReport
+from fsdpdoctor.results.hang import HangReport
 from fsdpdoctor.report.hang import frame_text, rank_doing, step_text
 from fsdpdoctor.tui.app import DARK, LIGHT
 from fsdpdoctor.tui.screens import HelpScreen

@@ -1,6 +1,6 @@
 """The scaling TUI: ``fsdpdoctor scaling RUN_A RUN_B [...] --tui``.
 
-Shows a ready :class:`~fsdpdoctor.analysis.scaling.ScalingReport` (the verb loads the
+Shows a ready :class:`~fsdpdoctor.results.scaling.ScalingReport` (the verb loads the
 runs and builds it before the app opens, so bad input is a one-line error, exit 2):
 
 - the runs (world size, work per step, step and ideal step time, throughput,

@@ -22,7 +22,7 @@ class GlooCpu:
     name = "gloo-cpu"
     family = "cpu"
     note = ("CPU/gloo trace: communication time is the gloo worker span, which includes waiting for peers; "
-            "CPU 'streams' do not overlap, so synchronous FSDP collectives are fully exposed by design")
+            "a gloo collective blocks the thread that issues it, so collectives are exposed by design here")
 
     def __init__(self) -> None:
         self.traits = DialectTraits(name=self.name)
