@@ -183,8 +183,6 @@ def step_frame_times(ctx, wins, min_frac: float = 0.05) -> dict[str, dict[int, f
     """Per-rank part of ``find``: for user frames on the main thread whose time in some step exceeds their
     median step time by ``min_frac`` of the median step (the frames that could hold a stall), their
     inclusive time in each step. Empty without stacks."""
-    import numpy as np
-
     from fsdpdoctor.analysis.context import is_user_frame
     from fsdpdoctor.trace.table import PYFUNC
 
@@ -203,10 +201,10 @@ def step_frame_times(ctx, wins, min_frac: float = 0.05) -> dict[str, dict[int, f
         for r in sel:
             d = acc.setdefault(t.name(int(r)), {})
             d[w.step] = d.get(w.step, 0.0) + float(t.dur[r])
-    step_med = float(np.median([w.end - w.start for w in wins]))
+    step_med = float(median([w.end - w.start for w in wins]))   # (np.median imports numpy.ma)
     out = {}
     for name, per in acc.items():
         vals = [per.get(w.step, 0.0) for w in wins]
-        if max(vals) - float(np.median(vals)) >= min_frac * step_med:
+        if max(vals) - median(vals) >= min_frac * step_med:
             out[name] = {w.step: per.get(w.step, 0.0) for w in wins}
     return out
