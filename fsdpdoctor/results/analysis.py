@@ -239,7 +239,15 @@ class ClockReport:
     notes: list[str] = field(default_factory=list)   # ranks left unaligned, and why
 
     def of(self, rank: int) -> RankClock | None:
-        return next((r for r in self.ranks if r.rank == rank), None)
+        # by rank, indexed once per length of ``ranks`` (the estimate appends to it): the reduce asks for
+        # every rank of every collective, which a search would make quadratic in ranks
+        index, key = self.__dict__.get("_index"), (id(self.ranks), len(self.ranks))
+        if index is None or index[0] != key:
+            by = {}
+            for r in self.ranks:
+                by.setdefault(r.rank, r)   # the first, as a search finds it
+            index = self.__dict__["_index"] = (key, by)
+        return index[1].get(rank)
 
 
 @dataclass
