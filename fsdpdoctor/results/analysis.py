@@ -64,11 +64,7 @@ CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce", "broadcas
 COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = get_args(CollectiveKind)
 Phase = Literal["forward", "backward", "optimizer", "other"]
 PHASES: tuple[Phase, ...] = get_args(Phase)
-# the one severity scale, mildest first: every finding (analysis, hang, scaling) is on it, and
-# whatever orders or gates findings (check --fail-on, the rules' folding, diff, the TUI) reads it here
-Severity = Literal["info", "warning", "error"]
-SEVERITIES: tuple[Severity, ...] = get_args(Severity)
-SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
+from fsdpdoctor.severity import SEVERITIES, SEVERITY_RANK, Severity  # noqa: E402,F401 - the one scale, named here
 
 
 @dataclass(slots=True)
