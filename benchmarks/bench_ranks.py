@@ -27,14 +27,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import msgspec
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.bench_growth import tree_rss_kib  # noqa: E402
+from benchmarks.bench_growth import measure  # noqa: E402
 
 SHARED = Path(os.environ.get("FSDPDOCTOR_SHARED") or REPO.parent / "shared")
 DEFAULT_TRACE = SHARED / "traces-public" / "v100_trace_diff_test" / "test.json.gz"
@@ -94,29 +93,6 @@ def make_ranks(src: dict, dst: Path, n: int, seed: int = 1) -> int:
         res = msgspec.msgpack.decode(msgspec.msgpack.encode(d), type=rankresult.RankResult)
         (dst / f"rank{r}{rankresult.SUMMARY_SUFFIX}").write_bytes(rankresult.pack(res))
     return len(src["collectives"])
-
-
-def measure(argv: list[str], out: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    t0 = time.perf_counter()
-    with open(out, "wb") as f:
-        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.PIPE, env=env, cwd=REPO)
-        peak = 0
-        while True:
-            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            peak = max(peak, tree_rss_kib(p.pid))
-            time.sleep(0.1)
-    wall = time.perf_counter() - t0
-    code = os.waitstatus_to_exitcode(status)
-    err = p.stderr.read().decode(errors="replace").strip()
-    if code not in (0, 1):   # 1: findings at error severity
-        return {"error": f"exit {code}: {err[-300:]}"}
-    # ru_maxrss of the child (KiB) bounds the sampled peak from below where the sampling missed it
-    peak = max(peak, ru.ru_maxrss)
-    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_tree_mib": peak / 1024,
-            "doc_mb": out.stat().st_size / 1e6, "load": os.getloadavg()[0]}
 
 
 def main(argv=None) -> int:
