@@ -76,26 +76,33 @@ def tree_rss_kib(root: int) -> int:
     return total
 
 
-def measure(argv: list[str]) -> dict:
+def measure(argv: list[str], out: Path | None = None) -> dict:
+    """A fresh child's wall, CPU (its own and its reaped workers') and the peak RSS of its tree;
+    ``out``: its stdout is written there and the size reported (``doc_mb``)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     t0 = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=REPO)
-    peak = 0
-    while True:
-        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
-        if pid:
-            break
-        peak = max(peak, tree_rss_kib(p.pid))
-        time.sleep(0.2)
+    with open(out or os.devnull, "wb") as sink:
+        p = subprocess.Popen(argv, stdout=sink, stderr=subprocess.PIPE, env=env, cwd=REPO)
+        peak = 0
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            peak = max(peak, tree_rss_kib(p.pid))
+            time.sleep(0.1 if out else 0.2)
     wall = time.perf_counter() - t0
     p.returncode = os.waitstatus_to_exitcode(status)
     err = p.stderr.read().decode(errors="replace").strip()
     if p.returncode != 0:
         return {"error": f"exit {p.returncode}: {err[-200:]}"}
     # CPU seconds of the child and every descendant it reaped (the workers): what the work costs,
-    # whatever else the machine runs at the same time
-    return {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_tree_mib": peak / 1024,
-            "load": os.getloadavg()[0]}
+    # whatever else the machine runs at the same time; the child's own ru_maxrss (KiB) bounds the
+    # sampled peak from below where sampling missed it
+    row = {"wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime, "peak_tree_mib": max(peak, ru.ru_maxrss) / 1024,
+           "load": os.getloadavg()[0]}
+    if out:
+        row["doc_mb"] = out.stat().st_size / 1e6
+    return row
 
 
 def main(argv=None) -> int:

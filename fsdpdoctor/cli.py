@@ -12,9 +12,10 @@ import sys
 
 def _numpy_one_thread() -> None:
     """Load numpy with OpenBLAS on one thread: the verbs multiply no matrices, and the thread per core
-    OpenBLAS starts on load costs ~25-50 ms of CPU per run here. Before the verbs' modules are imported
-    (most of them load numpy); a setting of the user's wins, and the variable is removed again so that
-    the jobs a verb starts (torchrun, Dask workers) do not inherit it."""
+    OpenBLAS starts on load costs ~25-50 ms of CPU per run here. After parsing (``--help`` and a wrong
+    flag load no numpy: the verbs' modules import what they compute with when they run), before the
+    verb runs; a setting of the user's wins, and the variable is removed again so that the jobs a verb
+    starts (torchrun, Dask workers) do not inherit it."""
     if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
         return
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
@@ -24,13 +25,13 @@ def _numpy_one_thread() -> None:
         del os.environ["OPENBLAS_NUM_THREADS"]
 
 
-_numpy_one_thread()
-
 from fsdpdoctor.version import __version__  # noqa: E402
 from fsdpdoctor.commands import (  # noqa: E402
     analyze, check, diff, export, hang, memory, reference, scaling, steps, summarize, trigger, tui,
 )
-from fsdpdoctor.commands.base import Verb  # noqa: E402
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without loading typing at every start
+if TYPE_CHECKING:
+    from fsdpdoctor.commands.base import Verb
 from fsdpdoctor.errors import InputError  # noqa: E402
 from fsdpdoctor.visible_text import visible  # noqa: E402
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    _numpy_one_thread()
     try:
         return int(args.func(args) or 0)
     except InputError as exc:

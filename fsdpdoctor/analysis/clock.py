@@ -127,10 +127,15 @@ def estimate(colls: list[Collective], ranks: list[int]) -> ClockReport | None:
         return None
     rep = ClockReport(reference_rank=ref, t0_us=float(median(ref_ends)), method="collective-end",
                       ranks=[RankClock(rank=ref, offset_us=0.0, n_matched=len(ref_ends))])
+    # each rank's calls, in the order given: a rank is matched against the reference's calls and its
+    # own (linear in ranks), fed to matched_ends in their original relative order
+    at: dict[int, list[int]] = defaultdict(list)
+    for i, c in enumerate(colls):
+        at[c.rank].append(i)
     for r in sorted(ranks):
         if r == ref:
             continue
-        pairs = matched_ends(colls, ref, r)
+        pairs = matched_ends([colls[i] for i in sorted(at[ref] + at[r])], ref, r)
         rc = _estimate_rank(pairs, r)
         if rc is not None:
             rep.ranks.append(rc)

@@ -28,9 +28,11 @@ def run(args) -> int:
         return open_tui(args)
     analysis = run_analysis(args)
     if args.json:
+        from fsdpdoctor.pipeline import gc_paused
         from fsdpdoctor.report.json_report import to_json
 
-        sys.stdout.write(to_json(analysis, include_events=args.events) + "\n")
+        with gc_paused():   # the document is a tree of millions of new objects at thousands of ranks
+            sys.stdout.write(to_json(analysis, include_events=args.events) + "\n")
         return 0
     from fsdpdoctor.report.console import render
 

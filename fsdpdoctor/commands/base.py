@@ -8,17 +8,19 @@ exit code); it parses and calls, nothing more: the work is in the library, the t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import Protocol
 
 from fsdpdoctor.errors import InputError
 
 
-class Verb(Protocol):
-    """A verb module: ``register(subparsers)`` adds its parser and sets ``func`` on it."""
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without loading typing at every start
+if TYPE_CHECKING:
+    from typing import Protocol
 
-    def register(self, sub) -> None: ...
+    class Verb(Protocol):
+        """A verb module: ``register(subparsers)`` adds its parser and sets ``func`` on it."""
+
+        def register(self, sub) -> None: ...
 
 
 def add_path(p: argparse.ArgumentParser, optional: bool = False) -> None:
@@ -97,6 +99,8 @@ def require_terminal() -> None:
 def json_document(doc: dict) -> str:
     """A verb's ``--json``: every document carries ``schema_version`` first (docs/json-schema.md)."""
     from fsdpdoctor.results import SCHEMA_VERSION  # loaded by the verb that prints, not by every start
+
+    import json
 
     return json.dumps({"schema_version": SCHEMA_VERSION, **doc}, indent=2, default=str)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fsdpdoctor.commands.base import add_analysis_flags, add_output, print_json
 from fsdpdoctor.commands.common import options_from, parse_thresholds, run_analysis
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.results import SEVERITIES
+from fsdpdoctor.severity import SEVERITIES
 
 
 def _percent(v: str) -> float:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without loading typing at every start
 
 from fsdpdoctor.commands.base import add_output, print_json
 from fsdpdoctor.errors import InputError
@@ -183,6 +182,8 @@ def build_config(args) -> tuple[MemoryConfig, list[str], Path | None, dict | Non
         over["activations"] = act
     if folder is not None and over:
         notes.append("overridden from the command line: " + ", ".join(sorted(k for k in over if k != "activations")))
+    from dataclasses import replace   # loaded when the verb runs, not by every start
+
     cfg = replace(cfg, **over)
     return cfg, notes, folder, manifest, devices
 

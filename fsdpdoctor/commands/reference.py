@@ -8,11 +8,7 @@ where the script is the scenario's (train.py, hf_decoder.py, cnn.py, seq_encoder
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import socket
-import subprocess
-import time
 import sys
 from pathlib import Path
 
@@ -41,6 +37,8 @@ def load_scenarios() -> dict:
 
 
 def free_port() -> int:
+    import socket   # here and below: loaded when the verb runs, not by every start
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -67,6 +65,9 @@ def cmd_list(args) -> int:
 
 
 def cmd_run(args) -> int:
+    import subprocess
+    import time
+
     scenarios = load_scenarios()
     if args.scenario not in scenarios:
         raise InputError(None, f"unknown scenario {args.scenario!r}; valid: {', '.join(scenarios)}")
@@ -99,6 +100,8 @@ def cmd_run(args) -> int:
 
 def _run_complete(out: Path, since: float) -> bool:
     """manifest.json and a trace for every profiled rank were written by this attempt."""
+    import json
+
     try:
         manifest = json.loads((out / "manifest.json").read_text())
         paths = [out / "manifest.json", *(out / name for name in manifest.get("files", {}).values())]

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from fsdpdoctor.commands.base import add_output, print_json, say
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.report.steps_plot import load, render
 from fsdpdoctor.visible_text import visible_lines
 
 
@@ -25,6 +24,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     run_dir = Path(args.run_dir)
+    from fsdpdoctor.report.steps_plot import load, render   # numpy: only when the verb runs
+
     series, windows, notes = load(run_dir)
     if args.json:
         doc = {"fsdpdoctor_steps": 1, "run_dir": str(run_dir), "notes": notes,

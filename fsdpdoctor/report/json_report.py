@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 from fsdpdoctor.results import Analysis
+from fsdpdoctor.results.analysis import dumps_indented
 
 
 def to_json(a: Analysis, include_events: bool = False) -> str:
     d = a.to_dict(include_events=include_events)
     d["job"].pop("manifest", None) if not include_events else None
-    return json.dumps(d, indent=2, default=str)
+    return dumps_indented(d)

@@ -45,21 +45,33 @@ def plain(v):
     return v
 
 
+def dumps_indented(d) -> str:
+    """``json.dumps(d, indent=2, default=str)``, byte for byte, at the C encoder's speed: the stdlib
+    writes an indented document through its pure-Python encoder (4-5x slower: most of a many-rank
+    run's reduce), so the compact text is indented by msgspec, which copies every token as written.
+    A document with NaN or infinity (not JSON, which msgspec refuses) takes the stdlib's way."""
+    import msgspec
+
+    text = json.dumps(d, default=str)
+    try:
+        return msgspec.json.format(text.encode(), indent=2).decode()
+    except msgspec.DecodeError:
+        return json.dumps(d, indent=2, default=str)
+
+
 CollectiveKind = Literal["all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier", "p2p",
                          "other"]
 COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = get_args(CollectiveKind)
 Phase = Literal["forward", "backward", "optimizer", "other"]
 PHASES: tuple[Phase, ...] = get_args(Phase)
-# the one severity scale, mildest first: every finding (analysis, hang, scaling) is on it, and
-# whatever orders or gates findings (check --fail-on, the rules' folding, diff, the TUI) reads it here
-Severity = Literal["info", "warning", "error"]
-SEVERITIES: tuple[Severity, ...] = get_args(Severity)
-SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
+from fsdpdoctor.severity import SEVERITIES, SEVERITY_RANK, Severity  # noqa: E402,F401 - the one scale, named here
 
 
-@dataclass
+@dataclass(slots=True)
 class Collective:
-    """One collective call on one rank, as issued on the host and executed (kernel or gloo span)."""
+    """One collective call on one rank, as issued on the host and executed (kernel or gloo span).
+
+    Slotted: a many-rank reduce holds one per call of every rank (a third of the memory of a dict each)."""
 
     rank: int
     index: int                  # issue order on this rank (0-based, whole trace)
@@ -242,7 +254,15 @@ class ClockReport:
     notes: list[str] = field(default_factory=list)   # ranks left unaligned, and why
 
     def of(self, rank: int) -> RankClock | None:
-        return next((r for r in self.ranks if r.rank == rank), None)
+        # by rank, indexed once per length of ``ranks`` (the estimate appends to it): the reduce asks for
+        # every rank of every collective, which a search would make quadratic in ranks
+        index, key = self.__dict__.get("_index"), (id(self.ranks), len(self.ranks))
+        if index is None or index[0] != key:
+            by = {}
+            for r in self.ranks:
+                by.setdefault(r.rank, r)   # the first, as a search finds it
+            index = self.__dict__["_index"] = (key, by)
+        return index[1].get(rank)
 
 
 @dataclass
@@ -426,7 +446,7 @@ class Analysis:
         d = self.to_dict(include_events=include_events)
         if not include_events:
             d["job"].pop("manifest", None)
-        return json.dumps(d, indent=2, default=str)
+        return dumps_indented(d)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Analysis":

@@ -5,6 +5,8 @@ none of the types, which call it)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 # the time components of a step; compute + optimizer + exposed comm + data loading + idle == duration
 COMPONENTS = ("compute_us", "optimizer_us", "exposed_comm_us", "data_loading_us", "idle_us")
 
@@ -52,7 +54,10 @@ def collectives_df(a, events: bool = False):
     """Per (kind, phase) statistics; ``events=True``: one row per collective call (needs the events)."""
     pd = _pandas()
     if events:
-        return pd.DataFrame([vars(c) | {"duration_us": c.duration_us} for c in a.collective_events])
+        # slotted (no vars()): the fields, in order
+        names = [f.name for f in dataclasses.fields(a.collective_events[0])] if a.collective_events else []
+        return pd.DataFrame([{n: getattr(c, n) for n in names} | {"duration_us": c.duration_us}
+                             for c in a.collective_events])
     return pd.DataFrame([vars(c) for c in a.collectives])
 
 

@@ -184,6 +184,7 @@ def _windows_overlap(source, ranks: list[Member]) -> None:
     if len(with_base) > 1:
         return  # relative and absolute clocks: not comparable
     wins = [(r, r.identity.window_us) for r in ranks if r.identity.window_us is not None]
+    wins = [wins[i] for i in _may_clash(wins)]
     for i, (a, wa) in enumerate(wins):
         for b, wb in wins[i + 1:]:
             gap = max(wa[0], wb[0]) - min(wa[1], wb[1])
@@ -197,3 +198,31 @@ def _windows_overlap(source, ranks: list[Member]) -> None:
                 raise InputError(source, f"ranks do not belong together: {a.name} and {b.name} were "
                                          f"recorded {gap / 1e6:.1f} s apart {where} (ranks of one job "
                                          "profile the same steps at the same time)")
+
+
+def _may_clash(wins: list[tuple[Member, tuple[float, float]]]) -> list[int]:
+    """Indices (in order) of the windows that some other window may lie too far from.
+
+    Two windows clash when the later start is more than the longer window (plus ``CLOCK_SKEW_US``
+    unless both are on one known host) after the earlier end: then the later one starts more than
+    its own length after the earliest end of its host's (or of all) windows, and the earlier one
+    ends more than its own length before the latest start. Only windows passing that test are
+    compared pair by pair, so ranks that overlap cost one pass, not all pairs, and a clash is reported
+    for the same pair as comparing all pairs would."""
+    if len(wins) < 3:
+        return list(range(len(wins)))
+    hosts: dict[str, list[int]] = {}
+    for i, (r, _) in enumerate(wins):
+        if r.identity.host is not None:
+            hosts.setdefault(r.identity.host, []).append(i)
+    keep = set()
+    groups = [(list(range(len(wins))), CLOCK_SKEW_US)] + [(g, 0.0) for g in hosts.values() if len(g) > 1]
+    for idx, slack in groups:
+        first_end = min(wins[i][1][1] for i in idx)
+        last_start = max(wins[i][1][0] for i in idx)
+        for i in idx:
+            lo, hi = wins[i][1]
+            room = hi - lo + slack - 1.0   # 1 us less: rounding never leaves out a window the pairs would name
+            if lo - first_end > room or last_start - hi > room:
+                keep.add(i)
+    return sorted(keep)
