@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from fsdpdoctor.capture import series as _series
+from fsdpdoctor.capture import claim as _claim
 from fsdpdoctor.capture import windows as _win
 from fsdpdoctor.capture.manifest_writer import HOST_WAIT_S
 from fsdpdoctor.capture.safety import _sigint_held, _warn
@@ -42,11 +43,11 @@ class WindowCoordinator:
 
     def _arm(self) -> None:
         """Start the step series; the coordinator (rank 0) claims the run folder (docs/capture.md)."""
-        self._origin_ns = self._prev_end = _now_ns()
+        self._origin_ns = self._prev_end = self._last_end_ns = _now_ns()
         self._origin_unix_ns = time.time_ns()
         try:
             if self.rank == 0:
-                folder, other = _win.claim_folder(self.out_dir, self._job, socket.gethostname())
+                folder, other = _claim.claim_folder(self.out_dir, self._job, socket.gethostname())
                 if folder != self.out_dir:
                     _warn(f"{self.out_dir} is in use by another running job (host {other.host}, pid {other.pid}); "
                           f"this job writes to {folder}")
@@ -56,6 +57,9 @@ class WindowCoordinator:
             elif self._store is not None:
                 self._folder_known = False
                 self._learn_folder()
+            if self.rank == 0:  # requests an earlier job took but could not remove are not taken again
+                self._requests_kept = sorted(_win.read_taken(self.out_dir))
+                self._requests_seen.update(self._requests_kept)
             self._board = _win.Board(self.out_dir if self._store is None else Path(self._key_dir), self._store)
         except Exception as exc:
             _warn(f"rank {self.rank}: cannot claim {self.out_dir} ({exc}); writing there")
@@ -92,7 +96,7 @@ class WindowCoordinator:
                 self._learn_folder()
             first, durations = self._flush()
             if self.rank == 0:
-                _win.refresh_claim(self.out_dir)
+                _claim.refresh_claim(self.out_dir)
                 self._coordinate(first, durations)
             elif self._plan is None:
                 self._look_for_plan()
@@ -129,38 +133,61 @@ class WindowCoordinator:
         if self._plan is not None:
             return
         fixed_end = self._fixed_end()
-        reason = None
         request = self._read_trigger()
-        if request is None and self._rule is not None and durations and fixed_end is not None:
-            skip = max(0, max(fixed_end, self._feed_from) - first)
-            if skip < len(durations):
-                reason = self._rule.feed(first + skip, durations[skip:])
+        reason = self._judge(first, durations, fixed_end) if request is None else None
         if request is None and reason is None:
             return
         if fixed_end is None:
             self._warn_once("forever", "the fixed schedule repeats forever (repeat=0): no other window can open")
             return
-        if request is None:
-            if self.step_num < self._quiet_until:
-                return
-            if len(self._windows_planned) >= self.max_windows:
-                self._warn_once("cap", f"anomaly not profiled, {self.max_windows} windows already ({reason})")
-                return
-            used = _folder_bytes([_win.window_dir(self.out_dir, p.first) for p in self._windows_planned])
-            if used >= self.max_window_bytes:
-                self._warn_once("disk", f"anomaly not profiled, the windows hold {used / 2**20:.0f} MiB ({reason})")
-                return
-        median = self._rule.ref.median if self._rule is not None and self._rule.ref else (
-            sorted(durations)[len(durations) // 2] if durations else None)
+        if request is None and not self._anomaly_allowed(reason):
+            return
+        self._plan_window(request, reason, fixed_end, durations)
+
+    def _judge(self, first: int, durations: list[float], fixed_end: int | None) -> str | None:
+        """Feed the slowdown rule the steps it may judge; arm the per-step check (Capture.step) that asks
+        for a poll as soon as enough slow steps arrived for a decision."""
+        rule = self._rule
+        if rule is None or fixed_end is None:
+            return None
+        reason = None
+        skip = max(0, max(fixed_end, self._feed_from) - first)
+        if skip < len(durations):
+            reason = rule.feed(first + skip, durations[skip:])
+        self._hot = 0
+        self._hot_need = rule.more_needed()
+        self._hot_limit_ns = int(rule.limit * 1e9) if rule.limit is not None else 1 << 62
+        return reason
+
+    def _anomaly_allowed(self, reason: str) -> bool:
+        if self.step_num < self._quiet_until:
+            return False
+        if len(self._windows_planned) >= self.max_windows:
+            self._warn_once("cap", f"anomaly not profiled, {self.max_windows} windows already ({reason})")
+            return False
+        used = _folder_bytes([_win.window_dir(self.out_dir, p.first) for p in self._windows_planned])
+        if used >= self.max_window_bytes:
+            self._warn_once("disk", f"anomaly not profiled, the windows hold {used / 2**20:.0f} MiB ({reason})")
+            return False
+        return True
+
+    def _plan_window(self, request, reason: str | None, fixed_end: int | None, durations: list[float]) -> None:
+        # the lead is counted in steps of the time they take now (a slowdown's, not the baseline's)
+        now_s = self._rule.recent_step_s() if self._rule is not None and reason is not None else None
+        if now_s is None and durations:
+            now_s = sorted(durations)[len(durations) // 2]
         # alone, the coordinator needs no time to tell other ranks: the window starts after one warm-up step
-        lead = _win.lead_steps(median) if self.world_size > 1 else 1
+        lead = _win.lead_steps(now_s) if self.world_size > 1 else 1
         start = max(self.step_num + lead, (fixed_end or 0) + 1)
+        decided = {"decided_step": self.step_num, "decided_unix": round(time.time(), 3)}
         if request is not None:
             n, requested = request
             plan = _win.Plan(seq=self._seq + 1, first=start, steps=n, why="demand", requested=requested,
-                             reason="requested with `fsdpdoctor trigger`" + (f" at {requested}" if requested else ""))
+                             reason="requested with `fsdpdoctor trigger`" + (f" at {requested}" if requested else ""),
+                             **decided)
         else:
-            plan = _win.Plan(seq=self._seq + 1, first=start, steps=self.window_steps, why="anomaly", reason=reason)
+            plan = _win.Plan(seq=self._seq + 1, first=start, steps=self.window_steps, why="anomaly", reason=reason,
+                             **decided)
         if self.world_size > 1:
             self._board.publish(plan)
         self._seq = plan.seq
@@ -168,25 +195,41 @@ class WindowCoordinator:
         self._plan, self._window_at = plan, plan.first - 1
 
     def _read_trigger(self) -> tuple[int, str | None] | None:
+        """The request to honour now, once: a request is recognised by its id (a file without one by its
+        inode and time), so one the job cannot remove (a sticky folder, another user's file) is taken
+        once, named in a warning, and recorded for ``fsdpdoctor trigger``; never taken again."""
         path = self.out_dir / _win.TRIGGER_NAME
         try:
             os.lstat(path)
         except OSError:
             return None
-        n, requested, problem = _win.read_request(path)
+        request, problem = _win.read_request(path)
+        key = _win.request_key(path, request)
+        if key in self._requests_seen:
+            return None
+        self._requests_seen.add(key)
         if problem is not None:
             rejected = path.with_name(path.name + _win.REJECTED_SUFFIX)
             try:
                 os.replace(path, rejected)
                 _warn(f"rank {self.rank}: {path} ignored: {problem} (moved to {rejected.name})")
-            except OSError:
-                self._warn_once(f"trigger:{problem}", f"{path} ignored: {problem}")
+            except OSError as exc:
+                _warn(f"rank {self.rank}: {path} ignored: {problem}; cannot move it aside ({exc.strerror or exc}), "
+                      "it is not read again")
             return None
         try:
             path.unlink()
-        except OSError:
+        except FileNotFoundError:
             pass
-        return n, requested
+        except OSError as exc:
+            self._requests_kept.append(key)
+            _warn(f"rank {self.rank}: {path} (request {request.id or key}) taken, but it cannot be removed "
+                  f"({exc.strerror or exc}): it is not taken again; its owner can remove it")
+            try:
+                _win.write_taken(self.out_dir, self._requests_kept)
+            except OSError:
+                pass
+        return request.steps, request.requested
 
     def _look_for_plan(self) -> None:
         if self._board is None:
@@ -237,6 +280,8 @@ class WindowCoordinator:
 
     def _on_window_ready(self, prof) -> None:
         plan = self._plan
+        if plan is not None and self.step_num < plan.first:
+            return  # stopped in the warm-up step: the job ended before the window (see _end_window)
         if plan is not None and self._export(prof, _win.window_dir(self.out_dir, plan.first) / f"rank{self.rank}.json.gz"):
             self._wexported = True
 
@@ -268,6 +313,9 @@ class WindowCoordinator:
                 self._unsilence()
         if plan is None:
             return
+        if self.step_num < plan.first:
+            self._window_not_reached(plan)
+            return
         done = list(range(plan.first, min(plan.last, self.step_num - 1) + 1))
         if self._wexported and self.rank == self.manifest_rank:
             try:
@@ -277,8 +325,22 @@ class WindowCoordinator:
                 _warn(f"rank {self.rank}: cannot write the manifest of window-{plan.first} ({exc})")
         self._plan_done(plan)
 
+    def _window_not_reached(self, plan: _win.Plan) -> None:
+        """The job ended before the window's first step: nothing of it is written, and a folder made for
+        it is removed (never a folder holding only a manifest); the coordinator says so."""
+        self._plan_done(plan)
+        self._windows.pop()
+        try:
+            _win.window_dir(self.out_dir, plan.first).rmdir()   # only when empty
+        except OSError:
+            pass
+        if self.rank == 0:
+            _warn(f"rank 0: window-{plan.first} ({plan.why}, decided at step {plan.decided_step}) not profiled: "
+                  f"the job ended at step {self.step_num}, before it; no folder written")
+
     def _plan_done(self, plan: _win.Plan) -> None:
         self._plan, self._window_at = None, -1
+        self._wexported = False
         self._windows.append({"first": plan.first, "last": plan.last, "why": plan.why, "reason": plan.reason})
         # the window's steps and the one after it are slower by design: the rule starts afresh after them
         self._feed_from = plan.last + 2
@@ -296,6 +358,7 @@ class WindowCoordinator:
             "profiled_steps": done,
             "partial_steps": [partial] if partial is not None else [],
             "window": {"first_step": plan.first, "last_step": plan.last, "steps": plan.steps,
-                       "trigger": plan.why, "reason": plan.reason, "requested": plan.requested},
+                       "trigger": plan.why, "reason": plan.reason, "requested": plan.requested,
+                       "decided_at_step": plan.decided_step, "decided_unix": plan.decided_unix},
         })
         return m

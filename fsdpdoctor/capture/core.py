@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from fsdpdoctor.capture import series as _series
+from fsdpdoctor.capture import slowdown as _slow
+from fsdpdoctor.capture import claim as _claim
 from fsdpdoctor.capture import windows as _win
 from fsdpdoctor.capture.coordinator import FOLDER_WAIT_S, MAX_WINDOW_BYTES, WindowCoordinator, _now_ns
 from fsdpdoctor.capture.manifest import track_fsdp2_prefetch_calls
@@ -56,7 +58,7 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
                  scenario: dict | None = None, hang_timeout_s: float | None = None,
                  fixed_window: bool = True, auto: bool = False, window_steps: int = 3,
                  max_windows: int = 5, max_window_bytes: int = MAX_WINDOW_BYTES,
-                 cooldown_steps: int | None = None, min_rise: float = _win.MIN_RISE):
+                 cooldown_steps: int | None = None, min_rise: float = _slow.MIN_RISE):
         if min(wait, warmup, skip_first) < 0 or active < 1 or repeat < 0:
             raise ValueError("capture: need wait, warmup, skip_first >= 0, active >= 1, repeat >= 0")
         if (not 1 <= window_steps <= _win.MAX_WINDOW_STEPS or max_windows < 0 or max_window_bytes < 0
@@ -69,7 +71,7 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
         self.max_windows = int(max_windows)
         self.max_window_bytes = int(max_window_bytes)
         # after a window, the rule needs a fresh reference of healthy steps before it can judge again
-        self.cooldown_steps = int(cooldown_steps) if cooldown_steps is not None else 2 * _win.REFERENCE_STEPS
+        self.cooldown_steps = int(cooldown_steps) if cooldown_steps is not None else 2 * _slow.REFERENCE_STEPS
         self.out_dir = Path(out_dir)
         # the ranks' store keys name the folder as the job gave it (the coordinator may move it, see _arm)
         self._key_dir = os.path.abspath(self.out_dir)
@@ -115,7 +117,11 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
         self._next_poll = 1 << 62    # clock reading of the next poll (never before start())
         self._folder_known = True    # False until a non-coordinator rank learned the folder of this job
         self._board: _win.Board | None = None
-        self._rule = _win.AnomalyRule(float(min_rise)) if self.auto else None
+        self._rule = _slow.SlowdownRule(float(min_rise)) if self.auto else None
+        # per step on the coordinator: slow steps (above the rule's limit) since the last poll, and how many
+        # of them make the rule decide: then the poll comes at once, not up to POLL_S later
+        self._hot, self._hot_need, self._hot_limit_ns = 0, 1 << 30, 1 << 62
+        self._last_end_ns = 0
         self._seq = 0                # plans seen
         self._plan: _win.Plan | None = None
         self._window_at = -1         # step_num at which the planned window's warm-up step begins
@@ -124,6 +130,8 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
         self._windows: list[dict] = []   # windows this rank took part in
         self._quiet_until = 0        # no automatic window before this step (cool-down)
         self._warned: set[str] = set()
+        self._requests_seen: set[str] = set()    # trigger requests honoured (or refused) once, by key
+        self._requests_kept: list[str] = []      # ... of which the job could not remove the file
         self._windows_planned: list[_win.Plan] = []   # the coordinator's plans (caps on windows and disk)
         self._feed_from = 0          # first step the anomaly rule may judge
         self._origin_unix_ns = 0
@@ -159,6 +167,11 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
         """Mark the end of one training step."""
         now = _now_ns()
         self._ends.append(now)
+        if now - self._last_end_ns > self._hot_limit_ns:
+            self._hot += 1
+            if self._hot >= self._hot_need:
+                self._next_poll = now
+        self._last_end_ns = now
         self.step_num += 1
         if self._watch is not None:
             self._watch.step()
@@ -203,7 +216,8 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
             if self._series is not None:
                 self._series.close()
             if self.rank == 0:
-                _win.release_claim(self.out_dir, self._job)
+                _claim.release_claim(self.out_dir, self._job)
+                _win.forget_taken(self.out_dir)
                 if self._board is not None:
                     self._board.clear(self._seq)
             if self._watch is not None:
@@ -262,7 +276,7 @@ def capture(out_dir, *, model=None, optimizer=None, wait: int = 1, warmup: int =
             scenario: dict | None = None, hang_timeout_s: float | None = None,
             fixed_window: bool = True, auto: bool = False, window_steps: int = 3, max_windows: int = 5,
             max_window_bytes: int = MAX_WINDOW_BYTES, cooldown_steps: int | None = None,
-            min_rise: float = _win.MIN_RISE) -> Capture:
+            min_rise: float = _slow.MIN_RISE) -> Capture:
     """Profile a training loop into ``out_dir`` (one ``rank<N>.json.gz`` per profiled rank
     plus ``manifest.json``), and keep every rank's step series for the whole run.
 
