@@ -136,12 +136,16 @@ def test_a_second_request_while_one_waits_is_refused_to_its_caller(tmp_path):
 
 
 @requires_torch
-def test_a_window_the_job_ends_before_leaves_no_folder(tmp_path):
+def test_a_window_the_job_ends_before_leaves_no_folder(tmp_path, monkeypatch):
     import torch
 
     from fsdpdoctor.capture import capture
     from fsdpdoctor.capture.windows import POLL_S, write_request
 
+    # rank 0 of two (no process group: plans go through files): a window starts a few steps after the
+    # decision, time for the other ranks to learn of it, so one decided at the last step is never reached
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
     _, _, train_step = tiny_training(torch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -157,6 +161,6 @@ def test_a_window_the_job_ends_before_leaves_no_folder(tmp_path):
             cap.step()
     windows = sorted(tmp_path.glob("window-*"))
     assert len(windows) == 1 and sorted(p.name for p in windows[0].iterdir() if "summary" not in p.name) == [
-        "manifest.json", "rank0.json.gz"]
+        "manifest.json", "rank0.json.gz"], [p.name for p in tmp_path.rglob("*")]
     assert any("not profiled: the job ended at step 201, before it" in str(w.message) for w in caught)
     assert json.loads((windows[0] / "manifest.json").read_text())["profiled_steps"]
