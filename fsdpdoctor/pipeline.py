@@ -255,6 +255,13 @@ def rank_results(path: Path, options: Options | None = None, *, write_summaries:
     return out
 
 
+
+def summarize_beside(path: str | Path, *, param_dtype: str | None = None) -> int:
+    """Write every rank's summary beside its trace in ``path``, in this process (one worker, no
+    progress): what a capture starts in the background after each export. Returns the number of ranks."""
+    _, results, _ = rank_results(Path(path), workers=1, write_summaries=True, param_dtype=param_dtype)
+    return len(results)
+
 class _SummariesDisagree(Exception):
     """The checks across ranks refused a folder in which some ranks were read from summaries."""
 

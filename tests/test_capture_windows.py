@@ -134,19 +134,7 @@ def test_malformed_trigger_is_set_aside_and_training_goes_on(tmp_path):
     assert sum("fsdpdoctor.trigger ignored" in str(w.message) for w in caught) == 1
 
 
-def test_anomaly_rule_on_noise_and_on_a_change():
-    import random
-
-    from fsdpdoctor.capture.windows import AnomalyRule
-
-    rnd = random.Random(0)
-    rule = AnomalyRule()
-    noisy = [0.05 * (1 + abs(rnd.gauss(0, 0.02))) for _ in range(2000)]
-    for i in range(0, 2000, 7):  # isolated hiccups, 3x, one step each
-        noisy[i] *= 3
-    assert all(rule.feed(k, noisy[k:k + 10]) is None for k in range(0, 2000, 10))
-    reason = rule.feed(2000, [0.15] * 5)
-    assert reason and reason.startswith("steps 2000-2002 took 3.0x the median")
+# the slowdown rule's own tests: tests/test_capture_slowdown.py
 
 
 # ------------------------------------------------------------------ interrupted windows (#25 item 5)

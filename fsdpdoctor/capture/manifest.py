@@ -9,6 +9,7 @@ version that renamed one yields ``null`` rather than an exception.
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any
 
 # Marker set on an FSDP2 state by the patched setters (see track_fsdp2_prefetch_calls):
@@ -230,6 +231,25 @@ def _describe_fsdp1(units: list) -> dict:
     }
 
 
+def _fsdp2_mesh(mesh_info) -> dict | None:
+    m = getattr(mesh_info, "mesh", None) if mesh_info is not None else None
+    if m is None:
+        return None
+    return {"shape": list(getattr(m, "shape", ()) or ()),
+            "dim_names": list(m.mesh_dim_names) if getattr(m, "mesh_dim_names", None) else None}
+
+
+def _fsdp2_reshard(group):
+    """reshard_after_forward of one FSDP2 param group: False, True, or the size it reshards to."""
+    mi = getattr(group, "mesh_info", None)
+    pfmi = getattr(group, "post_forward_mesh_info", None)
+    if pfmi is None:
+        return False
+    if mi is not None and pfmi == mi:
+        return True
+    return int(getattr(pfmi, "shard_mesh_size", 0)) or True
+
+
 def _describe_fsdp2(model, fsdp_modules: list[tuple[str, Any]]) -> dict:
     state_to_fqn = {}
     states = []
@@ -257,19 +277,8 @@ def _describe_fsdp2(model, fsdp_modules: list[tuple[str, Any]]) -> dict:
         groups = list(getattr(st, "_fsdp_param_groups", None) or [])
         if groups:
             g = groups[0]
-            mi = getattr(g, "mesh_info", None)
-            if mesh is None and mi is not None:
-                m = getattr(mi, "mesh", None)
-                if m is not None:
-                    mesh = {"shape": list(getattr(m, "shape", ()) or ()),
-                            "dim_names": list(m.mesh_dim_names) if getattr(m, "mesh_dim_names", None) else None}
-            pfmi = getattr(g, "post_forward_mesh_info", None)
-            if pfmi is None:
-                raf[fqn] = False
-            elif mi is not None and pfmi == mi:
-                raf[fqn] = True
-            else:
-                raf[fqn] = int(getattr(pfmi, "shard_mesh_size", 0)) or True
+            mesh = mesh if mesh is not None else _fsdp2_mesh(getattr(g, "mesh_info", None))
+            raf[fqn] = _fsdp2_reshard(g)
             if mp is None and getattr(g, "mp_policy", None) is not None:
                 p = g.mp_policy
                 mp = _mp_dict(getattr(p, "param_dtype", None), getattr(p, "reduce_dtype", None),
@@ -315,3 +324,39 @@ def describe_wrapping(model) -> dict:
             if isinstance(m, ddp):
                 return _describe_ddp(m)
     return {"kind": "none"}
+
+
+def track_fsdp2_prefetch_calls() -> bool:
+    """Record explicit FSDP2 ``set_modules_to_{forward,backward}_prefetch`` calls.
+
+    ``set_modules_to_backward_prefetch([])`` leaves the module state exactly as
+    if it had never been called (an empty list, which FSDP2 treats as "use the
+    default prefetch"), so the manifest can only report such a call if it was
+    recorded. Call this before configuring the model; idempotent. Returns False
+    when FSDP2 is not available.
+    """
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except Exception:
+        return False
+    if getattr(FSDPModule, "_fsdpdoctor_tracked", False):
+        return True
+
+    def wrap(name: str, mark: str):
+        orig = getattr(FSDPModule, name, None)
+        if orig is None:
+            return
+
+        @functools.wraps(orig)
+        def patched(self, modules, *args, **kwargs):
+            result = orig(self, modules, *args, **kwargs)
+            try:
+                setattr(self._get_fsdp_state(), mark, True)
+            except Exception:
+                pass
+            return result
+
+        setattr(FSDPModule, name, patched)
+
+    wrap("set_modules_to_backward_prefetch", BWD_MARK)
+    wrap("set_modules_to_forward_prefetch", FWD_MARK)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -22,22 +23,44 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _pending(run_dir: Path) -> str:
+    """"" when no request is there, a note when the one there was taken by the job but could not be
+    removed (it is replaced); refuses, in one line, when a request is still waiting to be taken."""
+    from fsdpdoctor.capture.windows import TRIGGER_NAME, read_request, read_taken, request_key
+
+    path = run_dir / TRIGGER_NAME
+    if not os.path.lexists(path):
+        return ""
+    request, problem = read_request(path)
+    if request is None:
+        raise InputError(path, f"is there and is not a request ({problem}): the job sets it aside at its "
+                               "next poll; remove it if it stays")
+    if request_key(path, request) in read_taken(run_dir):
+        return " (replacing a request the job took but could not remove)"
+    when = f" written at {request.requested}" if request.requested else ""
+    raise InputError(path, f"a request for {request.steps} step{'s' if request.steps > 1 else ''}{when} is "
+                           "waiting to be taken: not replaced (the job takes one request at a time; run "
+                           "`fsdpdoctor trigger` again once it is gone)")
+
+
 def run(args) -> int:
     from fsdpdoctor.capture.series import series_path
-    from fsdpdoctor.capture.windows import MAX_WINDOW_STEPS, TRIGGER_NAME, write_request
+    from fsdpdoctor.capture.windows import MAX_WINDOW_STEPS, write_request
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise InputError(run_dir, "not a folder (give the folder the job passes to capture())")
     if not 1 <= args.steps <= MAX_WINDOW_STEPS:
         raise InputError(None, f"--steps must be 1..{MAX_WINDOW_STEPS}, got {args.steps}")
-    replaced = (run_dir / TRIGGER_NAME).exists()
+    note = _pending(run_dir)
     try:
-        path = write_request(run_dir, args.steps)
+        path = write_request(run_dir, args.steps, replace=bool(note))
+    except FileExistsError:   # another caller's request landed between the look and the write
+        _pending(run_dir)
+        raise InputError(run_dir, "another request was written at the same instant: not replaced") from None
     except OSError as exc:
         raise InputError(run_dir, f"cannot write the request: {exc.strerror or exc}") from None
-    say(f"requested a window of {args.steps} step{'s' if args.steps > 1 else ''}: {path}"
-        + (" (replacing a request not yet taken)" if replaced else ""))
+    say(f"requested a window of {args.steps} step{'s' if args.steps > 1 else ''}: {path}{note}")
     try:
         age = time.time() - series_path(run_dir, 0).stat().st_mtime
     except OSError:

@@ -1,0 +1,162 @@
+"""The profiling schedule: torch.profiler on the fixed wait/warmup/active schedule, one gzipped
+chrome trace per profiled rank and cycle, each written through a temp name and summarised in the
+background (a mixin of :class:`fsdpdoctor.capture.core.Capture`, whose state it shares)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from fsdpdoctor.capture.background_summary import start_summary
+from fsdpdoctor.capture.safety import _restore_warning_filter, _sigint_held, _silence_tracer_grad_warning, _warn
+
+
+class ProfilingSchedule:
+    """Which ranks and steps the fixed schedule profiles, and the profiler that does it."""
+
+    # Each exported trace gets its rank<N>.summary.msgpack from a separate, niced process, so that
+    # `fsdpdoctor analyze` on the folder reads summaries, not traces. Never on the training thread,
+    # never an error in the job. Set to False (or FSDPDOCTOR_NO_SUMMARY=1) to skip.
+    write_summaries = True
+
+    @property
+    def profiled_ranks(self) -> list[int]:
+        if self.ranks is None:
+            return list(range(self.world_size))
+        return [r for r in self.ranks if 0 <= r < self.world_size]
+
+    @property
+    def manifest_rank(self) -> int | None:
+        pr = self.profiled_ranks
+        return pr[0] if pr else None
+
+    def profiled_steps(self) -> list[int]:
+        """Steps (ProfilerStep#N numbers) of every complete or current active window."""
+        cycle = self.wait + self.warmup + self.active
+        if self.repeat > 0:
+            last = self.repeat - 1
+        else:  # repeat forever: every cycle that started
+            last = max(0, (self.step_num - self.skip_first) // cycle)
+        steps = []
+        for k in range(last + 1):
+            start = self.skip_first + k * cycle + self.wait + self.warmup
+            steps += range(start, start + self.active)
+        if not self._finished:
+            steps = [s for s in steps if s < self.step_num]
+        return steps
+
+    def _file_name(self, rank: int, cycle: int) -> str:
+        return f"rank{rank}.json.gz" if cycle <= 1 else f"rank{rank}.cycle{cycle}.json.gz"
+
+    def _start_fixed_profiler(self) -> None:
+        try:
+            from torch.profiler import schedule
+
+            self._prof = self._new_profiler(
+                schedule(wait=self.wait, warmup=self.warmup, active=self.active,
+                         repeat=self.repeat, skip_first=self.skip_first), self._on_trace_ready)
+            self._prof.start()
+            self.profiling = True
+        except Exception as exc:
+            _warn(f"rank {self.rank}: cannot start torch.profiler ({exc}); not profiling")
+            self._prof = None
+            self._unsilence()
+
+    def _new_profiler(self, sched, on_ready):
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        prof = profile(activities=activities, schedule=sched, on_trace_ready=on_ready,
+                       record_shapes=self.record_shapes, with_stack=self.with_stack,
+                       profile_memory=self.profile_memory)
+        if self.with_stack and self._warning_filter is None:
+            self._warning_filter = _silence_tracer_grad_warning()
+        return prof
+
+    def _fixed_step(self) -> None:
+        try:
+            self._prof.step()
+        except Exception as exc:
+            _warn(f"rank {self.rank}: profiler step failed ({exc}); profiling stopped")
+            self._stop_profiler()
+            return
+        if self._total_steps is not None and self.step_num >= self._total_steps:
+            self._finished = True
+            self._stop_profiler()
+            self._write_manifest_if_mine()
+        self._raise_held_interrupt()
+
+    def _unsilence(self) -> None:
+        entry, self._warning_filter = self._warning_filter, None
+        if entry is not None:
+            _restore_warning_filter(entry)
+
+    def _cut_step(self) -> int | None:
+        """The fixed schedule's step in progress now when it is an active (recorded) step."""
+        s, cycle = self.step_num, self.wait + self.warmup + self.active
+        if self._finished or s < self.skip_first:
+            return None
+        k, pos = divmod(s - self.skip_first, cycle)
+        if (self.repeat == 0 or k < self.repeat) and pos >= self.wait + self.warmup:
+            return s
+        return None
+
+    def _stop_profiler(self, cut: bool = False) -> None:
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        if cut:
+            self._partial_step = self._cut_step()
+        try:
+            with _sigint_held() as held:
+                prof.stop()  # exports a window still being recorded (on_trace_ready)
+            self._interrupt_held |= bool(held)
+        except Exception as exc:
+            _warn(f"rank {self.rank}: stopping the profiler failed ({exc})")
+        finally:
+            self._unsilence()
+
+    def _export(self, prof, path: Path) -> bool:
+        """Write ``prof``'s trace to ``path`` through a temp name of this writer (two jobs writing into one
+        folder never share one), holding Ctrl-C meanwhile; no temp file is left behind on any failure."""
+        tmp = path.with_name(f".{path.name.split('.')[0]}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial.json.gz")
+        with _sigint_held() as held:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                # torch gzips when the path ends in .gz; rename so readers never see half a file
+                prof.export_chrome_trace(str(tmp))
+                os.replace(tmp, path)
+                ok = True
+            except BaseException as exc:
+                try:
+                    tmp.unlink()
+                except Exception:
+                    pass
+                if not isinstance(exc, Exception):
+                    raise
+                _warn(f"rank {self.rank}: cannot write trace {path} ({exc}); training continues")
+                ok = False
+        self._interrupt_held |= bool(held)
+        if ok:
+            self._summarize_in_background(path)
+        return ok
+
+    def _on_trace_ready(self, prof) -> None:
+        self._learn_folder(wait=True)
+        self.cycles_exported += 1
+        if self._export(prof, self.out_dir / self._file_name(self.rank, self.cycles_exported)):
+            self.exported = True
+
+    def _summarize_in_background(self, path: Path) -> None:
+        if not self.write_summaries or os.environ.get("FSDPDOCTOR_NO_SUMMARY"):
+            return
+        try:
+            if not hasattr(self, "_param_dtype"):
+                self._param_dtype = self._model_param_dtype()
+            start_summary(path, self._param_dtype)
+        except Exception as exc:
+            _warn(f"rank {self.rank}: cannot start the trace summary ({exc}); `fsdpdoctor summarize` builds it later")
