@@ -207,7 +207,10 @@ USER_SCENARIOS: dict[str, dict] = {
         script="frameworks.py", wrap="ddp",
         injects="the same MLP-Mixer under the Hugging Face Trainer (Accelerate, DDP) with its default "
                 "ddp_find_unused_parameters (True for a model without gradient checkpointing)",
-        params={"loop": "hf_trainer"}, must=["ddp-find-unused-unneeded"]),
+        params={"loop": "hf_trainer"}, must=["ddp-find-unused-unneeded"],
+        # the flag's cost here (one graph traversal, about 1 ms of a step of hundreds) is inside the step's
+        # noise: the finding is made, at info, and `check` passes the run (issue 28: severity follows evidence)
+        gates=False),
     "syncbn_ddp": dict(
         script="syncbn.py", wrap="ddp",
         injects="nothing (healthy): pre-activation ResNet with 17 synchronised BatchNorms (all-gather in "
@@ -258,4 +261,7 @@ SCENARIOS.update(USER_SCENARIOS)
 
 def expected(name: str) -> dict:
     s = SCENARIOS[name]
-    return {"scenario": name, "must": list(s["must"]), "must_not": list(s["must_not"])}
+    out = {"scenario": name, "must": list(s["must"]), "must_not": list(s["must_not"])}
+    if s.get("gates") is False:
+        out["gates"] = False   # its findings are made but within the run's noise: `check` passes it
+    return out

@@ -19,8 +19,7 @@ def diff_doc(capsys, base, new) -> dict:
 
 
 @pytest.mark.parametrize("fault, fix, fid", [("dataloader_slow", "dataloader_fixed", "input-bound"),
-                                              ("straggler", "ddp_default", "straggler"),
-                                              ("seq_length_skew", "seq_ddp", "straggler")])
+                                              ("straggler", "ddp_default", "straggler")])
 def test_fix_delivered(capsys, traces_dir, fault, fix, fid):
     d = diff_doc(capsys, traces_dir / fault, traces_dir / fix)
     fx = {f["id"]: f for f in d["fixes"]}[fid]
@@ -32,6 +31,15 @@ def test_fix_delivered(capsys, traces_dir, fault, fix, fid):
     assert fx["measured_lo_us"] <= fx["predicted_us"] <= fx["measured_hi_us"] or \
         abs(fx["measured_us"] - fx["predicted_us"]) <= 0.35 * abs(fx["predicted_us"])
     assert fx["text"].startswith(f"{fid} gone: predicted -") and "delivered" in fx["text"]
+
+
+def test_a_fix_beyond_the_one_proposed_saves_more_than_predicted(capsys, traces_dir):
+    # length skew: the finding prices its own fix, an equal token budget, at the balanced step ((N-1)/N of
+    # the excess); seq_ddp removes the longer sequences altogether, so the step gains more than that
+    d = diff_doc(capsys, traces_dir / "seq_length_skew", traces_dir / "seq_ddp")
+    fx = {f["id"]: f for f in d["fixes"]}["straggler"]
+    assert fx["status"] == "gone" and fx["outcome"] == "more-than-predicted"
+    assert fx["measured_us"] < fx["predicted_us"] < 0
 
 
 def test_fix_that_did_not_deliver_is_said(capsys, traces_dir):
@@ -59,12 +67,14 @@ def test_several_fixes_share_one_step_change(capsys, traces_dir):
 
 
 def test_console_and_check_baseline_list_the_fix(capsys, traces_dir):
+    d = diff_doc(capsys, traces_dir / "dataloader_slow", traces_dir / "dataloader_fixed")
+    predicted = f"{-d['fixes'][0]['predicted_us'] / 1e3:.1f}"   # the finding's own impact, as it is today
     main(["diff", str(traces_dir / "dataloader_slow"), str(traces_dir / "dataloader_fixed")])
     out = capsys.readouterr().out
-    assert "input-bound gone: predicted -34.1 ms, measured" in " ".join(out.split())
+    assert f"input-bound gone: predicted -{predicted} ms, measured" in " ".join(out.split())
     rc = main(["check", str(traces_dir / "dataloader_fixed"), "--baseline", str(traces_dir / "dataloader_slow")])
     out = " ".join(capsys.readouterr().out.split())
-    assert rc == 0 and "fixed input-bound gone: predicted -34.1 ms" in out and ": delivered" in out
+    assert rc == 0 and f"fixed input-bound gone: predicted -{predicted} ms" in out and ": delivered" in out
     main(["check", str(traces_dir / "dataloader_fixed"), "--baseline", str(traces_dir / "dataloader_slow"), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert doc["baseline"]["fixes"][0]["outcome"] == "delivered"

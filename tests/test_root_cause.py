@@ -288,7 +288,7 @@ def _gate(folder: Path) -> int:
 def test_check_passes_healthy_and_fails_faults(folder):
     # hang_* folders are judged by `fsdpdoctor hang` (their profiled steps precede a deliberate hang)
     must = set(EXPECTED[folder]["must"]) if folder in EXPECTED else set()
-    gating = must - NOT_GATING_ON_CPU
+    gating = must - NOT_GATING_ON_CPU if EXPECTED.get(folder, {}).get("gates", True) else set()
     assert _gate(folder) == (1 if gating else 0)
     if gating:
         a = open_analysis(folder)

@@ -310,7 +310,8 @@ def test_backend_fault_does_not_fold_prefetch_settings():
 def test_backend_fault_does_not_fold_a_rank_late_in_its_own_frames_nor_count_its_wait():
     setups = Signals(setup=[_gloo_setup(0), _gloo_setup(1)], sleep_sources={1: "job.py(5): train"})
     late = straggler_report(wait_us=30 * MS, own_frame="job.py(5): train")
-    f = _diag(analysis(signals=setups, straggler=late, **comm("all_reduce", 60 * MS)))
+    # the sleep is idle time (roots claim only what is not busy: the budget is the step less the compute)
+    f = _diag(analysis(signals=setups, straggler=late, idle_us=30 * MS, **comm("all_reduce", 60 * MS)))
     assert f["straggler"].caused_by is None and f["straggler"].severity == "error"
     # 60 ms exposed per rank and step on average; rank 0 waits 30 ms for the sleeper, rank 1 not at all:
     # 15 ms of the mean is the wait, and NCCL would give back at most the other 45
@@ -326,8 +327,9 @@ def test_straggler_folds_the_communication_that_waits_for_it_but_not_a_prefetch_
     ag = collectives(2, 4, "all_gather", "forward", per_step=4, exposed_us=10 * MS)
     late = straggler_report(wait_us=50 * MS, own_frame="job.py(5): train", kind="all_gather", phase="forward")
     # on a GPU (on gloo a prefetch saves nothing): 15 ms, under the forward compute (1/3 of 50 ms)
-    f = _diag(analysis(traits=GPU, backend="nccl", wrapping="fsdp1", prefetch=_fsdp1(forward="off"),
-                       collective_events=ag, straggler=late, **comm("all_gather", 50 * MS)))
+    # the straggler's 50 ms are idle on its peers: a 150 ms step keeps 50 ms of compute beside them
+    f = _diag(analysis(traits=GPU, backend="nccl", wrapping="fsdp1", prefetch=_fsdp1(forward="off"), step_ms=150.0,
+                       idle_us=50 * MS, collective_events=ag, straggler=late, **comm("all_gather", 50 * MS)))
     assert f["exposed-comm-high"].caused_by == "straggler"
     assert f["fsdp-forward-prefetch-off"].caused_by is None
     assert f["fsdp-forward-prefetch-off"].impact_us == pytest.approx(15 * MS)
@@ -357,7 +359,7 @@ def test_a_straggler_claims_the_communication_only_its_own_lateness_holds():
 def test_input_bound_folds_a_rank_late_in_its_loader_and_not_a_sleeper():
     sig = Signals(dataloader=[_loader(0, 0.01), _loader(1, 0.6)])
     loader_late = straggler_report(wait_us=60 * MS, cause="data loading", own_frame="data.py(3): __getitem__")
-    f = _diag(analysis(signals=sig, straggler=loader_late, data_loading_us=30 * MS))
+    f = _diag(analysis(signals=sig, straggler=loader_late, data_loading_us=30 * MS, idle_us=30 * MS))
     assert f["straggler"].caused_by == "input-bound"
     assert f["input-bound"].impact_us == pytest.approx(60 * MS)  # the others' wait is the loader's saving
     sleeper = straggler_report(wait_us=60 * MS, cause="sleep", own_frame="job.py(5): train")

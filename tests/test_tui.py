@@ -285,7 +285,7 @@ def test_open_tui_passes_selection_args(monkeypatch):
     seen = {}
 
     def fake_run(self):
-        seen.update(path=self.path, ranks=self.ranks, steps=self.steps, theme=self._light)
+        seen.update(path=self.path, ranks=self.options.ranks, steps=self.options.steps, theme=self._light)
         return 0
 
     monkeypatch.setattr(tui_app.FsdpDoctorApp, "run", fake_run)
@@ -299,7 +299,8 @@ def test_open_tui_passes_engine_args(monkeypatch):
     import fsdpdoctor.tui.app as tui_app
 
     seen = []
-    monkeypatch.setattr(tui_app.FsdpDoctorApp, "run", lambda self: seen.append(self.engine) or 0)
+    monkeypatch.setattr(tui_app.FsdpDoctorApp, "run", lambda self: seen.append({"dask": self.options.dask, "workers": self.options.workers,
+                                                                          "use_summaries": self.options.use_summaries}) or 0)
     monkeypatch.setattr("fsdpdoctor.commands.tui.require_terminal", lambda: None)  # pytest has no terminal
     assert main(["tui", str(ROOT), "--jobs", "3", "--dask", "tcp://sched:8786", "--no-summaries"]) == 0
     assert main(["analyze", str(ROOT), "--tui", "-j", "2"]) == 0

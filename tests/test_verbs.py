@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import shutil
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,8 @@ def _text(verb: str, columns: int, tmp: Path, monkeypatch, capsys) -> list[str]:
     monkeypatch.chdir(tmp)
     if not (tmp / "traces").exists():
         (tmp / "traces").symlink_to(TRACES)
-        (tmp / "run").mkdir()  # a run folder of a job to come (trigger)
+    shutil.rmtree(tmp / "run", ignore_errors=True)   # a run folder of a job to come (trigger), fresh each
+    (tmp / "run").mkdir()                           # time: a second request while one waits is refused
     argv = [a.replace("{tmp}/", "") for a in TEXT_VERBS[verb]]
     rc = main(argv)
     out = capsys.readouterr()

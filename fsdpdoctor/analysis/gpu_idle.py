@@ -136,7 +136,7 @@ def _startup_set(ctx: RankContext, in_steps: np.ndarray) -> tuple[np.ndarray, li
     rows = np.nonzero((t.cat == RUNTIME) & np.isin(t.track, ctx.compute_tracks))[0]
     if len(rows) < 2 or not len(in_steps):
         return iv.EMPTY, []
-    limit = max(STARTUP_FACTOR * float(np.median(t.dur[rows])), STARTUP_MIN_US)
+    limit = max(STARTUP_FACTOR * median(t.dur[rows]), STARTUP_MIN_US)
     long = rows[t.dur[rows] > limit]
     long = np.array([r for r in long.tolist() if not any(w in t.name(r) for w in _WAITS)], dtype=np.int64)
     if not len(long):

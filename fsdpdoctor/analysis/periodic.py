@@ -111,7 +111,13 @@ def find(summaries: list[RankSummary], step_frames: dict[int, dict[str, dict[int
     frame, frame_extra = _frame(step_frames.get(rank, {}), p, k)
     mean_step = median(d for d in (series[rank][2] if source == "step series" else
                                    [b.duration_us for b in next(s for s in summaries if s.rank == rank).steps]))
-    return PeriodicStall(rank=rank, period=p, offset=k, stalled_steps=stalled, excess_us=excess,
+    steps_durs = (zip(series[rank][0], series[rank][2]) if source == "step series" else
+                  ((b.step, b.duration_us) for b in next(s for s in summaries if s.rank == rank).steps))
+    hit = set(stalled)
+    # each occurrence's cost spread over the steps, as ``cost`` spreads their mean: the repeated measurements
+    # the finding's interval rests on (the step-to-step noise holds the stall itself)
+    each = [(d - mean_step) * len(stalled) / max(n, 1) for st, d in steps_durs if st in hit]
+    return PeriodicStall(rank=rank, period=p, offset=k, stalled_steps=stalled, excess_us=excess, occurrence_cost_us=each,
                          cost_per_step_us=cost, source=source, owner_evidence=how, frame=frame,
                          frame_extra_us=frame_extra, median_step_us=mean_step,
                          ranks_showing=sorted(fits))

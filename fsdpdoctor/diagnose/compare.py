@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 
 from fsdpdoctor.diagnose.fix_outcomes import fix_outcomes
-from fsdpdoctor.diagnose.stats import Estimate, estimate, half_width_after, log_ratio_interval, steps_until
+from fsdpdoctor.diagnose.stats import estimate, half_width_after, log_ratio_interval, steps_until
 from fsdpdoctor.diagnose.thresholds import resolve
 from fsdpdoctor.results import SEVERITY_RANK as _SEVERITY_RANK
 from fsdpdoctor.results import Analysis, StepBreakdown

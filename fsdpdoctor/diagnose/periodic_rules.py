@@ -52,4 +52,11 @@ def periodic_stall(ctx: RuleContext) -> list[Finding]:
     title = f"Rank {p.rank} stalls every {every} step" + (f" ({p.frame.split(': ', 1)[-1]})" if p.frame else "")
     return [ctx.finding("periodic-stall", title, p.cost_per_step_us, summary, _fix(p.frame, p.period),
                         confidence=0.8 if p.source == "step series" else 0.6, ranks=[p.rank], evidence=ev,
-                        source=p.frame)]
+                        source=p.frame, samples=_per_occurrence(ctx, p))]
+
+
+def _per_occurrence(ctx: RuleContext, p) -> list[float] | None:
+    """The cost per step of each occurrence: the step-to-step noise is the wrong yardstick here (the stall
+    itself is most of it); its occurrences are the repeated measurements of its cost. None (the framework's
+    fallback) under two of them."""
+    return list(p.occurrence_cost_us) if len(p.occurrence_cost_us) >= 2 else None

@@ -413,6 +413,7 @@ class PeriodicStall:
     ranks_showing: list[int] = field(default_factory=list)   # ranks whose steps show the period
     frame: str | None = None            # the user frame holding the stall (profiled steps, with stacks)
     frame_extra_us: float | None = None
+    occurrence_cost_us: list[float] = field(default_factory=list)   # each stalled step's share of cost_per_step_us
 
 
 @dataclass
