@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import re
 import threading
 import time
 import warnings
@@ -151,9 +152,11 @@ def test_a_window_the_job_ends_before_leaves_no_folder(tmp_path, monkeypatch):
         warnings.simplefilter("always")
         with capture(tmp_path, fixed_window=False) as cap:
             write_request(tmp_path, 2)           # a window early in the run, profiled whole
-            for _ in range(200):
+            for _ in range(4000):                # until that window is written (a loaded machine polls late)
                 train_step(0.005)
                 cap.step()
+                if any((w / "rank0.json.gz").exists() for w in tmp_path.glob("window-*")):
+                    break
             assert len(list(tmp_path.glob("window-*"))) == 1
             write_request(tmp_path, 3)           # a window planned at the last step: the job ends first
             time.sleep(1.2 * POLL_S)             # the next step() polls, plans, and the job ends
@@ -162,5 +165,5 @@ def test_a_window_the_job_ends_before_leaves_no_folder(tmp_path, monkeypatch):
     windows = sorted(tmp_path.glob("window-*"))
     assert len(windows) == 1 and sorted(p.name for p in windows[0].iterdir() if "summary" not in p.name) == [
         "manifest.json", "rank0.json.gz"], [p.name for p in tmp_path.rglob("*")]
-    assert any("not profiled: the job ended at step 201, before it" in str(w.message) for w in caught)
+    assert any(re.search(r"not profiled: the job ended at step \d+, before it", str(w.message)) for w in caught)
     assert json.loads((windows[0] / "manifest.json").read_text())["profiled_steps"]
