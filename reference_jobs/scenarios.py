@@ -81,7 +81,10 @@ SCENARIOS: dict[str, dict] = {
         params={"bucket_cap_mb": 0.05}, must=["ddp-tiny-buckets"]),
     "ddp_find_unused": dict(
         wrap="ddp", injects="DDP find_unused_parameters=True with no unused parameter",
-        params={"find_unused_parameters": True}, must=["ddp-find-unused-unneeded"]),
+        params={"find_unused_parameters": True}, must=["ddp-find-unused-unneeded"],
+        # the flag's cost is the bitmap's own time past the gradient all-reduces it queues behind in gloo
+        # (1.6 ms [0, 6.2] of a 420 ms step over 3 steps): made, at info, and `check` passes the run
+        gates=False),
     "dataloader_slow": dict(
         wrap="ddp", injects="DataLoader num_workers=0 with a slow __getitem__ (~32 ms/batch)",
         params={"num_workers": 0, "item_sleep_ms": 4.0}, must=["input-bound"]),

@@ -50,15 +50,20 @@ def test_bad_pair_name_is_one_line_exit_2(capsys):
     assert "unknown pair" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("p, m, iv, found, want", [
-    (100.0, 80.0, (60.0, 90.0), True, "holds"),     # within 35 %
-    (100.0, 50.0, (20.0, 110.0), True, "holds"),    # inside the interval
-    (100.0, 50.0, (40.0, 60.0), True, "over"),
-    (10.0, 50.0, (40.0, 60.0), True, "under"),
-    (0.0, 50.0, (40.0, 60.0), False, "missed"),
+@pytest.mark.parametrize("p, piv, m, iv, found, want", [
+    (100.0, None, 80.0, (60.0, 90.0), True, "holds"),      # within 35 %
+    (100.0, None, 50.0, (20.0, 110.0), True, "holds"),     # inside the interval
+    (100.0, None, 50.0, (40.0, 60.0), True, "over"),
+    (10.0, None, 50.0, (40.0, 60.0), True, "under"),
+    (0.0, None, 50.0, (40.0, 60.0), False, "missed"),
+    (100.0, (70.0, 130.0), 50.0, (40.0, 75.0), True, "holds"),   # tight P interval overlapping M's
+    (100.0, (20.0, 180.0), 50.0, (40.0, 75.0), True, "over"),    # a P interval too wide to mean anything
+    (2.0, (1.0, 3.0), -0.3, (-5.0, 4.0), True, "holds"),   # no measurable saving, P inside M's interval
+    (6.0, (1.0, 11.0), -0.3, (-5.0, 4.0), True, "over"),   # no measurable saving, P promises more
+    (0.0, None, 3.0, (-2.0, 8.0), False, "holds"),         # no measurable saving, nothing promised
 ])
-def test_verdict(p, m, iv, found, want):
-    assert _calibrate().verdict(p, None, m, iv, found, 0.35) == want
+def test_verdict(p, piv, m, iv, found, want):
+    assert _calibrate().verdict(p, piv, m, iv, found, 0.35) == want
 
 
 def test_rerender_from_json(tmp_path):
@@ -74,6 +79,6 @@ def test_rerender_from_json(tmp_path):
     src.write_text(json.dumps({"meta": meta, "pairs": [r]}))
     assert _calibrate().main(["--rerender", str(src), "--doc", str(doc)]) == 0
     text = doc.read_text()
-    assert "| host-sync | c | 0.0 | 5.0 [0.0, 10.0] | 0.00 | holds (only inside M's interval) |" in text
-    assert "1 of 1 predictions hold: 0 within 35 % of M, 1 only inside M's interval" in text
+    assert "| host-sync | c | 0.0 | 5.0 [0.0, 10.0] | 0.00 | holds (inside M's interval) |" in text
+    assert "1 of 1 predictions hold: 0 within 35 % of M, 1 on M's or both intervals" in text
     assert _calibrate().main(["--rerender", str(tmp_path / "missing.json"), "--doc", str(doc)]) == 2

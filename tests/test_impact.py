@@ -76,8 +76,14 @@ def test_bucket_sizes_follow_ddp():
 
 def test_find_unused_needs_the_per_parameter_record(traces_dir, tmp_path):
     run = traces_dir / "ddp_find_unused"
-    _, f = finding(run, "ddp-find-unused-unneeded")
-    assert f.severity == "warning" and "every parameter gets a gradient" in f.title
+    a, f = finding(run, "ddp-find-unused-unneeded")
+    assert "every parameter gets a gradient" in f.title
+    # the bitmap all-reduce waits in gloo's queue behind the gradient all-reduces: only what runs past them
+    # is its cost, well under its whole time on the rank that arrived last
+    bitmap = [c for c in a.collective_events if c.kind == "all_reduce" and (c.nelems or 0) <= 1024]
+    steps = {c.step for c in bitmap}
+    whole = sum(min(c.duration_us for c in bitmap if c.step == s) for s in steps) / len(steps)
+    assert 0 < f.impact_us < 0.5 * whole
     for presence, expect in ((None, "info"), ({"rank": 0, "steps": 3, "parameters": 30, "without_grad": 2,
                                                "names": {"aux.weight": 3, "aux.bias": 3}}, None)):
         copy = tmp_path / f"run{expect}"
@@ -139,3 +145,16 @@ def test_capture_records_which_parameters_get_a_gradient(tmp_path):
             assert not [f for f in open_analysis(out).findings if f.id == "ddp-find-unused-unneeded"]
         else:
             assert gp["without_grad"] == 0 and gp["names"] == {}
+
+
+def test_grad_accum_saving_is_exposed_plus_the_shared_core_share(traces_dir):
+    # no_sync() removes all but the last micro-step's all-reduces: their exposed time, and on shared host
+    # cores (CPU/gloo) half of their overlapped time; never their whole duration
+    a, f = finding(traces_dir / "grad_accum_sync_every", "grad-accum-without-no-sync")
+    grad = [c for c in a.collective_events if c.kind == "all_reduce" and (c.nelems or 0) > 1024]
+    nrs = len(a.ranks) * len({s.step for r in a.ranks for s in r.steps})
+    extra = 3 / 4
+    exposed = sum(c.exposed_us for c in grad) / nrs * extra
+    whole = sum(c.duration_us for c in grad) / nrs * extra
+    assert a.job.traits.shared_host_cores and exposed < whole
+    assert f.impact_us == pytest.approx(exposed + 0.5 * (whole - exposed), rel=1e-6)
