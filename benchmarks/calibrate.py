@@ -44,7 +44,12 @@ sys.path.insert(1, str(ROOT))
 
 from pair_table import PAIRS  # noqa: E402
 
+from fsdpdoctor.diagnose.thresholds import defaults as threshold_defaults  # noqa: E402
+
 TOLERANCE = 0.35
+# "no measurable saving" says something only where M's interval rules out a saving worth a warning: its
+# upper end below the severity scale's warning band (a share of the step); a wider one decides nothing
+WARNING_FRAC = threshold_defaults()["severity_warning_frac"]
 
 
 def free_port() -> int:
@@ -124,15 +129,27 @@ def run_step_s(times: dict, skip: int) -> float:
     return statistics.median(steps)
 
 
-def basis(p_us: float, p_iv, m_us: float, m_iv, found: bool, tolerance: float) -> str | None:
-    """Why a prediction holds, or None when it does not.
+def undecided(m_iv, step_us: float | None) -> bool:
+    """M's interval holds 0 and reaches above the warning band of the step: it can neither show a saving
+    nor rule out one that matters, so it tests no prediction."""
+    return (m_iv is not None and m_iv[0] <= 0 <= m_iv[1] and bool(step_us)
+            and m_iv[1] > WARNING_FRAC * step_us)
+
+
+def basis(p_us: float, p_iv, m_us: float, m_iv, found: bool, tolerance: float,
+          step_us: float | None = None) -> str | None:
+    """Why a prediction holds, or None when it does not (or when M decides nothing: ``undecided``).
 
     - M's interval holds 0: the fix saves nothing measurable at this machine's noise. The right prediction
-      is then one that promises no more than the measurement allows: P inside M's interval, or no finding.
+      is then one that promises no more than the measurement allows: P inside M's interval, or no finding;
+      this counts only where M's upper end is below the warning band of the step (``step_us``), so that
+      "nothing measurable" rules out a saving worth a warning.
     - otherwise P holds within ``tolerance`` of M, or inside M's interval, or when the two intervals overlap
       and P's own is as tight as the tolerance (its half-width at most ``tolerance`` of P): two estimates of
       one saving that agree within their stated uncertainty. A P interval wider than that would agree with
       anything near it, so it does not count."""
+    if undecided(m_iv, step_us):
+        return None
     no_saving = m_iv is not None and m_iv[0] <= 0 <= m_iv[1]
     if not found:
         return "no measurable saving, none predicted" if no_saving else None
@@ -148,8 +165,11 @@ def basis(p_us: float, p_iv, m_us: float, m_iv, found: bool, tolerance: float) -
     return None
 
 
-def verdict(p_us: float | None, p_iv, m_us: float, m_iv, found: bool, tolerance: float) -> str:
-    if basis(p_us or 0.0, p_iv, m_us, m_iv, found, tolerance):
+def verdict(p_us: float | None, p_iv, m_us: float, m_iv, found: bool, tolerance: float,
+            step_us: float | None = None) -> str:
+    if undecided(m_iv, step_us):
+        return "undecided"
+    if basis(p_us or 0.0, p_iv, m_us, m_iv, found, tolerance, step_us):
         return "holds"
     if not found:
         return "missed"
@@ -211,12 +231,13 @@ def calibrate_pair(pair: str, work: Path, reps: int, steps: int, skip: int, leve
     m = statistics.fmean(diffs) if diffs else None
     m_iv = bootstrap_mean(diffs, level)
     p = out["predicted_us"]
+    step = statistics.median(runs["fault"]) if runs["fault"] else None
     out |= {"fault_step_us": runs["fault"], "fix_step_us": runs["fix"], "paired_diff_us": diffs,
             "measured_us": m, "measured_interval_us": m_iv, "level": level,
             "ratio": (p / m) if m else None,
-            "verdict": verdict(p, out["predicted_interval_us"], m, m_iv, out["found_on_fault"], tolerance)
+            "verdict": verdict(p, out["predicted_interval_us"], m, m_iv, out["found_on_fault"], tolerance, step)
             if m is not None else "not timed",
-            "basis": basis(p, out["predicted_interval_us"], m, m_iv, out["found_on_fault"], tolerance)
+            "basis": basis(p, out["predicted_interval_us"], m, m_iv, out["found_on_fault"], tolerance, step)
             if m is not None else None,
             "load_runs": loads, "load_end": os.getloadavg()}
     return out
@@ -252,7 +273,9 @@ def render(results: list[dict], meta: dict) -> str:
         f"overlaps M's and is itself as tight as the tolerance (half-width at most {round(meta['tolerance'] * 100)} % of P): two",
         "estimates of one saving that agree within their stated uncertainty (a wider P interval would agree with",
         "anything near it, so it does not count). *over* / *under* otherwise; *missed* when the fault run does",
-        "not show the finding and M is measurable.",
+        "not show the finding and M is measurable. *undecided* where M's interval holds 0 and its upper end",
+        f"is above the warning band ({round(WARNING_FRAC * 100)} % of the fault step): such a measurement neither shows a saving nor rules",
+        "out one worth a warning, so it tests no prediction (it is counted apart, not as holding).",
         "",
         f"Regenerate: `{meta['command']}` (see benchmarks/README.md).",
         "",
@@ -284,8 +307,11 @@ def render(results: list[dict], meta: dict) -> str:
     n_ok = sum(r.get("verdict") == "holds" for r in results)
     n_tight = sum(r.get("verdict") == "holds" and abs(r["predicted_us"] - r["measured_us"])
                   <= meta["tolerance"] * abs(r["measured_us"]) for r in results)
+    n_undecided = sum(r.get("verdict") == "undecided" for r in results)
     lines += ["", f"{n_ok} of {len(results)} predictions hold: {n_tight} within {round(meta['tolerance'] * 100)} % "
-              f"of M, {n_ok - n_tight} on M's or both intervals (see the verdict column).", "", "## Per pair", ""]
+              f"of M, {n_ok - n_tight} on M's or both intervals (see the verdict column)"
+              + (f"; {n_undecided} undecided (M too noisy to test them)" if n_undecided else "") + ".",
+              *[f"\n{x}" for x in meta.get("notes", [])], "", "## Per pair", ""]
     for r in results:
         lines.append(f"### {r['pair']} ({r['rule']})")
         lines.append("")
@@ -316,9 +342,15 @@ def rerender(path: Path, doc: str) -> int:
     except (OSError, ValueError) as e:
         print(f"calibrate: {path}: {e}", file=sys.stderr)
         return 2
+    tol = data["meta"]["tolerance"]
     for r in data["pairs"]:
         if "diff_fixes" not in r and "fault_run" in r and Path(r["fault_run"]).is_dir():
             r["diff_fixes"] = [x["text"] for x in diff_fixes(Path(r["fault_run"]), Path(r["fix_run"]))]
+        if r.get("measured_us") is not None:  # the verdict again, by this file's rule
+            step = statistics.median(r["fault_step_us"]) if r.get("fault_step_us") else None
+            args = (r["predicted_us"], r["predicted_interval_us"], r["measured_us"], r["measured_interval_us"],
+                    r["found_on_fault"], tol, step)
+            r["verdict"], r["basis"] = verdict(*args), basis(*args)
     path.write_text(json.dumps(data, indent=1))
     if doc != "-":
         Path(doc).write_text(render(data["pairs"], data["meta"]))
@@ -342,7 +374,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
     ap.add_argument("--rerender", default=None, metavar="JSON",
                     help="write the document again from an earlier --json (adding the diff lines of runs kept with "
-                         "--work when it lacks them), running nothing else")
+                         "--work when it lacks them, the verdicts by the current rule), running nothing else")
     args = ap.parse_args(argv)
     if args.rerender:
         return rerender(Path(args.rerender), args.doc)

@@ -38,7 +38,7 @@ def test_one_pair_end_to_end(tmp_path):
     assert len(r["fault_step_us"]) == len(r["fix_step_us"]) == 2 and all(x > 0 for x in r["fault_step_us"])
     lo, hi = r["measured_interval_us"]
     assert math.isfinite(r["measured_us"]) and lo <= r["measured_us"] <= hi
-    assert r["verdict"] in ("holds", "over", "under") and r["load_runs"]
+    assert r["verdict"] in ("holds", "over", "under", "undecided") and r["load_runs"]
     text = doc.read_text()
     row = next(ln for ln in text.splitlines() if ln.startswith("| wrapper-world-size-1 |"))
     assert row.count("|") == 10 and f"{r['measured_us'] / 1e3:.1f} [{lo / 1e3:.1f}, {hi / 1e3:.1f}]" in row
@@ -66,6 +66,14 @@ def test_verdict(p, piv, m, iv, found, want):
     assert _calibrate().verdict(p, piv, m, iv, found, 0.35) == want
 
 
+def test_a_measurement_too_noisy_to_rule_out_a_warning_decides_nothing():
+    cal = _calibrate()
+    # M [-5, 4] ms of a 100 ms step rules out a 5 ms (warning-band) saving; [-40, 40] rules out nothing
+    assert cal.verdict(0.0, None, -0.3, (-5e3, 4e3), True, 0.35, 100e3) == "holds"
+    assert cal.verdict(0.0, None, 0.1e3, (-40e3, 40e3), True, 0.35, 100e3) == "undecided"
+    assert cal.verdict(30e3, None, 28e3, (20e3, 35e3), True, 0.35, 100e3) == "holds"  # measurable: as before
+
+
 def test_rerender_from_json(tmp_path):
     # the document again from an earlier --json, running nothing (no run folders kept: no diff lines added)
     r = {"pair": "host_sync", "rule": "host-sync", "case": "c", "model": "mlp", "world": 2, "found_on_fault": True,
@@ -79,6 +87,8 @@ def test_rerender_from_json(tmp_path):
     src.write_text(json.dumps({"meta": meta, "pairs": [r]}))
     assert _calibrate().main(["--rerender", str(src), "--doc", str(doc)]) == 0
     text = doc.read_text()
-    assert "| host-sync | c | 0.0 | 5.0 [0.0, 10.0] | 0.00 | holds (inside M's interval) |" in text
-    assert "1 of 1 predictions hold: 0 within 35 % of M, 1 on M's or both intervals" in text
+    # the verdict by the current rule: M [0, 10] ms holds 0 and reaches above 5 % of the 105 ms step
+    assert "| host-sync | c | 0.0 | 5.0 [0.0, 10.0] | 0.00 | undecided |" in text
+    assert "0 of 1 predictions hold: 0 within 35 % of M, 0 on M's or both intervals (see the verdict column); " \
+           "1 undecided" in text
     assert _calibrate().main(["--rerender", str(tmp_path / "missing.json"), "--doc", str(doc)]) == 2
