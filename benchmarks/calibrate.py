@@ -262,7 +262,7 @@ def render(results: list[dict], meta: dict) -> str:
         "captured and analysed gives the predicted saving **P** of the pair's expected finding; both variants",
         f"then run bare, interleaved, {meta['reps']} times each, {meta['steps']} steps a run (a run's step time: the",
         f"median of its steps after the first {meta['skip']}; " + (
-            "the runs are alternating blocks of one launch that holds both variants" if meta["mode"] == "alternate"
+            "the runs are alternating blocks of one launch that holds both variants, in ABBA order" if meta["mode"] == "alternate"
             else "each run its own launch") + "); the measured saving **M** is the mean of the paired",
         f"differences (fault run i minus fix run i) with a bootstrap {lvl} % interval. P's interval is the finding's",
         "own (`impact_interval_us`: the t-interval of the per-step values its saving rests on).",

@@ -205,7 +205,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pair", required=True, choices=sorted(PAIRS))
     ap.add_argument("--variant", required=True, choices=[*VARIANTS, "alternate"],
-                    help="alternate: both, bare, in blocks fault, fix, fault, ... (--blocks, --block-steps, --times)")
+                    help="alternate: both, bare, in blocks fault, fix, fix, fault, ... (ABBA; --blocks, --block-steps, --times)")
     ap.add_argument("--out", default=None, help="run folder of the capture (manifest.json, rank<N>.json.gz)")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: schedule + 1)")
     ap.add_argument("--wait", type=int, default=1)
@@ -282,8 +282,10 @@ def main(argv=None) -> int:
         # both variants in one process, in alternating blocks: fault, fix, fault, fix, ... (load that drifts
         # between blocks hits both alike, and one interpreter start serves every timed run)
         jobs = {v: build(args.pair, v, rank, world, args.blocks * args.block_steps)[0] for v in VARIANTS}
+        # ABBA: the order flips every pair of blocks, so load that drifts steadily over the launch (it does,
+        # by 2x, at load 16) does not always land on the variant run first
         blocks = [{"variant": v, "step_s": timed(jobs[v], args.block_steps), "loadavg": os.getloadavg()}
-                  for _ in range(args.blocks) for v in VARIANTS]
+                  for i in range(args.blocks) for v in (VARIANTS if i % 2 == 0 else VARIANTS[::-1])]
         if args.times and rank == 0:
             Path(args.times).write_text(json.dumps({"pair": args.pair, "world": world, "blocks": blocks}))
         steps, elapsed = 2 * args.blocks * args.block_steps, sum(sum(b["step_s"]) for b in blocks)
