@@ -164,7 +164,8 @@ def real(change_at: int, steps: int, healthy_steps: int, factor: float, keep: st
                 k = w["decided_at_step"]
                 print(f"| window-{w['first_step']} | {k} | {sustained(d, k):.2f}x | {w['reason']} |")
             replay = decisions(d)
-            print(f"\nthe detector replayed on this recorded series: {len(replay)} decisions "
+            print(f"\nthe detector replayed on this series' whole steps (the series holds no CPU wait, so "
+                  f"nothing is taken out): {len(replay)} decisions "
                   f"({', '.join(f'step {k}: {sustained(d, k):.2f}x' for k in replay)})\n")
             if keep:
                 shutil.copytree(tmp / "healthy" / "steps", Path(keep) / "healthy-steps", dirs_exist_ok=True)
@@ -178,8 +179,8 @@ def main() -> int:
     ap.add_argument("--change-at", type=int, default=300)
     ap.add_argument("--steps", type=int, default=420)
     ap.add_argument("--healthy-steps", type=int, default=2000)
-    ap.add_argument("--factor", type=float, default=2.0,
-                    help="drift.py --factor: rank 1's extra sleep in healthy compute times (2.0: about 2x its step)")
+    ap.add_argument("--factor", type=float, default=1.0,
+                    help="drift.py --factor: rank 1's extra sleep in healthy compute times (1.0: about 2x the step)")
     ap.add_argument("--skip-real", action="store_true")
     ap.add_argument("--keep", metavar="DIR", help="copy the healthy run's step series here")
     args = ap.parse_args()

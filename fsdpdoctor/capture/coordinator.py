@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from fsdpdoctor.capture import series as _series
+from fsdpdoctor.capture import slowdown as _slow
 from fsdpdoctor.capture import claim as _claim
 from fsdpdoctor.capture import windows as _win
 from fsdpdoctor.capture.manifest_writer import HOST_WAIT_S
@@ -22,6 +23,9 @@ _POLL_NS = int(_win.POLL_S * 1e9)
 MAX_WINDOW_BYTES = 2 << 30
 # A rank other than the coordinator buffers its step series until it knows the job's folder, at most this long.
 FOLDER_WAIT_S = 10.0
+# Ranks on the coordinator's host whose CPU wait it reads (torchrun numbers a host's ranks 0..LOCAL_WORLD_SIZE-1
+# on the first host): a load spike there hits them together; more would only add store traffic per poll.
+MAX_LOAD_PEERS = 8
 
 
 def _folder_bytes(folders: list[Path]) -> int:
@@ -64,6 +68,47 @@ class WindowCoordinator:
         except Exception as exc:
             _warn(f"rank {self.rank}: cannot claim {self.out_dir} ({exc}); writing there")
         self._next_poll = self._origin_ns + _POLL_NS
+        if self._rule is not None:
+            w = _slow.cpu_wait_ns()   # never raises: None where the kernel does not say
+            self._cpu_wait_prev = None if w is None else (self._origin_ns, w)
+
+    # ------------------------------------------------------------------ CPU wait (slowdown.py: own time)
+    def _load_peers(self) -> range:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        return range(1, min(local, self.world_size, MAX_LOAD_PEERS))
+
+    def _cpu_wait_key(self, rank: int) -> str:
+        return f"fsdpdoctor.capture/{self._key_dir}/cpuwait/{rank}"
+
+    def _sample_cpu_wait(self, now: int) -> None:
+        """Each rank reads the time its training thread waited for a CPU since its last poll; the
+        coordinator's host's other ranks publish theirs in the store, and the coordinator takes the
+        largest share of the interval any of them waited (``self._wait_share``): the load of the machine
+        on the job, which the slowdown rule takes out of the steps."""
+        prev = self._cpu_wait_prev
+        w = _slow.cpu_wait_ns()
+        if prev is None or w is None:
+            return
+        self._cpu_wait_prev = (now, w)
+        if self.rank != 0:
+            if self._store is not None and self.rank in self._load_peers():
+                self._store.set(self._cpu_wait_key(self.rank), f"{now} {w}")
+            return
+        shares = [(w - prev[1]) / (now - prev[0])] if now > prev[0] else []
+        peers = list(self._load_peers()) if self._store is not None else []
+        keys = [self._cpu_wait_key(r) for r in peers]
+        if keys and self._store.check(keys):
+            for r, raw in zip(peers, self._store.multi_get(keys)):
+                t, v = map(int, raw.split())
+                old = self._peer_waits.get(r)   # (time, wait, share over its last interval)
+                if old is None or t > old[0]:
+                    old = self._peer_waits[r] = (t, v, (v - old[1]) / (t - old[0]) if old else 0.0)
+                shares.append(old[2])   # a peer that has not polled since: its last interval's share
+        self._wait_share = min(max(shares, default=0.0), _slow.MAX_WAIT_SHARE)
+
+    _cpu_wait_prev: tuple[int, int] | None = None
+    _wait_share = 0.0
+    _peer_waits: dict
 
     def _learn_folder(self, wait: bool = False) -> None:
         """A rank other than the coordinator writes where the coordinator decided (the store's key);
@@ -95,6 +140,13 @@ class WindowCoordinator:
             if not self._folder_known:
                 self._learn_folder()
             first, durations = self._flush()
+            if self._rule is not None:
+                try:
+                    self._sample_cpu_wait(now)
+                except Exception as exc:  # the rule then judges the steps as they are
+                    self._cpu_wait_prev = None
+                    self._warn_once("cpuwait", f"CPU wait not read ({type(exc).__name__}: {exc}); "
+                                               "automatic windows judge whole steps")
             if self.rank == 0:
                 _claim.refresh_claim(self.out_dir)
                 self._coordinate(first, durations)
@@ -152,11 +204,13 @@ class WindowCoordinator:
             return None
         reason = None
         skip = max(0, max(fixed_end, self._feed_from) - first)
+        share = self._wait_share
         if skip < len(durations):
-            reason = rule.feed(first + skip, durations[skip:])
+            reason = rule.feed(first + skip, _slow.own_times(durations[skip:], share), share)
         self._hot = 0
         self._hot_need = rule.more_needed()
-        self._hot_limit_ns = int(rule.limit * 1e9) if rule.limit is not None else 1 << 62
+        # the per-step check compares whole steps: the limit on own time, with the last CPU wait put back
+        self._hot_limit_ns = int(rule.limit / (1.0 - share) * 1e9) if rule.limit is not None else 1 << 62
         return reason
 
     def _anomaly_allowed(self, reason: str) -> bool:
@@ -174,6 +228,8 @@ class WindowCoordinator:
     def _plan_window(self, request, reason: str | None, fixed_end: int | None, durations: list[float]) -> None:
         # the lead is counted in steps of the time they take now (a slowdown's, not the baseline's)
         now_s = self._rule.recent_step_s() if self._rule is not None and reason is not None else None
+        if now_s is not None:  # own time -> the whole step, as the lead counts steps of wall time
+            now_s /= 1.0 - self._wait_share
         if now_s is None and durations:
             now_s = sorted(durations)[len(durations) // 2]
         # alone, the coordinator needs no time to tell other ranks: the window starts after one warm-up step

@@ -120,6 +120,7 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
         self._folder_known = True    # False until a non-coordinator rank learned the folder of this job
         self._board: _win.Board | None = None
         self._rule = _slow.SlowdownRule(float(min_rise)) if self.auto else None
+        self._peer_waits: dict[int, tuple[int, int, float]] = {}   # coordinator: CPU wait last read per peer rank
         # per step on the coordinator: slow steps (above the rule's limit) since the last poll, and how many
         # of them make the rule decide: then the poll comes at once, not up to POLL_S later
         self._hot, self._hot_need, self._hot_limit_ns = 0, 1 << 30, 1 << 62
