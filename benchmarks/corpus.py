@@ -324,7 +324,8 @@ def _kind(doc: dict) -> str:
     k = (doc.get("job") or {}).get("input_kind")
     if not k:
         return "-"
-    parts = [_PRODUCER.get(k["producer"], k["producer"]), k["device"], _STEPS.get(k["steps"], k["steps"])]
+    device = k["device"] + (" (read generically)" if k.get("generic") else "")
+    parts = [_PRODUCER.get(k["producer"], k["producer"]), device, _STEPS.get(k["steps"], k["steps"])]
     if k.get("clock_offset_us") is not None:
         parts.append(f"device clock +{k['clock_offset_us']:.0f} us")
     elif k.get("backward_links"):
