@@ -221,3 +221,16 @@ def test_gathered_other_tool_files_are_refused_in_one_line(trace, tmp_path):
     o = corpus.run_one(trace, corpus.cache_dir(), tmp_path)
     assert o.rc == 2 and o.agrees and not o.violations, (o.rc, o.error)
     assert "not a torch.profiler recording" in o.error or "not a Chrome/Kineto trace" in o.error
+
+
+def test_a_host_only_classification_is_checked_against_the_file(tmp_path):
+    """docs/corpus.md's promise, checked without fsdpdoctor: a trace classified as host-only (device
+    "none") holds no device event and no launch; a file that does is a violation."""
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5,
+                                                 "pid": 1, "tid": 1}]}))
+    assert corpus.device_activity(host) == []
+    dev = tmp_path / "dev.json"
+    dev.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                                                "ts": 0, "dur": 5, "pid": 1, "tid": 1}]}))
+    assert "1 launch(es)" in corpus.device_activity(dev)[0]
