@@ -312,7 +312,32 @@ def run_one(t: Trace, root: Path, out_dir: Path) -> Outcome:
     o.violations = invariant_violations(doc)
     o.violations += [f"project checker: {v}" for v in project_invariants(doc, p.stdout)]
     o.disagreements = judge(t, doc)
+    if ((doc.get("job") or {}).get("input_kind") or {}).get("device") == "none":
+        o.violations += device_activity(trace_input(t, root))
     return o
+
+
+# device work in a file, read on its own (not through fsdpdoctor): a device event's category, or a
+# runtime call that launches work; a trace classified as host-only must hold none of them
+_DEVICE_CAT = ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset")
+_LAUNCHES = ("LaunchKernel", "GraphLaunch", "Memcpy", "Memset")
+
+
+def device_activity(path: Path) -> list[str]:
+    """What device activity a trace classified as host-only (input kind device "none") holds."""
+    import gzip
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    out = []
+    for f in files:
+        raw = f.read_bytes()
+        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+        dev = sum(1 for e in events if isinstance(e, dict) and str(e.get("cat", "")).lower() in _DEVICE_CAT)
+        launches = sum(1 for e in events if isinstance(e, dict) and any(k in str(e.get("name", "")) for k in _LAUNCHES)
+                       and str(e.get("cat", "")).lower() in ("cuda_runtime", "runtime", "cuda_driver"))
+        if dev or launches:
+            out.append(f"classified host-only, but {f.name} holds {dev} device event(s) and {launches} launch(es)")
+    return out
 
 
 _PRODUCER = {"kineto": "Kineto", "legacy-autograd": "legacy list export", "unknown": "unknown writer"}
@@ -324,7 +349,8 @@ def _kind(doc: dict) -> str:
     k = (doc.get("job") or {}).get("input_kind")
     if not k:
         return "-"
-    parts = [_PRODUCER.get(k["producer"], k["producer"]), k["device"], _STEPS.get(k["steps"], k["steps"])]
+    device = k["device"] + (" (read generically)" if k.get("generic") else "")
+    parts = [_PRODUCER.get(k["producer"], k["producer"]), device, _STEPS.get(k["steps"], k["steps"])]
     if k.get("clock_offset_us") is not None:
         parts.append(f"device clock +{k['clock_offset_us']:.0f} us")
     elif k.get("backward_links"):
@@ -380,9 +406,9 @@ def write_report(outcomes: list[Outcome], path: Path = REPORT) -> None:
         f"the work itself), a step under 1 % of its rank's median, or one more than {SPAN_FACTOR}x it (it",
         "spans a gap, not work). Each one is explained below the table. *Input kind* is how fsdpdoctor",
         "classified the file at the front door (`fsdpdoctor/trace/kind.py`, `job.input_kind` in `--json`): its",
-        "writer, its device timeline (cuda, rocm, copies-only, an accelerator it does not analyse, missing",
-        "although kernels were launched, none), its step markers, its clock, and the first thing it could",
-        "not read (whose figures are withheld).",
+        "writer, its device timeline (cuda, rocm, copies-only, another accelerator's spans read generically",
+        "or named as not analysed, missing although kernels were launched, none), its step markers, its",
+        "clock, and the first thing it could not read (whose figures are withheld).",
         "",
         f"**{len(ran)} traces from {len({o.trace.repo for o in ran})} repositories** "
         f"({len(traces)} listed from {len(repos)}); **{viol} with an invariant violation**; "

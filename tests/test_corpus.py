@@ -121,9 +121,12 @@ HONEST = {
     "kineto-docs-before-fix": lambda d: not d["findings"] and any("timer resolution" in n for n in d["notes"]),
     # a DDP forward and no gradient all-reduce: no claim about buckets
     "hta-rank-non-gpu": lambda d: "ddp-single-bucket" not in {f["id"] for f in d["findings"]},
-    "hta-mtia-single-rank": lambda d: "ddp-single-bucket" not in {f["id"] for f in d["findings"]} and _unread_mtia(d),
-    # MTIA device events are named, not read as a CPU trace: no breakdown rests on what is not analysed
-    "hta-mtia-inference": lambda d: _unread_mtia(d),
+    # MTIA device spans on the device's stream tracks are read generically (work busy, DMA copies, event
+    # waits idle) and named MTIA, never a CPU trace; world size 1 over mtia:hccl is not gloo-staged
+    "hta-mtia-single-rank": lambda d: ("ddp-single-bucket" not in {f["id"] for f in d["findings"]}
+                                       and "cpu-staged-collectives" not in {f["id"] for f in d["findings"]}
+                                       and _mtia_read(d)),
+    "hta-mtia-inference": lambda d: _mtia_read(d),
     # DLRM on 8 ranks: .item() calls that block 9 us on an empty queue cost nothing measurable, and rank 7
     # (0.5 ms later than the next-latest rank) does not hold the others' exposed all-to-all
     "param-dlrm-8-ranks-v100": lambda d: (_severity(d, "host-sync") == "info" and len(d["ranks"]) == 8
@@ -134,9 +137,10 @@ HONEST = {
 }
 
 
-def _unread_mtia(d: dict) -> bool:
+def _mtia_read(d: dict) -> bool:
     kind = d["job"]["input_kind"]
-    return kind["device"] == "mtia" and "MTIA device events are not analysed" in kind["unknown"][0] and d["mean"] is None
+    return (kind["device"] == "mtia" and kind["generic"] and not kind["unknown"] and d["mean"] is not None
+            and 0 < d["mean"]["compute_us"] < d["mean"]["duration_us"])
 
 
 def _severity(d: dict, fid: str) -> str | None:
@@ -203,3 +207,30 @@ def test_another_tools_file_is_rightly_refused_and_never_diagnosed():
     assert any("holds no profiler recording" in d for d in corpus.judge(t, doc))
     valid = next(t for t in TRACES if corpus.NOT_A_RECORDING not in t.kind)
     assert not corpus.Outcome(trace=valid, rc=2, seconds=0.1, error="x").agrees
+
+
+OTHER_TOOLS_CACHED = [t for t in CACHED if "other-tool" in t.kind]
+
+
+@pytest.mark.skipif(not OTHER_TOOLS_CACHED, reason="no corpus cache: run `python benchmarks/corpus.py fetch` "
+                                                   "(FSDPDOCTOR_CORPUS or ~/.cache/fsdpdoctor-corpus)")
+@pytest.mark.parametrize("trace", OTHER_TOOLS_CACHED, ids=[t.id for t in OTHER_TOOLS_CACHED])
+def test_gathered_other_tool_files_are_refused_in_one_line(trace, tmp_path):
+    """The Chrome trace viewer's sample of a non-torch program and a PyTorch execution trace (a node
+    graph, not Chrome events): refused, exit 2, one line naming what the file is not."""
+    o = corpus.run_one(trace, corpus.cache_dir(), tmp_path)
+    assert o.rc == 2 and o.agrees and not o.violations, (o.rc, o.error)
+    assert "not a torch.profiler recording" in o.error or "not a Chrome/Kineto trace" in o.error
+
+
+def test_a_host_only_classification_is_checked_against_the_file(tmp_path):
+    """docs/corpus.md's promise, checked without fsdpdoctor: a trace classified as host-only (device
+    "none") holds no device event and no launch; a file that does is a violation."""
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5,
+                                                 "pid": 1, "tid": 1}]}))
+    assert corpus.device_activity(host) == []
+    dev = tmp_path / "dev.json"
+    dev.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                                                "ts": 0, "dur": 5, "pid": 1, "tid": 1}]}))
+    assert "1 launch(es)" in corpus.device_activity(dev)[0]

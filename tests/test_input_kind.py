@@ -117,18 +117,41 @@ def test_launches_without_kernel_events_name_the_missing_timeline(tmp_path):
     assert "ProfilerActivity.CUDA" in header and "idle" not in header
 
 
-def test_an_mtia_recording_is_named_and_its_device_figures_withheld(tmp_path):
+def _mtia(tmp_path, device_pid=17) -> Path:
+    """An MTIA recording to the plug-in's shape (HTA's mtia traces): per step a 400 us pe_exe, a 100 us
+    dma_request and a 300 us event_wait on the device's stream tracks, runFunction calls on the host."""
     ev = _host_steps()
-    ev += [_x("pe_exe", s * 1000.0 + 50, 400, cat="mtia_ccp_events", pid=17, tid=3910, stream=112)
-           for s in range(3)]
-    ev += [_x("runFunction", s * 1000.0 + 40, 5, cat="mtia_runtime", correlation=s) for s in range(3)]
-    path = _write(tmp_path / "rank0.json", ev, distributedInfo={"backend": "mtia:hccl", "rank": 0, "world_size": 1})
-    a = open_analysis(path)
+    for s in range(3):
+        t0 = s * 1000.0
+        ev += [_x("pe_exe", t0 + 50, 400, cat="mtia_ccp_events", pid=device_pid, tid=3910, stream=112),
+               _x("dma_request", t0 + 500, 100, cat="mtia_ccp_events", pid=device_pid, tid=3672, stream=105),
+               _x("event_wait", t0 + 600, 300, cat="mtia_ccp_events", pid=device_pid, tid=3774, stream=108),
+               _x("runFunction", t0 + 40, 5, cat="mtia_runtime", correlation=s)]
+    return _write(tmp_path / "rank0.json", ev, distributedInfo={"backend": "mtia:hccl", "rank": 0, "world_size": 1})
+
+
+def test_an_mtia_recording_is_read_generically_and_named(tmp_path):
+    """Spans on the device's own stream tracks: work is busy time, a DMA a copy, an event wait idle;
+    named MTIA, never "CPU trace"."""
+    a = open_analysis(_mtia(tmp_path))
     k = a.job.input_kind
-    assert k.device == "mtia" and "backend mtia:hccl" in " ".join(k.evidence)
-    assert "MTIA device events are not analysed" in k.unknown[0]
+    assert k.device == "mtia" and k.generic and not k.unknown
+    assert "backend mtia:hccl" in " ".join(k.evidence) and "MTIA read generically" in " ".join(k.evidence)
+    assert a.mean is not None and a.mean.compute_us == pytest.approx(400.0, rel=0.01)  # pe_exe, not the wait
+    assert a.mean.idle_us > 300.0  # the event wait is no work
+    rc, out, _ = _cli("analyze", str(_mtia(tmp_path)))
+    assert rc == 0 and out.split("\n")[1].split()[1] == "MTIA"
+    assert "MTIA spans (read generically)" in out
+
+
+def test_accelerator_events_without_a_device_track_are_named_not_analysed(tmp_path):
+    """The same categories on the host's own process are not spans on a device queue: not read, said so."""
+    a = open_analysis(_mtia(tmp_path, device_pid=1))
+    k = a.job.input_kind
+    assert k.device == "mtia" and not k.generic
+    assert "MTIA device events are not analysed (no spans on a device stream or queue" in k.unknown[0]
     assert a.mean is None
-    rc, out, _ = _cli("analyze", str(path))
+    rc, out, _ = _cli("analyze", str(_mtia(tmp_path, device_pid=1)))
     assert out.split("\n")[1].split()[1] == "MTIA"  # never "CPU trace"
 
 
@@ -244,3 +267,33 @@ def test_an_xpu_recording_is_read_as_a_device_timeline_and_named(tmp_path):
     k = a.job.input_kind
     assert k.device == "xpu" and not k.unknown and k.links == 24 and k.backward_links == 0
     assert a.job.traits.device_timeline and a.signals.gpu_idle[0].kernels == 24
+
+
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def test_a_shifted_device_clock_on_a_real_h100_trace_is_estimated_and_applied(tmp_path):
+    """A produced trace (the bundled H100 DDP run), its device clock set 500 us behind the host's on a
+    copy: every launch link runs backwards, the offset is estimated from the links (500 us less the
+    shortest real launch-to-start lag) and applied, named in data quality, and the figures are those
+    of the unshifted recording."""
+    src = next((TRACES / "cuda" / "ddp_default").glob("rank0*.json.gz"))
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    for e in doc["traceEvents"]:
+        if e.get("cat") in DEVICE_CATS and e.get("ph") == "X":
+            e["ts"] = e["ts"] - 500.0
+    shifted = tmp_path / "rank0.json.gz"
+    shifted.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    base, moved = load_file(src), load_file(shifted)
+    assert base.kind.backward_links == 0 and base.kind.clock_offset_us is None
+    k = moved.kind
+    assert k.links == base.kind.links > 100
+    assert k.backward_links == k.links  # 500 us is more than any launch-to-start lag of this run
+    runtime = {c: ts for c, ts, cat in zip(base.corr, base.ts, base.cat) if cat == 6 and c >= 0}
+    lags = [ts - runtime[c] for c, ts, cat in zip(base.corr, base.ts, base.cat) if cat in (3, 4, 5) and c in runtime]
+    assert k.clock_offset_us == pytest.approx(500.0 - min(lags), abs=1e-3)
+    assert any("shifted by that much" in n for n in moved.quality.notes)
+    a, b = open_analysis(src), open_analysis(shifted)
+    for part in ("duration_us", "compute_us", "exposed_comm_us", "idle_us"):
+        assert getattr(b.mean, part) == pytest.approx(getattr(a.mean, part), rel=0.02, abs=50.0), part
+    assert b.job.input_kind.clock_offset_us == pytest.approx(k.clock_offset_us)

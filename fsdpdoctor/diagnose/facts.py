@@ -163,8 +163,18 @@ def cuda_gloo(s: RankSetup) -> bool:
         return False
     backend = (s.backend or "").lower()
     return (backend == "gloo" or "cuda:gloo" in (s.default_pg_backend or "")
-            or (s.gloo_spans > 0 and not any("nccl" in b or "rccl" in b for b in s.pg_backends)
-                and backend not in ("nccl", "rccl")))
+            or (s.gloo_spans > 0 and not any(device_library(b) for b in s.pg_backends)
+                and not device_library(backend)))
+
+
+def device_library(backend: str) -> bool:
+    """A backend that moves device tensors with the device's own library: NCCL/RCCL, or a backend
+    string mapping a device other than the CPU to a library other than gloo (``mtia:hccl``)."""
+    b = (backend or "").lower()
+    if "nccl" in b or "rccl" in b:
+        return True
+    pairs = [p.split(":", 1) for p in b.split(",") if ":" in p]
+    return any(dev.strip() != "cpu" and lib.strip() != "gloo" for dev, lib in pairs)
 
 
 def cuda_over_gloo(ctx: RuleContext) -> bool:

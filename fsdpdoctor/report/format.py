@@ -22,7 +22,7 @@ def trace_family(job) -> str:
     kind = job.input_kind
     if kind is not None and kind.device == "missing":
         return "GPU (no device timeline)"
-    if kind is not None and not kind.device_known:
+    if kind is not None and (not kind.device_known or kind.generic):
         return kind.device.upper()
     return job.dialect.upper()
 

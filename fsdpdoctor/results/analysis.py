@@ -295,15 +295,17 @@ class InputKind:
     backward_links: int = 0              # host->device links whose device start precedes the launch
     links: int = 0                       # host->device links (launch -> device event) in the trace
     clock_offset_us: float | None = None  # device clock shift applied to the device events (None: none)
+    generic: bool = False                # another accelerator's device spans read by their shape (kind.py)
 
     @property
     def device_known(self) -> bool:
         """Whether device figures can be read from this input (or it ran on the host alone)."""
-        return self.device in ("cuda", "rocm", "xpu", "copies-only", "none")
+        return self.device in ("cuda", "rocm", "xpu", "copies-only", "none") or self.generic
 
     def line(self) -> str:
         """One line for the report header."""
-        device = _DEVICES.get(self.device, f"{self.device.upper()} events (not analysed)")
+        device = _DEVICES.get(self.device) or (f"{self.device.upper()} spans (read generically)" if self.generic
+                                               else f"{self.device.upper()} events (not analysed)")
         return f"{_PRODUCERS.get(self.producer, self.producer)}; device {device}; " \
                f"steps: {_STEPS.get(self.steps, self.steps)}"
 

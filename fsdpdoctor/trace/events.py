@@ -122,7 +122,12 @@ def decode_trace(data: bytes, path: Path) -> tuple[dict, list[Event], str]:
     head = data[first.start():first.start() + 1] if first else b""
     try:
         if head == b"[":
-            return {}, _events_decoder.decode(data), "event-list"
+            events = _events_decoder.decode(data)
+            # another tool's JSON list (records with neither phase nor time): not events to sanitise one by one
+            if events and not any(e.ph is not None or e.ts is not None for e in events):
+                raise InputError(path, f"JSON is not a Chrome/Kineto trace (a list of {len(events)} records, "
+                                       "none with a 'ph' phase or a 'ts' time)")
+            return {}, events, "event-list"
         if head != b"{":
             msgspec.json.decode(data)  # raises a DecodeError for non-JSON
             raise InputError(path, "JSON is not a Chrome/Kineto trace")

@@ -14,7 +14,8 @@ import numpy as np
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import InputKind
 from fsdpdoctor.trace.table import (
-    CPU_OP, DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, OTHER, PYFUNC, RUNTIME, RankTrace,
+    ACCELERATOR, CPU_OP, DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, OTHER, PYFUNC, RUNTIME, RankTrace,
+    category_code, distinct,
 )
 from fsdpdoctor.trace.vocabulary import STEP_NAME
 
@@ -25,7 +26,7 @@ LEGACY_HOST_PID = "CPU functions"
 _LEGACY_PIDS = ("cpu functions", "cuda functions")
 # the categories other accelerators' profiler plug-ins write their device and runtime events under
 # (Meta MTIA: mtia_ccp_events, mtia_runtime; Intel XPU, Habana HPU, Ascend NPU, PrivateUse1 backends)
-_ACCELERATOR = re.compile(r"^(mtia|xpu|hpu|habana|gaudi|npu|ascend|privateuse1|mlu|gcu)(?:[_ :-]|$)", re.I)
+_ACCELERATOR = ACCELERATOR
 _ACCELERATOR_NAMES = {"habana": "hpu", "gaudi": "hpu", "ascend": "npu"}
 # the host runtime calls that launch device work (kernels, graphs)
 _LAUNCH = re.compile(r"^(cuda|cu|hip|hipExt)(Module)?(LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|"
@@ -107,6 +108,10 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
     kernels, copies = int(counts[KERNEL]), int(counts[MEMCPY] + counts[MEMSET])
     launches = _launches(t)
     accel = {c: n for c, n in t.categories.items() if c and _ACCELERATOR.match(c)}
+    accel_spans = {c: n for c, n in accel.items() if category_code(c) == KERNEL}
+    if accel_spans:  # another accelerator's device spans (made kernels by the loader): read by shape
+        _accelerator(t, meta, kind, accel)
+        return
     if kernels:
         rocm = any(n.startswith("hip") for n in t.names) or "amd" in str(_device_name(meta)).lower()
         xpu = any(c.lower().startswith("xpu") for c in accel)  # kernels in "kernel", launches in xpu_runtime
@@ -119,14 +124,7 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
         ev.append(f"{copies} device copies/memsets, no kernel")
         return
     if accel:
-        name = _ACCELERATOR.match(next(iter(accel))).group(1).lower()
-        name = _ACCELERATOR_NAMES.get(name, name)
-        kind.device = name
-        backend = (meta.get("distributedInfo") or {}).get("backend") if isinstance(meta.get("distributedInfo"), dict) else None
-        ev.append(", ".join(f"{n} {c}" for c, n in sorted(accel.items(), key=lambda x: -x[1]))
-                  + (f"; backend {backend}" if backend else ""))
-        unknown.append(f"{name.upper()} device events are not analysed: device figures (compute, idle, "
-                       "overlap) are unknown")
+        _accelerator(t, meta, kind, accel)
         return
     if launches:
         kind.device = "missing"
@@ -139,6 +137,64 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
                        "export writes no device events (record with torch.profiler and ProfilerActivity.CUDA)")
         return
     kind.device = "none"
+
+
+# an accelerator's device span by its name: a copy (DMA, memcpy), or a queue waiting on / recording an
+# event (no work: idle, as a CUDA stream's gap); everything else on a device queue is work (a kernel)
+_COPY_SPAN = re.compile(r"dma|memcpy|mem_?copy|copy|h2d|d2h|htod|dtoh", re.I)
+_WAIT_SPAN = re.compile(r"wait|event_record|record_?event|sync|fence|signal|barrier", re.I)
+
+
+def read_accelerator(t: RankTrace) -> str | None:
+    """Another accelerator's events read by their shape, one mechanism for every plug-in. The loader
+    made its runtime categories runtime calls and its other categories device spans (``ACCELERATOR``);
+    here the shape is checked: device spans must lie on tracks of a process that holds no host op (a
+    device's streams/queues). Copies and event waits are told by name, the rest is device work.
+    Returns why the shape cannot be read (its spans then set back to OTHER), or None once read."""
+    spans = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
+    host_pids = {t.tracks[i].pid for i in distinct(t.track[np.isin(t.cat, (CPU_OP, PYFUNC))]).tolist()}
+    on_device = np.array([tr.pid not in host_pids for tr in t.tracks], dtype=bool)
+    ok = on_device[t.track[spans]] & (t.dur[spans] > 0)
+    t.cat[spans[~ok]] = OTHER
+    spans = spans[ok]
+    if not len(spans):
+        t._ids_by_cat = None
+        return "no spans on a device stream or queue, only host-side events"
+    copy = np.array([_COPY_SPAN.search(n) is not None for n in t.names], dtype=bool)
+    wait = np.array([_WAIT_SPAN.search(n) is not None for n in t.names], dtype=bool)
+    ids = t.name_id[spans]
+    t.cat[spans[copy[ids]]] = MEMCPY
+    t.cat[spans[wait[ids] & ~copy[ids]]] = OTHER
+    busy = set(distinct(t.track[np.isin(t.cat, DEVICE_CATEGORIES)]).tolist())
+    for i, tr in enumerate(t.tracks):
+        tr.is_device = i in busy
+    t._ids_by_cat = t._rows_by_id = None
+    return None
+
+
+def _generic_counts(t: RankTrace) -> str:
+    n = np.bincount(t.cat, minlength=OTHER + 1)
+    return (f"{int(n[KERNEL])} device spans as work, {int(n[MEMCPY])} as copies, event waits as idle, "
+            f"{int(n[RUNTIME])} runtime calls")
+
+
+def _accelerator(t: RankTrace, meta: dict, kind: InputKind, accel: dict[str, int]) -> None:
+    """Another accelerator named by its categories and backend, its device spans read generically where
+    their shape allows (``read_accelerator``), else named as not analysed with the reason."""
+    ev, unknown = kind.evidence, kind.unknown
+    name = _ACCELERATOR.match(max(accel, key=accel.get)).group(1).lower()
+    name = _ACCELERATOR_NAMES.get(name, name)
+    kind.device = name
+    backend = (meta.get("distributedInfo") or {}).get("backend") if isinstance(meta.get("distributedInfo"), dict) else None
+    ev.append(", ".join(f"{n} {c}" for c, n in sorted(accel.items(), key=lambda x: -x[1]))
+              + (f"; backend {backend}" if backend else ""))
+    why = read_accelerator(t)
+    if why is None:
+        kind.generic = True
+        ev.append(f"{name.upper()} read generically: {_generic_counts(t)}")
+    else:
+        unknown.append(f"{name.upper()} device events are not analysed ({why}): device figures (compute, "
+                       "idle, overlap) are unknown")
 
 
 def _device_name(meta: dict):

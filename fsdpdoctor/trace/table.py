@@ -8,6 +8,7 @@ which keeps memory small and the analyses vectorised.
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,12 @@ _CATEGORY_CODES = {
     "gpu_user_annotation": GPU_ANNOTATION,
 }
 DEVICE_CATEGORIES = (KERNEL, MEMCPY, MEMSET)
+# the categories other accelerators' profiler plug-ins write their events under (Meta MTIA:
+# mtia_ccp_events, mtia_runtime; Intel XPU, Habana HPU / Gaudi, Ascend NPU, PrivateUse1 backends...):
+# their runtime/driver calls are runtime calls, the rest device spans; trace/kind.py checks that shape
+# (spans on a device's own tracks) and names the device, or sets them back to OTHER as not read
+ACCELERATOR = re.compile(r"^(mtia|xpu|hpu|habana|gaudi|npu|ascend|privateuse1|mlu|gcu)(?:[_ :-]|$)", re.I)
+_ACCELERATOR_RUNTIME = re.compile(r"[_ :-](runtime|driver|api)$", re.I)
 # _rows_of_ids: up to this many names, their rows come from the per-name index (a slice per name)
 _INDEXED_IDS_MAX = 64
 
@@ -58,6 +65,8 @@ def category_code(cat) -> int:
     code = _CATEGORY_CODES.get(cat)
     if code is None:
         code = _CATEGORY_CODES.get(str(cat).lower(), OTHER)
+        if code == OTHER and ACCELERATOR.match(str(cat)):
+            code = RUNTIME if _ACCELERATOR_RUNTIME.search(str(cat)) else KERNEL
     return code
 
 

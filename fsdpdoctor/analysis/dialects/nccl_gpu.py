@@ -44,7 +44,7 @@ class NcclGpu:
 
     def matches(self, trace: RankTrace) -> bool:
         if trace.kind is not None:  # decided at the front door (trace/kind.py): kernels or copies
-            return trace.kind.device in DEVICE_TIMELINES
+            return trace.kind.device in DEVICE_TIMELINES or trace.kind.generic
         return bool(np.any(trace.cat == KERNEL))
 
     def step_windows(self, ctx: RankContext) -> list[StepWindow]:
