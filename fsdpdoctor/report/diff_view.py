@@ -6,6 +6,8 @@ paths with brackets cannot break the output.
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -109,3 +111,28 @@ def baseline_line(c: Comparison) -> str:
 def fix_lines(c: Comparison) -> list[str]:
     """One plain line per finding gone or smaller: its predicted saving beside the step's measured change."""
     return [f"fixed {fx.text}" for fx in c.fixes]
+
+
+def document(c: Comparison) -> dict:
+    """``diff --json`` (and ``check --baseline``'s "baseline"): the comparison's fields, each estimate
+    with its significance and relative interval, the verdict's derived figures."""
+    d = dataclasses.asdict(c)
+    d |= {"regressed": c.regressed, "base_step_us": c.base_step_us, "new_step_us": c.new_step_us,
+          "step_change_frac": c.step_change_frac}
+    _add_estimate_props(d["step"], c.step)
+    for dc, comp in zip(d["components"], c.components):
+        _add_estimate_props(dc["time"], comp.time)
+        _add_estimate_props(dc["share"], comp.share)
+        dc["ratio"] = comp.ratio
+    for df, f in zip(d["findings"], c.findings):
+        for k in ("time", "share"):
+            if getattr(f, k) is not None:
+                _add_estimate_props(df[k], getattr(f, k))
+        df["regressed"] = f.regressed
+    return d
+
+
+def _add_estimate_props(d: dict, e: Estimate) -> None:
+    ri = e.rel_interval
+    d |= {"significant": e.significant, "rel": e.rel, "rel_lo": ri[0] if ri else None,
+          "rel_hi": ri[1] if ri else None}
