@@ -193,7 +193,8 @@ class FsdpDoctorApp(VisibleTextApp, App[int]):
         except InputError as exc:
             self.notify(str(exc), severity="warning")
             return
-        width = max(40, min(120, self.size.width - 6))
+        # the modal's inside: 90% of the screen less its border, padding and scroll bar (#notes-box in app.tcss)
+        width = max(40, min(120, int(0.9 * self.size.width) - 6))
         self.push_screen(StepsScreen(render(res.series, res.windows, width) + [f"note: {n}" for n in res.notes]))
 
     def action_window(self, delta: int) -> None:
