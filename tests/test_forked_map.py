@@ -86,7 +86,8 @@ def test_a_worker_that_dies_is_named_and_nothing_hangs(monkeypatch):
     t0 = time.monotonic()
     with pytest.raises(InputError, match="a worker process died while analysing this rank"):
         list(local._forked_map(dies_in_a_worker, units, 2))
-    assert time.monotonic() - t0 < 30
+    # a bound on a hang, not on speed: the parent waiting on the dead worker would never return
+    assert time.monotonic() - t0 < 600
     assert _children() == before
 
 
@@ -140,7 +141,8 @@ def test_a_stuck_worker_is_killed_and_its_rank_analysed_here(monkeypatch):
     before = _children()
     t0 = time.monotonic()
     got = list(local._forked_map(stuck_in_a_worker, units, 2))
-    assert time.monotonic() - t0 < 20
+    # a bound on a hang, not on speed: far below the 3,600 s the stuck worker holds its rank
+    assert time.monotonic() - t0 < 600
     assert sorted(u.files[0] for u, _ in got) == sorted(u.files[0] for u in units)  # every rank once
     assert _by_file(got) == _by_file(SerialEngine().map(rank_step, units))
     assert _children() == before

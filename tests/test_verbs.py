@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import shutil
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from conftest import error_lines
 from bundled import TRACES  # the committed traces, in a pristine copy
 
 ROOT = Path(__file__).resolve().parents[1]
-BOX = re.compile(r"^[\s\u2500-\u257f]+$")  # box-drawing lines of tables and panels
 
 
 def test_every_verb_module_is_listed_and_nothing_else():
@@ -46,64 +44,6 @@ def test_shared_flags_are_declared_once_in_the_base():
     for counts in ("reference.py", "trigger.py"):
         own[counts] = [f for f in own.get(counts, []) if f != "--steps"]
     assert not any(own.values()), {k: v for k, v in own.items() if v}
-
-
-# (argv, needs) per verb: the bundled traces; "{tmp}" is a fresh folder
-TEXT_VERBS = {
-    "analyze": ["analyze", "traces/straggler", "--no-progress"],
-    "analyze-verbose": ["analyze", "traces/fsdp1_backward_post", "--no-progress", "-v"],
-    "check": ["check", "traces/straggler", "--no-progress", "--max-idle", "1%", "--baseline", "traces/ddp_default"],
-    "check-list-thresholds": ["check", "--list-thresholds"],
-    "diff": ["diff", "traces/ddp_default", "traces/ddp_one_bucket"],
-    "export": ["export", "traces/straggler", "--no-ops", "--no-progress", "--perfetto", "{tmp}/a-long-file-name.json"],
-    "summarize": ["summarize", "traces/ddp_default", "--out", "{tmp}/summaries", "--no-progress"],
-    "scaling": ["scaling", "traces/scaling_1proc", "traces/scaling_2proc"],
-    "memory-run": ["memory", "traces/scaling_2proc"],
-    "memory-model": ["memory", "--params", "7B", "--world-size", "8", "--strategy", "zero2", "--cpu-offload",
-                     "--layers", "32", "--hidden", "4096", "--seq", "2048", "--micro-batch", "1",
-                     "--largest-unit-params", "200M"],
-    "reference-list": ["reference", "list"],
-    "trigger": ["trigger", "{tmp}/run", "--steps", "3"],
-    "hang-order": ["hang", "traces/hang_collective_order", "--no-trend"],
-    "hang-dead": ["hang", "traces/hang_dead_rank", "--no-trend"],
-    "hang-loader": ["hang", "traces/hang_loader"],
-    "hang-raises": ["hang", "traces/hang_rank_raises", "--no-trend"],
-    "hang-killed": ["hang", "traces/hang_killed_rank", "--no-trend"],
-}
-
-
-def _text(verb: str, columns: int, tmp: Path, monkeypatch, capsys) -> list[str]:
-    monkeypatch.setenv("COLUMNS", str(columns))
-    # in a folder of its own (what the verbs write goes there), with the bundled traces at a short
-    # relative path as a user would type it
-    monkeypatch.chdir(tmp)
-    if not (tmp / "traces").exists():
-        (tmp / "traces").symlink_to(TRACES)
-    shutil.rmtree(tmp / "run", ignore_errors=True)   # a run folder of a job to come (trigger), fresh each
-    (tmp / "run").mkdir()                           # time: a second request while one waits is refused
-    argv = [a.replace("{tmp}/", "") for a in TEXT_VERBS[verb]]
-    rc = main(argv)
-    out = capsys.readouterr()
-    assert rc in (0, 1), out.err
-    return out.out.splitlines()
-
-
-def _words(lines: list[str]) -> set[str]:
-    return {w for line in lines for w in line.split() if not BOX.match(w)}
-
-
-@pytest.mark.parametrize("verb", sorted(TEXT_VERBS))
-def test_text_fits_80_columns_without_splitting_words(verb, tmp_path, monkeypatch, capsys):
-    narrow = _text(verb, 80, tmp_path, monkeypatch, capsys)
-    assert narrow, "no output"
-    too_wide = [line for line in narrow if len(line.rstrip()) > 80]
-    assert not too_wide, too_wide[:3]
-    # the same text laid out without a width limit: every word of the 80-column text is one of
-    # its words (a word cut in two leaves pieces that are not), or a cut marked with an ellipsis
-    wide = _words(_text(verb, 1000, tmp_path, monkeypatch, capsys))
-    split = [w for w in _words(narrow) - wide
-             if not (w.endswith("…") and any(x.startswith(w[:-1]) for x in wide))]
-    assert not split, split[:10]
 
 
 JSON_VERBS = {

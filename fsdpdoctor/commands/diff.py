@@ -41,10 +41,10 @@ def run(args) -> int:
         if not any(r.steps for r in a.ranks):
             raise InputError(path, "no analysed step to compare (check --steps/--rank)")
     c = compare(*sides, thresholds=th)
-    if args.json:
-        print_json(c.to_dict())
-    else:
-        from fsdpdoctor.report.diff_view import render
+    from fsdpdoctor.report.diff_view import document, render
 
+    if args.json:
+        print_json(document(c))
+    else:
         render(c)
     return 1 if (args.fail_on_regression and c.regressed) else 0

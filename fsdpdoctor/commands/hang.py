@@ -34,10 +34,10 @@ def run(args) -> int:
         from fsdpdoctor.tui.hang_app import HangApp
 
         return int(HangApp(rep).run() or 0)
-    if args.json:
-        print_json(rep.to_dict())
-    else:
-        from fsdpdoctor.report.hang import render
+    from fsdpdoctor.report.hang import document, render
 
+    if args.json:
+        print_json(document(rep))
+    else:
         render(rep)
     return 0

@@ -196,10 +196,10 @@ def run(args) -> int:
         rep = memory_report(cfg, notes, folder, manifest, devices, device_bytes=_size(args.gpu_memory))
     except ValueError as exc:
         raise InputError(folder, str(exc)) from None
-    if args.json:
-        print_json(rep.to_dict())
-    else:
-        from fsdpdoctor.report.memory import render
+    from fsdpdoctor.report.memory import document, render
 
+    if args.json:
+        print_json(document(rep))
+    else:
         render(rep)
     return 0

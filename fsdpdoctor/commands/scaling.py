@@ -60,10 +60,10 @@ def run(args) -> int:
         from fsdpdoctor.tui.scaling_app import ScalingApp
 
         return int(ScalingApp(rep, thresholds=parse_thresholds(args)).run() or 0)
-    if args.json:
-        print_json(rep.to_dict())
-    else:
-        from fsdpdoctor.report.scaling import render
+    from fsdpdoctor.report.scaling import document, render
 
+    if args.json:
+        print_json(document(rep))
+    else:
         render(rep)
     return 0

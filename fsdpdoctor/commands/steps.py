@@ -5,9 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from fsdpdoctor.commands.base import add_output, print_json, say
+from fsdpdoctor.commands.base import add_output, print_json
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.visible_text import visible_lines
 
 
 def register(sub) -> None:
@@ -23,25 +22,17 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    run_dir = Path(args.run_dir)
-    from fsdpdoctor.report.steps_plot import load, render   # numpy: only when the verb runs
+    from fsdpdoctor.report.steps import document, render   # numpy: only when the verb runs
+    from fsdpdoctor.report.terminal import terminal_console
+    from fsdpdoctor.trace.step_series import open_steps
 
-    series, windows, notes = load(run_dir)
+    result = open_steps(Path(args.run_dir))
     if args.json:
-        doc = {"fsdpdoctor_steps": 1, "run_dir": str(run_dir), "notes": notes,
-               "ranks": [{"rank": s.rank, "world_size": s.world_size, "origin_unix_s": s.origin_unix_s,
-                          "cut": s.cut, "steps": s.steps, "start_s": s.start_s, "duration_s": s.duration_s,
-                          "wait_s": s.wait_s} for s in series],
-               "windows": [{"folder": w.folder.name if w.trigger != "schedule" else ".", "first_step": w.first,
-                            "last_step": w.last, "trigger": w.trigger, "reason": w.reason,
-                            "partial_steps": w.partial} for w in windows]}
-        print_json(doc)
+        print_json(document(result))
         return 0
-    if args.width is None:  # the terminal's width, COLUMNS when set, 80 when piped (as every verb's text)
-        args.width = shutil.get_terminal_size((80, 24)).columns
-    if args.width < 40 or args.height < 4:
+    # the terminal's width, COLUMNS when set, 80 when piped (as every verb's text)
+    width = args.width if args.width is not None else shutil.get_terminal_size((80, 24)).columns
+    if width < 40 or args.height < 4:
         raise InputError(None, "--width must be >= 40 and --height >= 4")
-    print(visible_lines("\n".join(render(series, windows, args.width, args.height))))
-    for n in notes:
-        say(f"note: {n}")
+    render(result, terminal_console(highlight=False, width=width), width, args.height)
     return 0

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from fsdpdoctor.results.check import CheckResult
 from fsdpdoctor.report.data_quality import lines as data_quality_lines
-from fsdpdoctor.report.diff_view import baseline_line, fix_lines
+from fsdpdoctor.report.diff_view import baseline_line, document as comparison_document, fix_lines
 from fsdpdoctor.report.terminal import terminal_console
 
 
@@ -58,7 +58,7 @@ def document(res: CheckResult) -> dict:
     a = res.analysis
     return {"passed": res.passed, "fail_on": res.fail_on, "failing": [f.id for f in res.failing],
             "budgets_exceeded": [b.text() for b in res.budgets],
-            "baseline": None if res.comparison is None else res.comparison.to_dict(),
+            "baseline": None if res.comparison is None else comparison_document(res.comparison),
             "data_quality": data_quality_lines(a.data_quality),
             "findings": [f.__dict__ | {"evidence": [e.__dict__ for e in f.evidence]} for f in res.findings],
             **({"notes": res.notes} if res.notes else {})}

@@ -6,6 +6,8 @@ paths with brackets cannot break the output.
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -36,6 +38,11 @@ def change_text(e: Estimate, scale: float = 1e3, unit: str = "ms") -> str:
     return f"{e.diff / scale:+.1f} {unit}{rel} ({ci})"
 
 
+# the mark of a change beyond noise, joined to its figure: a cell that wraps at its spaces never leaves
+# the mark alone on a row
+_MARK = {True: "*", False: ""}
+
+
 def share_text(e: Estimate | None) -> str:
     if e is None:
         return "-"
@@ -62,21 +69,23 @@ def render(c: Comparison, console: Console | None = None) -> None:
                        if s.base_mean else "", style="dim"))
     t = Table(title=f"Components, ms per step ({100 * c.level:.0f}% CI; * = beyond noise)", title_justify="left")
     for col in ("component", "base", "new", "change [CI]", "%", "share of step"):
-        t.add_column(col, justify="left" if col == "component" else "right")
+        # a component's name never wraps ("comm[all reduce]" split over two rows reads as two rows)
+        t.add_column(col, justify="left" if col == "component" else "right", no_wrap=col == "component")
     for comp in c.components:
         e = comp.time
         ci = "" if e.lo is None else f" [{e.lo / 1e3:+.1f},{e.hi / 1e3:+.1f}]"
         t.add_row(Text(comp.name.replace("_", " ")), f"{e.base_mean / 1e3:.1f}", f"{e.new_mean / 1e3:.1f}",
-                  Text(f"{e.diff / 1e3:+.1f}{ci}" + (" *" if e.significant else "")),
+                  Text(f"{e.diff / 1e3:+.1f}{ci}" + _MARK[e.significant]),
                   "-" if e.rel is None else f"{100 * e.rel:+.0f}%",
-                  Text(share_text(comp.share) + (" *" if comp.share.significant else "")))
+                  Text(share_text(comp.share) + _MARK[comp.share.significant]))
     con.print(t)
     if not c.findings:
         con.print("no findings in either run")
     else:
         ft = Table(title="Findings, judged on the share of the step they are about", title_justify="left")
         for col in ("status", "finding", "about", "base", "new", "share of step"):
-            ft.add_column(col, justify="right" if col in ("base", "new") else "left")
+            # a finding's id is a name: whole (the status and the component wrap at their spaces instead)
+            ft.add_column(col, justify="right" if col in ("base", "new") else "left", no_wrap=col == "finding")
         for f in c.findings:
             status = Text(f.status, style=_STATUS_STYLE[f.status])
             if f.status != "same" and not f.significant:
@@ -86,7 +95,7 @@ def render(c: Comparison, console: Console | None = None) -> None:
             ft.add_row(status, Text(f.id), Text(f.component.replace("_", " ")),
                        "-" if f.base_impact_us is None else f"{f.base_impact_us / 1e3:.1f}",
                        "-" if f.new_impact_us is None else f"{f.new_impact_us / 1e3:.1f}",
-                       Text(share_text(f.share) + (" *" if f.share is not None and f.share.significant else "")))
+                       Text(share_text(f.share) + _MARK[f.share is not None and f.share.significant]))
         con.print(ft)
     if c.fixes:
         con.print(Text("Fixes: predicted saving against the measured change of the step", style="bold"))
@@ -109,3 +118,28 @@ def baseline_line(c: Comparison) -> str:
 def fix_lines(c: Comparison) -> list[str]:
     """One plain line per finding gone or smaller: its predicted saving beside the step's measured change."""
     return [f"fixed {fx.text}" for fx in c.fixes]
+
+
+def document(c: Comparison) -> dict:
+    """``diff --json`` (and ``check --baseline``'s "baseline"): the comparison's fields, each estimate
+    with its significance and relative interval, the verdict's derived figures."""
+    d = dataclasses.asdict(c)
+    d |= {"regressed": c.regressed, "base_step_us": c.base_step_us, "new_step_us": c.new_step_us,
+          "step_change_frac": c.step_change_frac}
+    _add_estimate_props(d["step"], c.step)
+    for dc, comp in zip(d["components"], c.components):
+        _add_estimate_props(dc["time"], comp.time)
+        _add_estimate_props(dc["share"], comp.share)
+        dc["ratio"] = comp.ratio
+    for df, f in zip(d["findings"], c.findings):
+        for k in ("time", "share"):
+            if getattr(f, k) is not None:
+                _add_estimate_props(df[k], getattr(f, k))
+        df["regressed"] = f.regressed
+    return d
+
+
+def _add_estimate_props(d: dict, e: Estimate) -> None:
+    ri = e.rel_interval
+    d |= {"significant": e.significant, "rel": e.rel, "rel_lo": ri[0] if ri else None,
+          "rel_hi": ri[1] if ri else None}

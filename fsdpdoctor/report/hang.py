@@ -3,6 +3,8 @@ the process groups where the ranks diverge, desyncs and the profiled-steps trend
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.console import Console
 from rich.markup import escape
 from rich.padding import Padding
@@ -115,3 +117,8 @@ def group_lines(rep: HangReport) -> list[Text]:
                         f"{ranks(g.entered)}; never entered: {ranks(g.never_entered)}; no data: {ranks(g.unknown)}; "
                         f"issued at {frame_text(g.issued_at)}"))
     return out
+
+
+def document(rep: HangReport) -> dict:
+    """``hang --json``: the report's fields as they are."""
+    return {"fsdpdoctor_hang_report": 1, **dataclasses.asdict(rep)}

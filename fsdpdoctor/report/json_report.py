@@ -1,4 +1,4 @@
-"""``--json``: the Analysis as a versioned document (docs/json-schema.md)."""
+"""``analyze --json``: the Analysis as a versioned document (docs/json-schema.md)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,14 @@ from fsdpdoctor.results import Analysis
 from fsdpdoctor.results.analysis import dumps_indented
 
 
-def to_json(a: Analysis, include_events: bool = False) -> str:
+def document(a: Analysis, include_events: bool = False) -> dict:
+    """The analysis's schema (``Analysis.to_dict``, read back by ``Analysis.from_dict``); the manifest
+    goes only with ``--events``."""
     d = a.to_dict(include_events=include_events)
-    d["job"].pop("manifest", None) if not include_events else None
-    return dumps_indented(d)
+    if not include_events:
+        d["job"].pop("manifest", None)
+    return d
+
+
+def to_json(a: Analysis, include_events: bool = False) -> str:
+    return dumps_indented(document(a, include_events))

@@ -3,6 +3,8 @@ explanation as tables that fit the console's width (headers wrap at spaces, numb
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from rich import box
 from rich.console import Console
 from rich.padding import Padding
@@ -10,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fsdpdoctor.analysis import memory as mem
-from fsdpdoctor.results.memory import MemoryReport
+from fsdpdoctor.results.memory import GB, GiB, MemoryReport
 from fsdpdoctor.report.terminal import terminal_console
 
 
@@ -112,3 +114,38 @@ def render(rep: MemoryReport, console: Console | None = None) -> None:
     console.print(Text.assemble(("Not included", "bold"), ": " + "; ".join(est.not_included)))
     for n in notes:
         console.print(Padding(Text(f"note: {n}"), (0, 0, 0, 2), expand=False))
+
+
+def document(rep: MemoryReport) -> dict:
+    """``memory --json``: the prediction, the other strategies, the device and the measured peaks."""
+    return {"run_folder": str(rep.run_folder) if rep.run_folder else None,
+            "device": {"bytes": rep.device_bytes, "source": rep.device_source, "fits": rep.fits},
+            "estimate": _estimate(rep.estimate), "comparison": [asdict(r) for r in rep.strategies],
+            "comparison_sentences": rep.sentences, "measured": rep.measured, "notes": rep.notes}
+
+
+def _estimate(est) -> dict:
+    cfg = asdict(est.config)
+    return {
+        "units": {"bytes": 1, "GB": GB, "GiB": GiB},
+        "config": cfg,
+        "strategy_label": est.strategy_label,
+        "shard_degree": est.shard_degree,
+        "bytes_per_param": {**asdict(est.bytes_per_param), "total": est.bytes_per_param.total},
+        "per_rank_bytes_per_param": {**asdict(est.per_rank_bytes_per_param),
+                                     "total": est.per_rank_bytes_per_param.total},
+        "per_rank_bytes": {
+            "weights": est.weights,
+            "gradients": est.gradients,
+            "optimizer_states": est.optimizer_states,
+            "master_weights": est.master_weights,
+            "model_state": est.model_state,
+            "peak_transient": est.peak_transient,
+            "activations": est.activations.total_bytes if est.activations else None,
+            "total": est.total,
+        },
+        "host_bytes_per_rank": {**asdict(est.host), "total": est.host.total},
+        "activations": asdict(est.activations) if est.activations else None,
+        "explanation": list(est.explanation),
+        "not_included": list(est.not_included),
+    }

@@ -15,7 +15,7 @@ def render(scenarios: dict[str, dict], console: Console | None = None) -> None:
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     t.add_column("scenario", no_wrap=True)
     t.add_column("wrap", no_wrap=True)
-    t.add_column("injects")
+    t.add_column("injects", overflow="fold")   # a call longer than the column folds, never "…"
     for name, s in scenarios.items():
         t.add_row(Text(name), Text(str(s["wrap"])), Text(str(s["injects"])))  # plain text, never markup
     con.print(t)

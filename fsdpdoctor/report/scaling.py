@@ -3,6 +3,7 @@ where the step-time increase went, then the findings."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from rich import box
@@ -62,3 +63,8 @@ def render(rep: ScalingReport, console: Console | None = None) -> None:
             con.print(f"  [bold]fix:[/] {f.fix}")
     for n in rep.notes:
         con.print(f"[dim]note: {n}[/]")
+
+
+def document(rep: ScalingReport) -> dict:
+    """``scaling --json``: the report's fields as they are."""
+    return dataclasses.asdict(rep)

@@ -1,38 +1,12 @@
-"""The step series of a run as a plot in the terminal (``fsdpdoctor steps`` and the TUI's ``s``)."""
+"""The step series of a run as a plot in the terminal (``fsdpdoctor steps`` and the TUI's ``s``); the
+series are read by ``trace/step_series.open_steps``."""
 
 from __future__ import annotations
 
 import statistics
 import textwrap
-from pathlib import Path
-
-from fsdpdoctor.errors import InputError
 
 MARKS = {"schedule": "S", "demand": "T", "anomaly": "A", "unknown": "?"}
-
-
-def load(run_dir: Path):
-    """(every rank's series, the run's windows, notes on series that could not be read or were cut)."""
-    from fsdpdoctor.capture.series import read_series, series_files
-    from fsdpdoctor.trace.windows import list_windows
-
-    if not run_dir.is_dir():
-        raise InputError(run_dir, "not a folder")
-    series, notes = [], []
-    for f in series_files(run_dir):
-        try:
-            s = read_series(f)
-        except (OSError, ValueError) as exc:
-            notes.append(f"{f.name} skipped: {exc}")
-            continue
-        if s.cut:
-            notes.append(f"rank {s.rank}: the series ends inside a record (the job stopped mid-write); "
-                         "whole records kept")
-        series.append(s)
-    if not series:
-        extra = f" ({'; '.join(notes)})" if notes else ""
-        raise InputError(run_dir, f"no step series here (steps/rank<N>.steps, written by capture()){extra}")
-    return sorted(series, key=lambda s: s.rank), list_windows(run_dir), notes
 
 
 def _fmt_ms(s: float) -> str:

@@ -3,7 +3,7 @@ every renderer (console, JSON, JUnit, TUI) shows.
 
 ``analysis``: ``Analysis`` and its parts (``analyze``, ``check``, the TUI); ``hang``: the hang report;
 ``scaling``: the scaling report; ``comparison``: two runs compared (``diff``, ``check --baseline``);
-``memory``: the memory prediction and measurement; ``check``: the CI gate's decision; ``frames``:
+``memory``: the memory prediction and measurement; ``check``: the CI gate's decision; ``steps``: a run's step series; ``frames``:
 pandas views of an ``Analysis``. Every result type is importable from here.
 
 A module is loaded when one of its names is first asked for: each holds dozens of dataclasses whose
@@ -15,7 +15,7 @@ from fsdpdoctor.results.analysis import *  # noqa: F401,F403 - the face of the p
 
 # where the other names are, in the order they are looked for; a new result module adds its name here
 # (docs/adding-a-verb.md), or `from fsdpdoctor.results import ItsType` does not find it
-_LAZY = ("check", "comparison", "hang", "memory", "scaling")
+_LAZY = ("check", "comparison", "hang", "memory", "scaling", "steps")
 
 
 def __getattr__(name: str):

@@ -4,7 +4,6 @@ with its confidence interval, per component and per finding what changed, and th
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -146,25 +145,3 @@ class Comparison:
     @property
     def step_change_frac(self) -> float:
         return self.step.rel or 0.0
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d |= {"regressed": self.regressed, "base_step_us": self.base_step_us, "new_step_us": self.new_step_us,
-              "step_change_frac": self.step_change_frac}
-        _add_estimate_props(d["step"], self.step)
-        for dc, c in zip(d["components"], self.components):
-            _add_estimate_props(dc["time"], c.time)
-            _add_estimate_props(dc["share"], c.share)
-            dc["ratio"] = c.ratio
-        for df, f in zip(d["findings"], self.findings):
-            for k in ("time", "share"):
-                if getattr(f, k) is not None:
-                    _add_estimate_props(df[k], getattr(f, k))
-            df["regressed"] = f.regressed
-        return d
-
-
-def _add_estimate_props(d: dict, e: Estimate) -> None:
-    ri = e.rel_interval
-    d |= {"significant": e.significant, "rel": e.rel, "rel_lo": ri[0] if ri else None,
-          "rel_hi": ri[1] if ri else None}

@@ -5,7 +5,6 @@ trend of the profiled steps before the hang. Built by ``analysis/hang.py`` from 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -98,6 +97,3 @@ class HangReport:
     # the verdicts as findings, one each in the same order, on the severity scale of every other
     # finding (diagnose/hang.py fills them)
     findings: list[Finding] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return {"fsdpdoctor_hang_report": 1, **dataclasses.asdict(self)}

@@ -4,7 +4,7 @@ assembled by ``analysis/memory_run.py``."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 GB = 1e9
@@ -103,32 +103,6 @@ class MemoryEstimate:
         """Device bytes per rank: model state + known transient + activation estimate."""
         return self.model_state + (self.peak_transient or 0) + (self.activations.total_bytes if self.activations else 0)
 
-    def to_dict(self) -> dict:
-        cfg = asdict(self.config)
-        return {
-            "units": {"bytes": 1, "GB": GB, "GiB": GiB},
-            "config": cfg,
-            "strategy_label": self.strategy_label,
-            "shard_degree": self.shard_degree,
-            "bytes_per_param": {**asdict(self.bytes_per_param), "total": self.bytes_per_param.total},
-            "per_rank_bytes_per_param": {**asdict(self.per_rank_bytes_per_param),
-                                         "total": self.per_rank_bytes_per_param.total},
-            "per_rank_bytes": {
-                "weights": self.weights,
-                "gradients": self.gradients,
-                "optimizer_states": self.optimizer_states,
-                "master_weights": self.master_weights,
-                "model_state": self.model_state,
-                "peak_transient": self.peak_transient,
-                "activations": self.activations.total_bytes if self.activations else None,
-                "total": self.total,
-            },
-            "host_bytes_per_rank": {**asdict(self.host), "total": self.host.total},
-            "activations": asdict(self.activations) if self.activations else None,
-            "explanation": list(self.explanation),
-            "not_included": list(self.not_included),
-        }
-
 
 @dataclass(frozen=True)
 class StrategyRow:
@@ -169,9 +143,3 @@ class MemoryReport:
     def fits(self) -> bool | None:
         """Whether the predicted per-rank device total fits one device (None: its memory unknown)."""
         return None if not self.device_bytes else self.estimate.total <= self.device_bytes
-
-    def to_dict(self) -> dict:
-        return {"run_folder": str(self.run_folder) if self.run_folder else None,
-                "device": {"bytes": self.device_bytes, "source": self.device_source, "fits": self.fits},
-                "estimate": self.estimate.to_dict(), "comparison": [asdict(r) for r in self.strategies],
-                "comparison_sentences": self.sentences, "measured": self.measured, "notes": self.notes}

@@ -3,7 +3,6 @@ step time beyond the ideal went. Measured by ``analysis/scaling.py``, judged by 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -96,6 +95,3 @@ class ScalingReport:
     notes: list[str] = field(default_factory=list)
     dialect: str = "cpu"                # "cpu" or "gpu" (of the base run), for display
     traits: DialectTraits = field(default_factory=DialectTraits)   # what the base run's dialect can show
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)

@@ -182,18 +182,20 @@ class FsdpDoctorApp(VisibleTextApp, App[int]):
 
     def action_steps(self) -> None:
         """The run's step series with its windows (a run folder captured armed, docs/capture.md)."""
-        from fsdpdoctor.report.steps_plot import load, render
+        from fsdpdoctor.report.steps_plot import render
+        from fsdpdoctor.trace.step_series import open_steps
         from fsdpdoctor.tui.screens import StepsScreen
 
         if self.path is None or isinstance(self.screen, StepsScreen):
             return
         try:
-            series, windows, notes = load(Path(self.path))
+            res = open_steps(self.path)
         except InputError as exc:
             self.notify(str(exc), severity="warning")
             return
-        width = max(40, min(120, self.size.width - 6))
-        self.push_screen(StepsScreen(render(series, windows, width) + [f"note: {n}" for n in notes]))
+        # the modal's inside: 90% of the screen less its border, padding and scroll bar (#notes-box in app.tcss)
+        width = max(40, min(120, int(0.9 * self.size.width) - 6))
+        self.push_screen(StepsScreen(render(res.series, res.windows, width) + [f"note: {n}" for n in res.notes]))
 
     def action_window(self, delta: int) -> None:
         """Show the previous/next window of a run folder captured with windows."""

@@ -1,0 +1,190 @@
+"""Every output at 80 columns (issue 30 item 6), in one place: each verb's text at ``COLUMNS=80`` and
+each TUI screen at 80x24 (the main app's panes and its step-series modal, help, hang, scaling). No line is wider than 80 and no word is cut: every word shown at 80 columns is a word of
+the same output at a width where nothing has to give (a header cut to "most time fir" would show
+"fir", a word the wide output does not hold). Tokens of 20 characters or more (paths, calls) may be
+folded; a cell that wraps at a space keeps its words whole and passes."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from bundled import TRACES
+from pilot import dump
+
+from fsdpdoctor.cli import main
+
+WIDE = 200
+_WORD = re.compile(r"[A-Za-z]{2,}")
+_TOKEN = re.compile(r"[^\s│┃|]+")
+
+
+def _tokens(text: str) -> set[str]:
+    return set(_TOKEN.findall(text))
+
+
+def _cut_words(narrow: str, wide: str) -> set[str]:
+    """Words of ``narrow`` that ``wide`` does not hold, outside the pieces of its long tokens (a path,
+    a call) folded over lines."""
+    whole = _tokens(wide)
+    long_tokens = [t for t in whole if len(t) >= 20]
+    words = set(_WORD.findall(" ".join(whole)))
+    odd = {t for t in _tokens(narrow) - whole if not any(t in lt for lt in long_tokens)}
+    return {w for t in odd for w in _WORD.findall(t)} - words
+
+
+# (argv, needs) per verb: the bundled traces; "{tmp}" is a fresh folder
+TEXT_VERBS = {
+    "analyze": ["analyze", "traces/straggler", "--no-progress"],
+    "analyze-verbose": ["analyze", "traces/fsdp1_backward_post", "--no-progress", "-v"],
+    "check": ["check", "traces/straggler", "--no-progress", "--max-idle", "1%", "--baseline", "traces/ddp_default"],
+    "check-list-thresholds": ["check", "--list-thresholds"],
+    "diff": ["diff", "traces/ddp_default", "traces/ddp_one_bucket"],
+    "export": ["export", "traces/straggler", "--no-ops", "--no-progress", "--perfetto", "{tmp}/a-long-file-name.json"],
+    "summarize": ["summarize", "traces/ddp_default", "--out", "{tmp}/summaries", "--no-progress"],
+    "scaling": ["scaling", "traces/scaling_1proc", "traces/scaling_2proc"],
+    "memory-run": ["memory", "traces/scaling_2proc"],
+    "memory-model": ["memory", "--params", "7B", "--world-size", "8", "--strategy", "zero2", "--cpu-offload",
+                     "--layers", "32", "--hidden", "4096", "--seq", "2048", "--micro-batch", "1",
+                     "--largest-unit-params", "200M"],
+    "reference-list": ["reference", "list"],
+    "trigger": ["trigger", "{tmp}/run", "--steps", "3"],
+    "hang-order": ["hang", "traces/hang_collective_order", "--no-trend"],
+    "hang-dead": ["hang", "traces/hang_dead_rank", "--no-trend"],
+    "hang-loader": ["hang", "traces/hang_loader"],
+    "hang-raises": ["hang", "traces/hang_rank_raises", "--no-trend"],
+    "hang-killed": ["hang", "traces/hang_killed_rank", "--no-trend"],
+    "steps": ["steps", "traces/periodic_checkpoint"],
+    "diff-comm-kinds": ["diff", "traces/ddp_default", "traces/straggler"],
+    "analyze-cuda": ["analyze", "traces/cuda/ddp_default", "--no-progress"],
+    "memory-fits": ["memory", "--params", "7B", "--strategy", "ddp", "--world-size", "4", "--gpu-memory", "80GB"],
+}
+
+
+def _text(verb: str, columns: int, tmp: Path, monkeypatch, capsys, extra: tuple = ()) -> list[str]:
+    monkeypatch.setenv("COLUMNS", str(columns))
+    # in a folder of its own (what the verbs write goes there), with the bundled traces at a short
+    # relative path as a user would type it
+    monkeypatch.chdir(tmp)
+    if not (tmp / "traces").exists():
+        (tmp / "traces").symlink_to(TRACES)
+    shutil.rmtree(tmp / "run", ignore_errors=True)   # a run folder of a job to come (trigger), fresh each
+    (tmp / "run").mkdir()                           # time: a second request while one waits is refused
+    argv = [a.replace("{tmp}/", "") for a in TEXT_VERBS[verb]] + list(extra)
+    rc = main(argv)
+    out = capsys.readouterr()
+    assert rc in (0, 1), out.err
+    return out.out.splitlines()
+
+
+@pytest.mark.parametrize("verb", sorted(TEXT_VERBS))
+def test_every_verb_fits_80_columns_words_whole(verb, tmp_path, monkeypatch, capsys):
+    narrow_lines = _text(verb, 80, tmp_path, monkeypatch, capsys)
+    assert narrow_lines, "no output"
+    too_wide = [ln for ln in narrow_lines if len(ln.rstrip()) > 80]
+    assert not too_wide, too_wide[:3]
+    narrow = "\n".join(narrow_lines)
+    # the same text where nothing has to give (steps draws at --width, not at COLUMNS)
+    extra = ("--width", str(WIDE)) if verb == "steps" else ()
+    wide = "\n".join(_text(verb, WIDE, tmp_path, monkeypatch, capsys, extra))
+    assert not _cut_words(narrow, wide), (_cut_words(narrow, wide), narrow)
+    # a table row holding nothing but a mark is a cell that broke off its row
+    assert not [ln for ln in narrow_lines if ln.strip(" │┃|") == "*"], narrow
+    if "comm[all reduce]" in wide:   # a component's name is never split over two rows
+        assert "comm[all reduce]" in narrow, narrow
+
+
+# -- the TUI at 80x24 --------------------------------------------------------------------------------
+
+def _shot(app) -> str:
+    """The screen as text; with a modal open, only the modal's box (beside it the screen below shows
+    through, cut by the box, not by its layout)."""
+    from textual.screen import ModalScreen
+
+    text = dump(app)
+    if not isinstance(app.screen, ModalScreen):
+        return text
+    r = app.screen.children[0].region
+    return "\n".join(ln[r.x:r.x + r.width] for ln in text.splitlines()[r.y:r.y + r.height])
+
+
+async def _screens(app, size, keys) -> list[str]:
+    """The screen after loading, then after each key of ``keys`` (a pane, a modal)."""
+    shots = []
+    async with app.run_test(size=size) as pilot:
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        shots.append(_shot(app))
+        for k in keys:
+            await pilot.press(k)
+            await pilot.pause()
+            shots.append(_shot(app))
+            if type(app.screen).__name__ == "StepsScreen":   # the plot fits its modal: no row wraps
+                whole = {ln.strip() for ln in app.screen.lines} | {""}
+                rows = [ln.strip("│ ▄▀▁▂▃▅▆▇█▉▊▋▌▍▎▏") for ln in shots[-1].splitlines()[1:-1]]
+                broken = [r for r in rows if r not in whole and not r.startswith(("[ and ]", "closes"))]
+                assert not broken, (broken, shots[-1])
+    return shots
+
+
+def _timed(fn):
+    """Two apps and a dozen screens: a longer bound than pilot.timed's 30 s, for a loaded machine."""
+    import asyncio
+    import functools
+
+    @functools.wraps(fn)
+    async def wrapper(*args, **kwargs):
+        async with asyncio.timeout(180):
+            return await fn(*args, **kwargs)
+
+    return pytest.mark.asyncio(wrapper)
+
+
+def _main_app():
+    from fsdpdoctor.tui.app import FsdpDoctorApp
+
+    return FsdpDoctorApp(TRACES / "periodic_checkpoint")
+
+
+# the four panes (1-4: findings, ranks, collectives, timeline), the step series (s), help
+MAIN_KEYS = ["1", "2", "3", "4", "s", "escape", "question_mark"]
+
+
+def _check_screens(narrow: list[str], wide: list[str]) -> None:
+    for i, (n, w) in enumerate(zip(narrow, wide)):
+        assert max(map(len, n.splitlines())) <= 80
+        assert not _cut_words(n, w), (i, _cut_words(n, w), n)
+
+
+@_timed
+async def test_tui_screens_fit_80x24_words_whole():
+    narrow = await _screens(_main_app(), (80, 24), MAIN_KEYS)
+    wide = await _screens(_main_app(), (WIDE, 60), MAIN_KEYS)
+    assert "step time of 2 ranks" in narrow[5]
+    _check_screens(narrow, wide)
+
+
+@_timed
+async def test_hang_tui_fits_80x24_words_whole():
+    from fsdpdoctor.hang_pipeline import open_hang
+    from fsdpdoctor.tui.hang_app import HangApp
+
+    rep = open_hang(str(TRACES / "hang_loader"))
+    narrow = await _screens(HangApp(rep), (80, 24), ["up", "question_mark"])
+    wide = await _screens(HangApp(rep), (WIDE, 60), ["up", "question_mark"])
+    _check_screens(narrow, wide)
+
+
+@_timed
+async def test_scaling_tui_fits_80x24_words_whole():
+    from fsdpdoctor.cli import build_parser
+    from fsdpdoctor.commands.scaling import build_report
+    from fsdpdoctor.tui.scaling_app import ScalingApp
+
+    args = build_parser().parse_args(["scaling", str(TRACES / "scaling_1proc"), str(TRACES / "scaling_2proc")])
+    rep = build_report(args)
+    narrow = await _screens(ScalingApp(rep), (80, 24), ["question_mark"])
+    wide = await _screens(ScalingApp(rep), (WIDE, 60), ["question_mark"])
+    _check_screens(narrow, wide)
