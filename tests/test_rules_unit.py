@@ -672,6 +672,10 @@ def test_metric_sync_user_code_outside_the_model_only():
     f = run(metric_sync, analysis(collective_events=user, **comm("all_reduce", 8 * MS)))
     assert ids(f) == ["metric-sync"] and "one collective" in f[0].fix and "train.py(91): log_loss" in f[0].fix
     assert f[0].confidence < 0.8   # the trace names no metrics library
+    # the same calls moving gradients (a hand-written all-reduce of 4 MB each) are the model's, not bookkeeping
+    grads = _issued(collectives(2, 4, "all_reduce", "other", per_step=8, size_bytes=4 << 20, exposed_us=1 * MS),
+                    "user code train.py(60): average_gradients", "train.py(60): average_gradients")
+    assert run(metric_sync, analysis(collective_events=grads, **comm("all_reduce", 8 * MS))) == []
     # the model's own collectives, whatever their number: gradient buckets, clipping, optimizer-state sharding,
     # SyncBN, and user code inside backward or the optimizer step
     model = (_issued(collectives(2, 4, "all_reduce", "backward", per_step=8, exposed_us=1 * MS), "gradient buckets")

@@ -23,9 +23,10 @@ _FRAMEWORK_SYNC = re.compile(r"(?i)sync|log|metric")
 _MODEL_PHASES = ("backward", "optimizer")
 
 
-def bookkeeping_issuer(c: Collective) -> bool:
+def bookkeeping_issuer(c: Collective, small_bytes: float) -> bool:
     """A collective of the step's bookkeeping: a metrics library's, a metric module's, a framework's sync of
-    logged values, or the user's own call outside any module's forward and the autograd engine's work."""
+    logged values, or the user's own small call (a value, not a model's gradients or parameters averaged by
+    hand) outside any module's forward, the autograd engine's work and the optimizer step."""
     who = c.issuer or ""
     if who.startswith("metrics ("):
         return True
@@ -33,7 +34,8 @@ def bookkeeping_issuer(c: Collective) -> bool:
         return bool(_METRIC_MODULE.search(who))
     if who.startswith("framework ("):
         return bool(_FRAMEWORK_SYNC.search(who.split(": ", 1)[-1]))
-    return who.startswith("user code ") and c.phase not in _MODEL_PHASES
+    return (who.startswith("user code ") and c.phase not in _MODEL_PHASES
+            and c.size_bytes is not None and c.size_bytes < small_bytes)
 
 
 def own_cost_per_step(ctx: RuleContext, calls: list[Collective]) -> dict:
@@ -72,9 +74,11 @@ def _fix(who: str) -> str:
             f"{where}")
 
 
-@rule(ids=("metric-sync",), thresholds=("metric_sync_frac",), parts={"metric-sync": "exposed_comm_us"})
+@rule(ids=("metric-sync",), thresholds=("metric_sync_frac", "small_message_bytes"),
+      parts={"metric-sync": "exposed_comm_us"})
 def metric_sync(ctx: RuleContext) -> list[Finding]:
-    calls = [c for c in ctx.a.collective_events if c.step is not None and bookkeeping_issuer(c)]
+    calls = [c for c in ctx.a.collective_events
+             if c.step is not None and bookkeeping_issuer(c, ctx.th["small_message_bytes"])]
     if not calls or len(ctx.a.ranks) < 2:
         return []
     cost = own_cost_per_step(ctx, calls)
