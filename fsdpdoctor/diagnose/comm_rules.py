@@ -146,7 +146,8 @@ def message_sizes(ctx: RuleContext) -> list[Finding]:
 
 
 _UNKNOWN = "issuer unknown"
-_CHOSEN = ("norm statistics", "DDP buffer broadcast")   # what a model with synchronised BatchNorm issues
+_CHOSEN = ("norm statistics", "DDP buffer broadcast")
+_MERGE_ONLY = ("gradient buckets", "fsdp", _UNKNOWN)   # issuers whose fix is fewer, larger calls (_latency_fix)   # what a model with synchronised BatchNorm issues
 
 
 def _by_issuer(colls: list) -> list[tuple[str, list]]:
@@ -182,9 +183,10 @@ def _issuer_fix(ctx: RuleContext, who: str) -> str:
 
 
 def _latency_fix_by_issuer(ctx: RuleContext, groups: list[tuple[str, list]], nrs: int = 1) -> str:
-    """The fixes of the issuers that hold most of the small collectives' exposed time (at most three). An issuer
-    with at most one call per step has nothing to merge (DDP's one bucket of a small model): no fix from it."""
-    several = [(who, cs) for who, cs in groups if len(cs) / nrs >= 2] or groups
+    """The fixes of the issuers that hold most of the small collectives' exposed time (at most three). Where the
+    fix merges calls (buckets, units), an issuer with at most one call per step has nothing to merge (DDP's one
+    bucket of a small model): no fix from it."""
+    several = [(who, cs) for who, cs in groups if who not in _MERGE_ONLY or len(cs) / nrs >= 2] or groups
     total = sum(c.exposed_us for _, cs in several for c in cs)
     fixes, covered = [], 0.0
     for who, cs in several:
