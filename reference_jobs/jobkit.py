@@ -219,3 +219,15 @@ def finish(args, steps: int, world: int, elapsed: float, *, barrier: bool = True
     if launcher_rank()[0] == 0:
         print(f"{args.scenario}: {steps} steps on {world} process(es) in {elapsed:.1f} s -> {args.out}{extra}")
     return 0
+
+
+def start(scenarios: dict, doc: str, argv=None):
+    """The start-up every reference job shares: its command line, its scenario's parameters, the rank and
+    world size from the launcher, a gloo process group and a fixed seed. (args, scenario, params, rank,
+    world)."""
+    args = parse_args(scenarios, doc, argv)
+    sc = scenarios[args.scenario]
+    rank, world = launcher_rank()
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    return args, sc, dict(sc["params"]), rank, world

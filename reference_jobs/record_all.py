@@ -41,6 +41,8 @@ def active_steps(name: str) -> int:
     # FSDP2 and activation checkpointing: their with_stack traces are several times larger
     if sc["wrap"] == "fsdp2" or sc["params"].get("act_ckpt", "none") != "none":
         return 2
+    if sc["params"].get("metrics") == "step":
+        return 8   # a sync's own time against the step-to-step noise of shared cores: more steps decide it
     if sc["params"].get("periodic", "none") != "none":
         return 4   # one period of the checkpoint (4) and of the evaluation (3) in the profiled steps
     if (name == "straggler" or sc["params"].get("straggler", "none") != "none" or sc["params"].get("delay_ms")

@@ -140,6 +140,9 @@ USER_JOB_PARAMS = {
     "units": "per_block",        # wrapping.py: per_block / fsdp2_root_only / fsdp1_no_policy /
                                  # fsdp1_per_block_no_prefetch
     "collate_sleep_ms": 0.0,     # wrapping.py: slow_rank's collate_fn sleeps this long per batch
+    "metrics": "epoch",          # metric_sync.py: torchmetrics dist_sync_on_step=True ("step") / False ("epoch")
+    "variant": "ddp",            # metric_sync.py: ddp / clip_fsdp1 (FSDP1 + clip_grad_norm_) /
+                                 # zero (DDP + ZeroRedundancyOptimizer)
 }
 
 USER_SCENARIOS: dict[str, dict] = {
@@ -241,6 +244,23 @@ USER_SCENARIOS: dict[str, dict] = {
         injects="two faults: FSDP1 per block with backward_prefetch=None, and rank 1's collate_fn sleeps 250 ms",
         params={"units": "fsdp1_per_block_no_prefetch", "collate_sleep_ms": 250.0},
         must=["fsdp1-no-backward-prefetch", "fsdp-forward-prefetch-off", "straggler", "input-bound"]),
+    "gcn_metric_sync_step": dict(
+        script="metric_sync.py", wrap="ddp",
+        injects="graph network, DDP, torchmetrics accuracy and mean loss with dist_sync_on_step=True: 6 barriers "
+                "and 10 all-gathers every step", params={"metrics": "step"}, must=["metric-sync"]),
+    "gcn_metric_sync_epoch": dict(
+        script="metric_sync.py", wrap="ddp",
+        injects="nothing (healthy): the same metrics with dist_sync_on_step=False, synced once at the epoch's end",
+        params={"metrics": "epoch"}, must=[]),
+    "gcn_clip_fsdp1": dict(
+        script="metric_sync.py", wrap="fsdp1",
+        injects="graph network, FSDP1 per layer with defaults (forward_prefetch off), model.clip_grad_norm_ every "
+                "step (one all-reduce of the norm)", params={"variant": "clip_fsdp1"},
+        must=["fsdp-forward-prefetch-off"]),
+    "gcn_zero": dict(
+        script="metric_sync.py", wrap="ddp",
+        injects="nothing (healthy): graph network, DDP with ZeroRedundancyOptimizer (parameters broadcast after "
+                "every step)", params={"variant": "zero"}, must=[]),
     "cnn_no_process_group": dict(
         script="cnn.py", wrap="none",
         injects="torchrun without init_process_group: two independent models, no communication",

@@ -188,3 +188,41 @@ def test_run_folder_with_user_json(tmp_path):
     a = open_analysis(run, use_summaries=False)
     assert [r.rank for r in a.ranks] == [0, 1]
     assert any("config.json, trainer_state.json skipped" in n for n in a.data_quality.notes)
+
+
+def test_metric_sync_named_and_found():
+    """torchmetrics with dist_sync_on_step=True (gcn_metric_sync_step): every step's 6 barriers and 10 all-gathers
+    are the metrics library's, found as metric-sync with the metrics' fix; synced at the epoch's end
+    (gcn_metric_sync_epoch), the steps hold the gradient all-reduce only."""
+    a = _analysis("gcn_metric_sync_step")
+    steps = [c for c in a.collective_events if c.step is not None]
+    sync = [c for c in steps if c.kind in ("all_gather", "barrier")]
+    assert {c.issuer for c in sync} == {"metrics (torchmetrics: forward)"}
+    nrs = len(a.job.steps) * len(a.ranks)
+    assert sum(c.kind == "all_gather" for c in sync) == 10 * nrs and sum(c.kind == "barrier" for c in sync) == 6 * nrs
+    assert {c.issuer for c in steps if c.kind == "all_reduce"} == {"gradient buckets"}
+    f = next(f for f in a.findings if f.id == "metric-sync")
+    assert "dist_sync_on_step=False" in f.fix and "bucket" not in f.fix
+    assert f.source and f.source.startswith("metric_sync.py(")
+    healthy = _analysis("gcn_metric_sync_epoch")
+    assert {c.issuer for c in healthy.collective_events if c.step is not None} == {"gradient buckets"}
+    assert not any(f.id == "metric-sync" for f in healthy.findings)
+
+
+def test_clip_grad_norm_and_zero_collectives_by_issuer():
+    """FSDP1's model.clip_grad_norm_ all-reduces the norm of the shards once a step; ZeroRedundancyOptimizer
+    broadcasts each rank's updated parameters after its step: each named by its issuer, neither taken for a
+    metric sync, and no fix names the bucket size."""
+    clip = _analysis("gcn_clip_fsdp1")
+    steps = [c for c in clip.collective_events if c.step is not None]
+    assert {c.issuer for c in steps if c.kind == "all_reduce"} == {"clip_grad_norm_"}
+    assert {c.issuer for c in steps if c.kind in ("all_gather", "reduce_scatter")} == {"fsdp"}
+    zero = _analysis("gcn_zero")
+    bcast = [c for c in zero.collective_events if c.step is not None and c.kind == "broadcast"]
+    assert bcast and {c.issuer for c in bcast} == {"optimizer-state sharding"} and {c.phase for c in bcast} == {"optimizer"}
+    for a in (clip, zero):
+        for f in a.findings:
+            assert f.id != "metric-sync" and "bucket_cap_mb" not in f.fix, (f.id, f.fix)
+    small = [f for f in zero.findings if f.id == "latency-bound-collectives"]
+    if small:   # the broadcasts are small: their fix is ZeRO's bucket view, not DDP's one bucket of gradients
+        assert "parameters_as_bucket_view=True" in small[0].fix and "optimizer-state sharding" in small[0].summary

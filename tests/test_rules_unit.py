@@ -636,3 +636,54 @@ def test_fsdp_single_unit():
     assert "fully_shard(block)" in found[0].fix and "4.8 MB" in found[0].summary
     a = analysis(wrapping="fsdp1", wrapping_source="manifest", wrapping_details={"kind": "fsdp1", "units": 7})
     assert run(wrapping_rules.single_unit, a) == []
+
+
+# ------------------------------------------------------------------ metric sync (diagnose/metric_rules.py)
+def _issued(colls, issuer, source=None, exposed_by_rank=None):
+    for c in colls:
+        c.issuer, c.source = issuer, source
+        if exposed_by_rank:
+            c.exposed_us = exposed_by_rank[c.rank]
+    return colls
+
+
+def test_metric_sync_priced_at_each_calls_own_time_with_the_metrics_fix():
+    from fsdpdoctor.diagnose.metric_rules import metric_sync
+    # torchmetrics' per-step sync: 10 all-gathers and 6 barriers; rank 0 waits 2 ms for rank 1 in each
+    gathers = _issued(collectives(2, 4, "all_gather", "forward", per_step=10, size_bytes=32),
+                      "metrics (torchmetrics: forward)", "train.py(80): train_step", {0: 3 * MS, 1: 1 * MS})
+    barriers = _issued(collectives(2, 4, "barrier", "forward", per_step=6, size_bytes=1),
+                       "metrics (torchmetrics: forward)", "train.py(80): train_step", {0: 3 * MS, 1: 1 * MS})
+    a = analysis(step_ms=100.0, collective_events=gathers + barriers, **comm("all_gather", 32 * MS))
+    found = run(metric_sync, a)
+    assert ids(found) == ["metric-sync"] and found[0].severity == "warning"
+    f = found[0]
+    assert f.impact_us == pytest.approx(16 * MS)   # the least of the ranks' time in each call, not the wait
+    assert "dist_sync_on_step=False" in f.fix and "bucket" not in f.fix
+    assert "10 all_gather, 6 barrier" in f.summary and f.source == "train.py(80): train_step"
+    # under the threshold's share of the step: no finding
+    assert run(metric_sync, a, {"metric_sync_frac": 0.2}) == []
+
+
+def test_metric_sync_user_code_outside_the_model_only():
+    from fsdpdoctor.diagnose.metric_rules import metric_sync
+    user = _issued(collectives(2, 4, "all_reduce", "other", per_step=8, size_bytes=4, exposed_us=1 * MS),
+                   "user code train.py(91): log_loss", "train.py(91): log_loss")
+    f = run(metric_sync, analysis(collective_events=user, **comm("all_reduce", 8 * MS)))
+    assert ids(f) == ["metric-sync"] and "one collective" in f[0].fix and "train.py(91): log_loss" in f[0].fix
+    assert f[0].confidence < 0.8   # the trace names no metrics library
+    # the same calls moving gradients (a hand-written all-reduce of 4 MB each) are the model's, not bookkeeping
+    grads = _issued(collectives(2, 4, "all_reduce", "other", per_step=8, size_bytes=4 << 20, exposed_us=1 * MS),
+                    "user code train.py(60): average_gradients", "train.py(60): average_gradients")
+    assert run(metric_sync, analysis(collective_events=grads, **comm("all_reduce", 8 * MS))) == []
+    # the model's own collectives, whatever their number: gradient buckets, clipping, optimizer-state sharding,
+    # SyncBN, and user code inside backward or the optimizer step
+    model = (_issued(collectives(2, 4, "all_reduce", "backward", per_step=8, exposed_us=1 * MS), "gradient buckets")
+             + _issued(collectives(2, 4, "all_reduce", "other", per_step=8, exposed_us=1 * MS), "clip_grad_norm_")
+             + _issued(collectives(2, 4, "broadcast", "optimizer", per_step=8, exposed_us=1 * MS),
+                       "optimizer-state sharding")
+             + _issued(collectives(2, 4, "all_gather", "forward", per_step=8, exposed_us=1 * MS),
+                       "norm statistics (SyncBatchNorm)")
+             + _issued(collectives(2, 4, "all_reduce", "backward", per_step=8, exposed_us=1 * MS),
+                       "user code train.py(50): backward", "train.py(50): backward"))
+    assert run(metric_sync, analysis(collective_events=model, **comm("all_reduce", 40 * MS))) == []

@@ -87,9 +87,11 @@ def _issuer(ctx, c, tr, nodes, ddp_fwd, modules, known, libs) -> str | None:
     if len(libs):
         lib = ctx.enclosing(libs, tr, at)
         if lib is not None:
-            name = t.name(lib)
-            top = _frame_file(name).split("/", 1)[0]
-            func = name.split("): ", 1)[-1]
+            top = _frame_file(t.name(lib)).split("/", 1)[0]
+            if top in _METRICS:
+                # a metric's entry point (forward, compute, sync) groups its syncs, not the helper that gathers
+                lib = _outermost(ctx, libs, tr, at, top)
+            func = t.name(lib).split("): ", 1)[-1]
             return f"metrics ({top}: {func})" if top in _METRICS else f"framework ({top}: {func})"
     if mod_name and mod_name != "DistributedDataParallel":
         return f"module {mod_name}"
@@ -99,3 +101,11 @@ def _issuer(ctx, c, tr, nodes, ddp_fwd, modules, known, libs) -> str | None:
     if c.kind == "broadcast" and len(ddp_fwd) and ctx.enclosing(ddp_fwd, tr, at) is not None:
         return "DDP buffer broadcast"   # without stacks: DDP's forward broadcasts nothing else
     return None
+
+
+def _outermost(ctx: RankContext, rows: np.ndarray, track: int, at: float, top: str) -> int:
+    """The earliest-starting frame of library ``top`` among ``rows`` on ``track`` that holds ``at``."""
+    t = ctx.t
+    sel = rows[(t.track[rows] == track) & (t.ts[rows] <= at) & (ctx.end[rows] >= at)]
+    sel = [r for r in sel if _frame_file(t.name(r)).split("/", 1)[0] == top]
+    return int(min(sel, key=lambda r: t.ts[r]))

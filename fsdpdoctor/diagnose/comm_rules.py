@@ -117,7 +117,7 @@ def message_sizes(ctx: RuleContext) -> list[Finding]:
             f"{len(small) / nrs:.0f} collectives per step move less than {size(ctx.th['small_message_bytes'])} "
             f"each ({', '.join(kinds)}); their cost is latency, not bandwidth."
             + (f" Issued by: {by}." if any(who != _UNKNOWN for who, _ in groups) else ""),
-            _latency_fix_by_issuer(ctx, groups), confidence=0.7,
+            _latency_fix_by_issuer(ctx, groups, nrs), confidence=0.7,
             samples=per_step_calls(ctx.a, small, lambda c: c.exposed_us),
             severity="info" if exposed > 0 and chosen >= 0.5 * exposed else None,
             evidence=[Evidence(f"median size {size(sorted(c.size_bytes for c in small)[len(small) // 2])}, "
@@ -146,7 +146,8 @@ def message_sizes(ctx: RuleContext) -> list[Finding]:
 
 
 _UNKNOWN = "issuer unknown"
-_CHOSEN = ("norm statistics", "DDP buffer broadcast")   # what a model with synchronised BatchNorm issues
+_CHOSEN = ("norm statistics", "DDP buffer broadcast")
+_MERGE_ONLY = ("gradient buckets", "fsdp", _UNKNOWN)   # issuers whose fix is fewer, larger calls (_latency_fix)   # what a model with synchronised BatchNorm issues
 
 
 def _by_issuer(colls: list) -> list[tuple[str, list]]:
@@ -173,18 +174,22 @@ def _issuer_fix(ctx: RuleContext, who: str) -> str:
     if who == "clip_grad_norm_":
         return "clip with one norm reduction per step (FSDP: model.clip_grad_norm_ once; foreach=True), or clip less often"
     if who == "optimizer-state sharding":
-        return "ZeroRedundancyOptimizer(parameters_as_bucket_view=True, overlap_with_ddp=True): fewer, larger exchanges"
+        return ("ZeroRedundancyOptimizer(..., parameters_as_bucket_view=True): each rank broadcasts its updated "
+                "shard as one bucket, not parameter by parameter")
     if who.startswith("user code "):
         return (f"coalesce the calls at {who[len('user code '):]} into one collective "
                 "(torch.cat then split, or all_reduce_coalesced)")
     return _latency_fix(ctx)   # gradient buckets, FSDP units, or an issuer the trace does not name
 
 
-def _latency_fix_by_issuer(ctx: RuleContext, groups: list[tuple[str, list]]) -> str:
-    """The fixes of the issuers that hold most of the small collectives' exposed time (at most three)."""
-    total = sum(c.exposed_us for _, cs in groups for c in cs)
+def _latency_fix_by_issuer(ctx: RuleContext, groups: list[tuple[str, list]], nrs: int = 1) -> str:
+    """The fixes of the issuers that hold most of the small collectives' exposed time (at most three). Where the
+    fix merges calls (buckets, units), an issuer with at most one call per step has nothing to merge (DDP's one
+    bucket of a small model): no fix from it."""
+    several = [(who, cs) for who, cs in groups if who not in _MERGE_ONLY or len(cs) / nrs >= 2] or groups
+    total = sum(c.exposed_us for _, cs in several for c in cs)
     fixes, covered = [], 0.0
-    for who, cs in groups:
+    for who, cs in several:
         fix = _issuer_fix(ctx, who)
         if fix not in fixes:
             fixes.append(fix)

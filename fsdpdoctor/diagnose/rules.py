@@ -15,14 +15,15 @@ from __future__ import annotations
 from types import ModuleType
 
 from fsdpdoctor.diagnose import (
-    comm_rules, ddp_rules, gpu_rules, host_rules, periodic_rules, prefetch_rules, setup_rules, wrapping_rules,
+    comm_rules, ddp_rules, gpu_rules, host_rules, metric_rules, periodic_rules, prefetch_rules, setup_rules,
+    wrapping_rules,
 )
 from fsdpdoctor.diagnose.framework import Rule, run_rules
 from fsdpdoctor.diagnose.thresholds import resolve
 from fsdpdoctor.results import Analysis, Finding
 
 RULE_MODULES: tuple[ModuleType, ...] = (prefetch_rules, comm_rules, ddp_rules, host_rules, setup_rules, gpu_rules,
-                                         periodic_rules, wrapping_rules)
+                                         periodic_rules, wrapping_rules, metric_rules)
 
 
 def rules_of(module: ModuleType) -> list[Rule]:

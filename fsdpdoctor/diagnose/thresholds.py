@@ -81,6 +81,11 @@ THRESHOLDS: list[Threshold] = [
     Threshold("periodic_stall_frac", 0.05, "share of step",
               "a stall every N steps on one rank, averaged over every step, worth a finding",
               "as straggler_min_frac: a wait of 5 % of the step is material"),
+    Threshold("metric_sync_frac", 0.05, "share of step",
+              "own time per step of the collectives that sync metrics or logged values (analysis/issuers.py: a "
+              "metrics library, user code outside forward/backward/optimizer) worth a finding",
+              "the warning band of the severity scale (severity_warning_frac): a per-step sync that costs less is "
+              "within the step-to-step noise of healthy runs (docs/noise-study.md) and may be a chosen live value"),
     Threshold("host_sync_per_step", 1, "calls per step", "user-code host syncs (.item(), synchronize) per step",
               "PyTorch performance tuning guide: avoid unnecessary CPU-GPU synchronization"),
     Threshold("small_message_bytes", 1 << 20, "bytes", "messages below this are latency-bound",

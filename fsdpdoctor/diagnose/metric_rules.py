@@ -1,0 +1,119 @@
+"""Metric sync: collectives the training step issues for its bookkeeping, not for the model.
+
+A metrics library that syncs its state every step (torchmetrics' ``dist_sync_on_step=True``: a barrier
+and one or two all-gathers per state) or user code that gathers a value outside the model's forward,
+backward and optimizer update (a loss or accuracy averaged for a progress bar) adds small blocking
+collectives to every step. Their issuer (analysis/issuers.py) says whose they are; no bucket size or
+wrapping reaches them, only syncing less often or in one collective does.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+from fsdpdoctor.diagnose.framework import RuleContext, rank_steps, rule
+from fsdpdoctor.results import Collective, Evidence, Finding
+from fsdpdoctor.units import ms, pct, size
+
+_METRIC_MODULE = re.compile(r"(?i)metric")
+# a training framework's own sync of logged values (Lightning's self.log(..., sync_dist=True))
+_FRAMEWORK_SYNC = re.compile(r"(?i)sync|log|metric")
+# where the model's work is: collectives issued there belong to the model, not to its bookkeeping
+_MODEL_PHASES = ("backward", "optimizer")
+
+
+def bookkeeping_issuer(c: Collective, small_bytes: float) -> bool:
+    """A collective of the step's bookkeeping: a metrics library's, a metric module's, a framework's sync of
+    logged values, or the user's own small call (a value, not a model's gradients or parameters averaged by
+    hand) outside any module's forward, the autograd engine's work and the optimizer step."""
+    who = c.issuer or ""
+    if who.startswith("metrics ("):
+        return True
+    if who.startswith("module "):
+        return bool(_METRIC_MODULE.search(who))
+    if who.startswith("framework ("):
+        return bool(_FRAMEWORK_SYNC.search(who.split(": ", 1)[-1]))
+    return (who.startswith("user code ") and c.phase not in _MODEL_PHASES
+            and c.size_bytes is not None and c.size_bytes < small_bytes)
+
+
+def own_cost_per_step(ctx: RuleContext, calls: list[Collective]) -> dict:
+    """Per step, what the calls cost every rank: each call matched across the ranks by its order among the
+    rank's calls of that step, at the least of the ranks' exposed time in it. The rest of an early rank's
+    time in it is waiting for a later rank, which removing the call would move to the next collective,
+    not save. {step: cost}; a step whose ranks issued different calls is counted at the least of the
+    ranks' sums."""
+    by = defaultdict(list)
+    for c in calls:
+        by[(c.step, c.rank)].append(c)
+    ranks = [r.rank for r in ctx.a.ranks] or [0]
+    out = {}
+    for st in sorted({s for s, _ in by}, key=lambda s: (s is None, s or 0)):
+        if st is None:
+            continue
+        lists = [sorted(by.get((st, r), []), key=lambda c: c.index) for r in ranks]
+        if len({len(x) for x in lists}) == 1 and all(len({c.kind for c in cs}) == 1 for cs in zip(*lists)):
+            out[st] = sum(min(c.exposed_us for c in cs) for cs in zip(*lists))
+        else:
+            out[st] = min(sum(c.exposed_us for c in x) for x in lists)
+    return out
+
+
+def _fix(who: str) -> str:
+    if who.startswith("metrics (torchmetrics") or who.startswith("metrics ("):
+        return ("torchmetrics: dist_sync_on_step=False (the default): update every step, compute() once at the end of "
+                "the epoch, where one sync gathers the epoch's state (Lightning: self.log(name, metric) syncs on_epoch; "
+                "per-step values stay local); metrics that share states in one MetricCollection(compute_groups=True)")
+    if who.startswith("framework ("):
+        return ("log per-step values without sync_dist=True and sync them on_epoch (self.log(..., on_step=True, "
+                "on_epoch=True, sync_dist=False) for the step value, sync_dist=True only for the epoch aggregate)")
+    where = who.split(" ", 2)[-1] if who.startswith("user code ") else who
+    return (f"sync these values less often (at the end of an epoch or every N steps, from locally accumulated sums) "
+            f"or gather them in one collective (torch.cat the values, one all_reduce or all_gather, then split) at "
+            f"{where}")
+
+
+@rule(ids=("metric-sync",), thresholds=("metric_sync_frac", "small_message_bytes"),
+      parts={"metric-sync": "exposed_comm_us"})
+def metric_sync(ctx: RuleContext) -> list[Finding]:
+    calls = [c for c in ctx.a.collective_events
+             if c.step is not None and bookkeeping_issuer(c, ctx.th["small_message_bytes"])]
+    if not calls or len(ctx.a.ranks) < 2:
+        return []
+    cost = own_cost_per_step(ctx, calls)
+    steps = sorted({s.step for r in ctx.a.ranks for s in r.steps if s.step is not None})
+    if not cost or not steps:
+        return []
+    impact = sum(cost.values()) / len(steps)
+    if ctx.frac(impact) < ctx.th["metric_sync_frac"]:
+        return []
+    nrs = rank_steps(ctx)
+    groups: dict[str, list[Collective]] = defaultdict(list)
+    for c in calls:
+        groups[c.issuer].append(c)
+    order = sorted(groups.items(), key=lambda kv: -sum(c.exposed_us for c in kv[1]))
+    kinds = defaultdict(int)
+    for c in calls:
+        kinds[c.kind] += 1
+    by_kind = ", ".join(f"{n / nrs:.0f} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    exposed = sum(c.exposed_us for c in calls) / nrs
+    named = all(who.startswith("metrics (") for who in groups)
+    summary = (f"{len(calls) / nrs:.0f} collectives per step ({by_kind}) sync the step's metrics or logged values, "
+               f"issued by {', '.join(who for who, _ in order[:3])}: they block every rank {ms(exposed)} per step, of "
+               f"which {ms(impact)} ({pct(ctx.frac(impact))} of the step) is their own time (the least of the ranks' "
+               f"time in each call; the rest is waiting for a later rank, which would move to the next collective). "
+               "No bucket size or wrapping reaches them: they are issued outside the model's forward, backward and "
+               "optimizer step.")
+    fixes = list(dict.fromkeys(_fix(who) for who, _ in order[:2]))
+    sizes = sorted(c.size_bytes for c in calls if c.size_bytes)
+    ev = [Evidence(f"{who}: {len(cs) / nrs:.0f} per step, {ms(sum(c.exposed_us for c in cs) / nrs)} exposed"
+                   + (f", e.g. {cs[0].kind} at {cs[0].source}" if cs[0].source else f", e.g. {cs[0].kind}"),
+                   time_us=sum(c.exposed_us for c in cs) / nrs) for who, cs in order[:4]]
+    if sizes:
+        ev.append(Evidence(f"median message {size(sizes[len(sizes) // 2])}: latency, not bandwidth"))
+    return [ctx.finding(
+        "metric-sync", f"Metric sync every step: {len(calls) / nrs:.0f} collectives, {pct(ctx.frac(impact))} of the step",
+        impact, summary, "; ".join(fixes), confidence=0.8 if named else 0.6, evidence=ev,
+        source=next((c.source for c in calls if c.source), None),
+        samples=[cost.get(s, 0.0) for s in steps])]   # each step's cost (0 in a step without a sync)
