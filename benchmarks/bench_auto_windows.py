@@ -8,8 +8,8 @@ the steps from a sustained slowdown of one rank (every rank's step takes factor 
 step 700) to the decision.
 
 Part 2, a real job: ``reference_jobs/drift.py`` under ``torchrun --nproc_per_node 2`` (gloo), rank 1
-sleeping ``--factor`` healthy compute times before every forward from ``--change-at`` on (a 2x slowdown of one
-rank). From the window's manifest (``decided_at_step``, ``decided_unix``, ``first_step``) and the step
+sleeping ``--factor`` healthy compute times before every forward from ``--change-at`` on (1.0: steps about 2x,
+a 2x slowdown of one rank), the live rule judging the steps with the ranks' CPU wait taken out. From the window's manifest (``decided_at_step``, ``decided_unix``, ``first_step``) and the step
 series: steps from the change to the decision, and seconds from the decision to the start of the first
 profiled step on each rank. ``--healthy-steps N`` also runs the job healthy for N steps and counts its
 windows, and feeds its recorded series to the detector.

@@ -204,13 +204,12 @@ class WindowCoordinator:
             return None
         reason = None
         skip = max(0, max(fixed_end, self._feed_from) - first)
-        share = self._wait_share
+        share = self._wait_share   # slowdown.py takes it out of the steps (their own time)
         if skip < len(durations):
-            reason = rule.feed(first + skip, _slow.own_times(durations[skip:], share), share)
+            reason = rule.feed(first + skip, durations[skip:], share)
         self._hot = 0
         self._hot_need = rule.more_needed()
-        # the per-step check compares whole steps: the limit on own time, with the last CPU wait put back
-        self._hot_limit_ns = int(rule.limit / (1.0 - share) * 1e9) if rule.limit is not None else 1 << 62
+        self._hot_limit_ns = int(rule.limit * 1e9) if rule.limit is not None else 1 << 62  # whole steps
         return reason
 
     def _anomaly_allowed(self, reason: str) -> bool:
@@ -228,8 +227,6 @@ class WindowCoordinator:
     def _plan_window(self, request, reason: str | None, fixed_end: int | None, durations: list[float]) -> None:
         # the lead is counted in steps of the time they take now (a slowdown's, not the baseline's)
         now_s = self._rule.recent_step_s() if self._rule is not None and reason is not None else None
-        if now_s is not None:  # own time -> the whole step, as the lead counts steps of wall time
-            now_s /= 1.0 - self._wait_share
         if now_s is None and durations:
             now_s = sorted(durations)[len(durations) // 2]
         # alone, the coordinator needs no time to tell other ranks: the window starts after one warm-up step

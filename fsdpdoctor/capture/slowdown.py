@@ -26,7 +26,9 @@ Three parts, each derived from the run's own steps:
   would do that less often than ``FALSE_RATE`` per step: slow steps come in bursts (starting at rate
   r, ``burst`` steps long on average), so ``need`` slow steps take about ``need / burst`` bursts among
   ``2 need - 1`` steps, whose chance is at most ``C(2 need - 1, bursts) r^bursts``. It stays at most
-  ``MAX_NEED``, so that a sustained 2x slowdown is decided within ``2 MAX_NEED - 1`` steps.
+  ``MAX_NEED``, so that a sustained 2x slowdown is decided within ``2 MAX_NEED - 1`` steps; until
+  ``NOISE_MIN`` steps were judged, too few to know the bursts, it is ``MAX_NEED``. A median counts as
+  noise only once the ``2 MAX_NEED - 1`` steps after it decided nothing.
 
 Pure Python, no torch; the coordinator feeds it the steps completed since its last poll (nothing
 per step), and it tells the coordinator how many more slow steps would decide, so that the
@@ -93,43 +95,107 @@ def own_times(durations: list[float], wait_share: float) -> list[float]:
     return [d * keep for d in durations]
 
 
-class SlowdownRule:
-    """Feed it step (own) durations in seconds; it returns the reason of a slowdown when one is decided."""
+class _Scale:
+    """Baseline, level and noise of one measure of the step (its whole time, or its own time)."""
 
-    def __init__(self, min_rise: float = MIN_RISE):
-        self.min_rise = float(min_rise)
+    def __init__(self, min_rise: float):
+        self.min_rise = min_rise
         self.baseline: deque[float] = deque(maxlen=BASELINE_STEPS)
-        self.recent: deque[tuple[int, float, bool]] = deque(maxlen=2 * MAX_NEED - 1)
-        self.flags: deque[bool] = deque(maxlen=NOISE_STEPS)    # slow or not, for every judged step
         self.noise: deque[float] = deque(maxlen=NOISE_STEPS)   # medians of WINDOW judged steps, as ratios
         self._ratios: deque[float] = deque(maxlen=WINDOW)
+        self._pending: deque[float] = deque(maxlen=2 * MAX_NEED)   # medians not yet counted as noise
         self.median = 0.0
-        self.level = level_for(NOISE_PRIOR, self.min_rise)
-        self.limit: float | None = None    # None until REFERENCE_STEPS healthy steps were seen
-        self.need = NEED
-        self.wait_share = 0.0              # the CPU wait share last taken out (for the reason)
-        self._judged = 0
-        self._need_at = -NEED_EVERY
+        self.level = level_for(NOISE_PRIOR, min_rise)
+        self.limit: float | None = None
 
     def reset(self) -> None:
-        """Start the baseline afresh (after a window: its steps are slower by design, and what follows
-        is the run's new normal). What was learnt of the noise is kept."""
         self.baseline.clear()
-        self.recent.clear()
-        self._ratios.clear()
+        self.forget_recent()
         self.limit = None
+
+    def forget_recent(self) -> None:
+        self._ratios.clear()
+        self._pending.clear()
 
     def sustained_noise(self) -> float:
         """The largest median of WINDOW judged steps over the baseline (NOISE_PRIOR until NOISE_MIN)."""
         return max(self.noise) if len(self.noise) >= NOISE_MIN else NOISE_PRIOR
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
         self.median = _median(self.baseline)
         self.level = level_for(self.sustained_noise(), self.min_rise)
         self.limit = self.level * self.median
+
+    def judge(self, d: float, deciding: bool) -> bool:
+        """Whether ``d`` is slow on this scale; a healthy step joins the baseline, and the median of the
+        last WINDOW ratios joins the noise once the steps after it decided nothing."""
+        slow = d >= self.limit
+        if not slow:
+            self.baseline.append(d)
+        self._ratios.append(d / self.median if self.median > 0 else 1.0)
+        if not deciding and len(self._ratios) == WINDOW:
+            self._pending.append(_median(self._ratios))
+            if len(self._pending) == self._pending.maxlen:
+                self.noise.append(self._pending[0])
+        return slow
+
+    def ratio(self, ds: list[float]) -> float:
+        return _median(ds) / self.median if self.median > 0 else float("inf")
+
+    def says(self, what: str, ds: list[float]) -> str:
+        noise = self.sustained_noise()
+        return (f"{what} {self.ratio(ds):.1f}x its median ({self.median * 1e3:.1f} ms; level {self.level:.2f}x, "
+                f"halfway between the {noise:.2f}x its noise reached"
+                f"{'' if len(self.noise) >= NOISE_MIN else ' (assumed)'} and {TARGET:.0f}x)")
+
+
+class SlowdownRule:
+    """Feed it step durations in seconds and the share of them the ranks waited for a CPU; it returns
+    the reason of a slowdown when one is decided. A step is slow when both its whole time and its own
+    time (the step less that wait) are slow, each on its own baseline and level: a load spike raises
+    the whole time but not the own time; an error of the measured wait (large where the wait is most
+    of the step) raises the own time but not the whole time; one rank slower raises both."""
+
+    def __init__(self, min_rise: float = MIN_RISE):
+        self.min_rise = float(min_rise)
+        self.whole, self.own = _Scale(self.min_rise), _Scale(self.min_rise)
+        self.recent: deque[tuple[int, float, float, bool]] = deque(maxlen=2 * MAX_NEED - 1)
+        self.flags: deque[bool] = deque(maxlen=NOISE_STEPS)    # slow or not, for every judged step
+        self.need = NEED
+        self.wait_share = 0.0              # the CPU wait share last taken out (for the reason)
+        self._judged = 0
+        self._need_at = -NEED_EVERY
+
+    # the whole step's figures: what the training loop compares each step with
+    @property
+    def limit(self) -> float | None:
+        return self.whole.limit
+
+    @property
+    def median(self) -> float:
+        return self.whole.median
+
+    @property
+    def level(self) -> float:
+        return self.whole.level
+
+    def sustained_noise(self) -> float:
+        return self.whole.sustained_noise()
+
+    def reset(self) -> None:
+        """Start the baselines afresh (after a window: its steps are slower by design, and what follows
+        is the run's new normal). What was learnt of the noise is kept."""
+        self.whole.reset()
+        self.own.reset()
+        self.recent.clear()
+
+    def _refresh(self) -> None:
+        self.whole.refresh()
+        self.own.refresh()
         if self._judged - self._need_at >= NEED_EVERY:   # slow to change: not every poll
             self._need_at = self._judged
-            self.need = max(NEED, persistence(*self.noise_rates()))
+            self.need = (MAX_NEED if len(self.flags) < NOISE_MIN
+                         else max(NEED, persistence(*self.noise_rates())))
 
     def noise_rates(self) -> tuple[float, float]:
         """(bursts of slow steps per step, mean burst length) of the judged steps, with one burst of one
@@ -142,59 +208,55 @@ class SlowdownRule:
             prev = f
         return (bursts + 1) / (len(self.flags) + 2), (slow + 1) / (bursts + 1)
 
-    def _window(self) -> list[tuple[int, float, bool]]:
+    def _window(self) -> list[tuple[int, float, float, bool]]:
         return list(self.recent)[-(2 * self.need - 1):]
 
     def slow_count(self) -> int:
-        return sum(s for _, _, s in self._window())
+        return sum(s for *_, s in self._window())
 
     def more_needed(self) -> int:
         """Slow steps still needed for a decision if every next step is slow (at least 1)."""
         return max(1, self.need - self.slow_count())
 
     def recent_step_s(self) -> float | None:
-        """Median of the steps last judged: the (own) step time now."""
+        """Median of the (whole) steps last judged: the step time now."""
         w = self._window()
-        return _median([d for _, d, _ in w]) if w else None
+        return _median([d for _, d, _, _ in w]) if w else None
 
     def feed(self, first_step: int, durations: list[float], wait_share: float = 0.0) -> str | None:
         """The reason of a slowdown when one is decided among these steps, else None."""
         found = None
         self.wait_share = wait_share
-        for i, d in enumerate(durations):
-            if self.limit is None:
-                self.baseline.append(d)
-                if len(self.baseline) >= REFERENCE_STEPS:
+        for i, (d, o) in enumerate(zip(durations, own_times(durations, wait_share))):
+            if self.whole.limit is None:
+                self.whole.baseline.append(d)
+                self.own.baseline.append(o)
+                if len(self.whole.baseline) >= REFERENCE_STEPS:
                     self._refresh()
                 continue
-            slow = d >= self.limit
+            deciding = found is not None
+            slow = self.whole.judge(d, deciding) & self.own.judge(o, deciding)
             self._judged += 1
             self.flags.append(slow)
-            self.recent.append((first_step + i, d, slow))
-            self._ratios.append(d / self.median if self.median > 0 else 1.0)
-            if not slow:
-                self.baseline.append(d)
+            self.recent.append((first_step + i, d, o, slow))
             if found is None and slow and self.slow_count() >= self.need:
                 found = self._reason()
-            elif len(self._ratios) == WINDOW:
-                self.noise.append(_median(self._ratios))
-        if self.limit is not None:
+        if self.whole.limit is not None:
             self._refresh()
         if found:
             self.recent.clear()
-            self._ratios.clear()
+            self.whole.forget_recent()
+            self.own.forget_recent()
         return found
 
     def _reason(self) -> str:
-        slow = [(k, d) for k, d, s in self._window() if s]
+        slow = [(k, d, o) for k, d, o, s in self._window() if s]
         a, b = slow[0][0], slow[-1][0]
-        ratio = _median([d for _, d in slow]) / self.median if self.median > 0 else float("inf")
-        noise = self.sustained_noise()
-        return (f"steps {a}-{b}: {len(slow)} of {b - a + 1} took {ratio:.1f}x the median own time of the "
-                f"{len(self.baseline)} healthy steps before ({self.median * 1e3:.1f} ms, the step less the "
-                f"{self.wait_share:.0%} the ranks waited for a CPU; level {self.level:.2f}x, halfway between "
-                f"the {noise:.2f}x the run's noise reached{'' if len(self.noise) >= NOISE_MIN else ' (assumed)'}"
-                f" and {TARGET:.0f}x; {self.need} slow steps decide)")
+        return (f"steps {a}-{b}: {len(slow)} of {b - a + 1} slow: "
+                + self.whole.says("the step took", [d for _, d, _ in slow]) + "; "
+                + self.own.says(f"its own time (less the {self.wait_share:.0%} the ranks waited for a CPU)",
+                                [o for _, _, o in slow])
+                + f"; {self.need} slow steps decide")
 
 
 def replay(ends_ns: list[list[int]], waits_ns: list[list[int]] | None, poll_s: float, min_rise: float = MIN_RISE,
@@ -232,8 +294,7 @@ def replay(ends_ns: list[list[int]], waits_ns: list[list[int]] | None, poll_s: f
             share = min(max(shares, default=0.0), MAX_WAIT_SHARE)
         first = max(prev + 1, resume)
         durs = [(e0[i] - e0[i - 1]) / 1e9 for i in range(first, p + 1)]
-        own = own_times(durs, share)
-        for i, d in enumerate(own):   # one step at a time: the decision's step is exact
+        for i, d in enumerate(durs):   # one step at a time: the decision's step is exact
             if rule.feed(first + i, [d], share):
                 found.append(first + i)
                 rule.reset()
