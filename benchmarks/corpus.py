@@ -424,7 +424,8 @@ def write_report(outcomes: list[Outcome], path: Path = REPORT) -> None:
         t = o.trace
         shape = f"{o.steps} x {o.ranks}" + (f", {o.step_ms:.1f} ms" if o.step_ms else "") if o.rc == 0 else "-"
         agree = "yes" if o.agrees else "**no**"
-        kind = o.kind if o.rc == 0 else "not a recording" if "not a torch.profiler" in (o.error or "") else "-"
+        refused_as = ("not a torch.profiler", "not a Chrome/Kineto trace")
+        kind = o.kind if o.rc == 0 else "not a recording" if any(r in (o.error or "") for r in refused_as) else "-"
         lines.append(f"| `{t.id}` | [{t.repo}@{t.commit[:8]}]({t.url}) | {_cell(t.says)} | {_cell(kind)} | {shape} | "
                      f"{_cell(_verdict(o))} | {agree} |")
     lines += ["", "## Disagreements and violations, explained", ""]
