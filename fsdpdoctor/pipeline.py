@@ -93,13 +93,14 @@ def _open_analysis(source, opts: Options, tables: bool):
     quality = DataQuality()
     manifest, results, traces = rank_results(path, opts.but(use_summaries=opts.use_summaries and not tables),
                                              quality=quality, keep_tables=tables)
-    analysis = reduce(results, source=path, manifest=manifest)
-    analysis.data_quality = quality
-    if window_note:
-        analysis.notes.insert(0, window_note)
-    if opts.diagnose:
-        analysis.findings = run_rules(analysis, thresholds=opts.thresholds)
-    invariants.enforce(analysis)  # nothing is rendered that breaks them (analysis/invariants.py)
+    with gc_paused() if opts.dask is not None else contextlib.nullcontext():   # the Dask client is closed by now
+        analysis = reduce(results, source=path, manifest=manifest)
+        analysis.data_quality = quality
+        if window_note:
+            analysis.notes.insert(0, window_note)
+        if opts.diagnose:
+            analysis.findings = run_rules(analysis, thresholds=opts.thresholds)
+        invariants.enforce(analysis)  # nothing is rendered that breaks them (analysis/invariants.py)
     return (analysis, traces) if tables else analysis
 
 
