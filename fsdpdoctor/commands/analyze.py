@@ -45,8 +45,11 @@ def run(args) -> int:
                                detail_file=args.ranks_detail)
             except OSError as exc:
                 raise InputError(args.ranks_detail, f"cannot write the detail file ({exc.strerror})") from None
-        sys.stdout.flush()
-        sys.stdout.buffer.write(doc + b"\n")
+        if hasattr(sys.stdout, "buffer"):   # the bytes as encoded (no decode of a document of many MB)
+            sys.stdout.flush()
+            sys.stdout.buffer.write(doc + b"\n")
+        else:                               # a text stream put in its place (redirect_stdout)
+            sys.stdout.write(doc.decode() + "\n")
         return 0
     from fsdpdoctor.report.console import render
 
