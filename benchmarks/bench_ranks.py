@@ -15,6 +15,10 @@ document's size is reported too.
 
     python benchmarks/bench_ranks.py                          # 1024 4096 16384
     python benchmarks/bench_ranks.py --ranks 256 1024 --json /tmp/ranks.json
+    python benchmarks/bench_ranks.py --dask                   # and 16,384 again on a loopback Dask cluster
+
+The default document keeps the per-rank detail of the ranks the findings name only, past a few MB
+of it (report/json_report.py); ``--extra=--ranks=all`` measures the whole document instead.
 """
 
 from __future__ import annotations
@@ -80,6 +84,11 @@ def make_ranks(src: dict, dst: Path, n: int, seed: int = 1) -> int:
                     c["issue_us"] += late_by
         for s in d["summary"]["steps"]:
             s["rank"] = r
+        for key in ("host_syncs", "dataloader", "setup", "gpu_idle", "recompute", "offload", "quality"):
+            rows = d.get(key)
+            for row in rows if isinstance(rows, list) else [rows]:
+                if isinstance(row, dict) and "rank" in row:
+                    row["rank"] = r   # each rank's own rows (a finding names the rank it read them from)
         if d["summary"].get("mean"):
             d["summary"]["mean"]["rank"] = r
         ident = d.get("identity")
@@ -101,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="the real rank trace to summarise and copy")
     ap.add_argument("--keep", type=Path, help="write the folders and documents here and keep them")
     ap.add_argument("--extra", nargs="*", default=[], help="more analyze arguments (e.g. --ranks-detail ...)")
+    ap.add_argument("--dask", action="store_true",
+                    help="also run the largest count on a loopback Dask cluster (--dask local) and compare findings")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
     if not args.trace.is_file():
@@ -122,12 +133,15 @@ def main(argv=None) -> int:
                                tmp / f"r{n}.json"))
             rows.append(row)
             print(_line(row), flush=True)
+            if args.dask and n == max(args.ranks) and "cpu_s" in row:
+                rows.append(dask_row(folder, n, per, tmp, args.extra))
+                print(_line(rows[-1]), flush=True)
             if not args.keep:
                 shutil.rmtree(folder, ignore_errors=True)
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    ok = [r for r in rows if "cpu_s" in r]
+    ok = [r for r in rows if "cpu_s" in r and not r.get("engine")]
     for a, b in zip(ok, ok[1:]):
         print(f"CPU({b['ranks']})/CPU({a['ranks']}) = {b['cpu_s'] / a['cpu_s']:.2f} "
               f"for {b['ranks'] / a['ranks']:.0f}x the ranks")
@@ -136,9 +150,29 @@ def main(argv=None) -> int:
     return 0
 
 
+def dask_row(folder: Path, n: int, per: int, tmp: Path, extra: list[str]) -> dict:
+    """The same analysis with the summaries read by a loopback Dask cluster (a LocalCluster of this
+    machine's cores, started and closed by the child, so its workers' CPU is in the child's): whether
+    its findings, and its whole document, are the ones of the run without Dask."""
+    row = {"ranks": n, "collectives_per_rank": per, "engine": "dask local"}
+    row.update(measure([sys.executable, "-m", "fsdpdoctor", "analyze", str(folder), "--json", "--dask", "local",
+                        *extra], tmp / f"r{n}-dask.json"))
+    if "cpu_s" in row:
+        plain = json.loads((tmp / f"r{n}.json").read_bytes())
+        dask = json.loads((tmp / f"r{n}-dask.json").read_bytes())
+        row["same_findings"] = plain["findings"] == dask["findings"]
+        row["same_document"] = plain == dask
+    return row
+
+
 def _line(row: dict) -> str:
     if "error" in row:
         return f"{row['ranks']:6d} ranks: {row['error']}"
+    if row.get("engine"):
+        return (f"{row['ranks']:6d} ranks on {row['engine']}: {row['cpu_s']:6.1f} s CPU {row['wall_s']:6.1f} s wall "
+                f"{row['peak_tree_mib']:6.0f} MiB peak (load {row['load']:.1f}); findings "
+                f"{'the same' if row['same_findings'] else 'DIFFERENT'}, document "
+                f"{'identical' if row['same_document'] else 'different'}")
     return (f"{row['ranks']:6d} ranks x {row['collectives_per_rank']} collectives ({row['mb_summaries']:.0f} MB of "
             f"summaries): {row['cpu_s']:6.1f} s CPU {row['wall_s']:6.1f} s wall {row['peak_tree_mib']:6.0f} MiB peak, "
             f"document {row['doc_mb']:.1f} MB (load {row['load']:.1f})")

@@ -72,13 +72,16 @@ def open_analysis(source, options=None, *, tables=False, **selection):
 def gc_paused():
     """No cyclic garbage collection inside: the results are trees (reference counting frees them), and
     a many-rank reduce makes millions of objects whose collections traverse every live one again and
-    again (a quarter of the CPU of 4,096 ranks). The collector's state is put back after."""
+    again (a quarter of the CPU of 4,096 ranks). The collector's state is put back after, with what is
+    alive then frozen (``gc.freeze``): else the first allocation after it makes one full collection over
+    all of those objects (a tenth of the CPU of 4,096 ranks); reference counting still frees them."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was:
+            gc.freeze()
             gc.enable()
 
 
@@ -90,13 +93,14 @@ def _open_analysis(source, opts: Options, tables: bool):
     quality = DataQuality()
     manifest, results, traces = rank_results(path, opts.but(use_summaries=opts.use_summaries and not tables),
                                              quality=quality, keep_tables=tables)
-    analysis = reduce(results, source=path, manifest=manifest)
-    analysis.data_quality = quality
-    if window_note:
-        analysis.notes.insert(0, window_note)
-    if opts.diagnose:
-        analysis.findings = run_rules(analysis, thresholds=opts.thresholds)
-    invariants.enforce(analysis)  # nothing is rendered that breaks them (analysis/invariants.py)
+    with gc_paused() if opts.dask is not None else contextlib.nullcontext():   # the Dask client is closed by now
+        analysis = reduce(results, source=path, manifest=manifest)
+        analysis.data_quality = quality
+        if window_note:
+            analysis.notes.insert(0, window_note)
+        if opts.diagnose:
+            analysis.findings = run_rules(analysis, thresholds=opts.thresholds)
+        invariants.enforce(analysis)  # nothing is rendered that breaks them (analysis/invariants.py)
     return (analysis, traces) if tables else analysis
 
 
@@ -283,7 +287,7 @@ def _rank_results(path: Path, opts: Options, *, write_summaries, summary_dir, pa
             if keep_tables:
                 raise InputError(path, "this folder holds only per-rank summaries: the trace events are not in it")
             manifest, dq.manifest = read_manifest(path)
-            return (*_only_summaries(path, summaries, ranks, manifest, dq), [])
+            return (*_only_summaries(path, summaries, ranks, manifest, dq, opts.dask), [])
     manifest, groups = find_inputs(path, ranks, dq)
     asked = steps
     steps, cut_note = without_partial(steps, manifest)
@@ -380,15 +384,63 @@ def _one_job(path: Path, results: list[RankResult], ranks: list[int] | None, man
     return manifest, results
 
 
-def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None, manifest: dict | None,
-                    dq: DataQuality) -> tuple[dict | None, list[RankResult]]:
-    """A folder of summaries alone: nothing to re-derive them from, so one that is not intact is refused."""
-    out = []
+SUMMARIES_PER_TASK = 256   # a folder of summaries read on a Dask cluster: tasks of this many files
+
+
+def read_summaries(paths: tuple[str, ...]) -> list[tuple[str, bytes | str]]:
+    """A Dask task's share of a folder of summaries: (path, the checked result's msgpack, or why the
+    file is unusable) for each."""
+    out: list[tuple[str, bytes | str]] = []
+    for p in paths:
+        try:
+            out.append((p, rankresult.encode(rankresult.read_file(Path(p)))))
+        except (InputError, rankresult.BadSummary) as exc:
+            out.append((p, exc.problem if isinstance(exc, InputError) else str(exc)))
+    return out
+
+
+def _read_on(dask: str, files: list[Path]):
+    """(file, result or None, why not) of every summary, in ``files``' order, read and checked by the
+    cluster's workers (absolute paths) and decoded here as each task's answer arrives."""
+    chunks = [tuple(os.path.abspath(f) for f in files[i:i + SUMMARIES_PER_TASK])
+              for i in range(0, len(files), SUMMARIES_PER_TASK)]
+    answers: dict[str, tuple] = {}
+    engine = make_engine(dask)
+    try:
+        for chunk, got in engine.map(read_summaries, chunks):
+            if not (isinstance(got, list) and len(got) == len(chunk)
+                    and all(type(a) is tuple and len(a) == 2 and type(a[1]) in (bytes, str) for a in got)):
+                raise InputError(chunk[0], f"a worker sent back {type(got).__name__}, not rank summaries")
+            for p, (_, a) in zip(chunk, got):
+                answers[p] = (None, a) if type(a) is str else _decoded(a)
+    finally:
+        engine.close()
+    for f in files:
+        yield (f, *answers.pop(os.path.abspath(f)))
+
+
+def _decoded(data: bytes) -> tuple:
+    try:
+        return rankresult.decode(data), None
+    except rankresult.BadSummary as exc:
+        return None, f"a worker sent back {exc}"
+
+
+def _read_here(files: list[Path]):
     for f in files:
         try:
-            r = rankresult.read_file(f)
+            yield f, rankresult.read_file(f), None
         except (InputError, rankresult.BadSummary) as exc:
-            why = exc.problem if isinstance(exc, InputError) else str(exc)
+            yield f, None, exc.problem if isinstance(exc, InputError) else str(exc)
+
+
+def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None, manifest: dict | None,
+                    dq: DataQuality, dask: str | None = None) -> tuple[dict | None, list[RankResult]]:
+    """A folder of summaries alone: nothing to re-derive them from, so one that is not intact is refused.
+    With ``dask``, the cluster's workers read and check the files (the reduce stays here)."""
+    out = []
+    for f, r, why in (_read_on(dask, files) if dask else _read_here(files)):
+        if r is None:
             raise InputError(f, f"unusable summary ({why}): rebuild it with `fsdpdoctor summarize` on the "
                                 "traces") from None
         if r.analysis_version != rankresult.ANALYSIS_VERSION:

@@ -168,13 +168,15 @@ def aligned_lead(cs: list[Collective], clock: ClockReport | None, same_clock: bo
     """
     if not all(c.issue_us is not None for c in cs):
         return None
-    if clock is None or any(clock.of(c.rank) is None for c in cs):
+    rcs = [clock.of(c.rank) for c in cs] if clock is not None else None   # one look-up per call (thousands of ranks)
+    if rcs is None or not all(rcs):   # a RankClock is always true
         if not same_clock:
             return None
         issue = [c.issue_us for c in cs]
         return float(max(issue) - min(issue))
-    issue = [to_reference(clock, c.rank, c.issue_us) for c in cs]
+    t0 = clock.t0_us
+    issue = [c.issue_us - rc.offset_us - rc.drift_ppm * 1e-6 * (c.issue_us - t0) for c, rc in zip(cs, rcs)]  # to_reference
     first, last = int(np.argmin(issue)), int(np.argmax(issue))
     lead = float(issue[last] - issue[first])
-    u = math.hypot(uncertainty(clock, cs[first].rank), uncertainty(clock, cs[last].rank))
+    u = math.hypot(rcs[first].uncertainty_us, rcs[last].uncertainty_us)
     return lead if lead > u else None
