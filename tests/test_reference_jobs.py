@@ -71,6 +71,8 @@ MUST = {
     "wrap_fsdp1_no_policy": ["fsdp-single-unit"],
     "wrap_fsdp1_no_prefetch_slow_collate": ["fsdp1-no-backward-prefetch", "fsdp-forward-prefetch-off", "straggler",
                                             "input-bound"],
+    "gcn_metric_sync_step": ["metric-sync"],
+    "gcn_clip_fsdp1": ["fsdp-forward-prefetch-off"],
 }
 HEALTHY = ["fsdp1_backward_pre", "fsdp2_default", "ddp_default", "dataloader_fixed", "grad_accum_no_sync"]
 HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp", "seq_ddp", "moe_balanced", "mixer_plain",
