@@ -3,6 +3,7 @@ series and on real runs recorded on a loaded machine (tests/data/auto_windows): 
 start latency of a real window is measured in benchmarks/bench_auto_windows.py)."""
 
 import gzip
+import importlib.util
 import json
 import math
 import random
@@ -14,7 +15,8 @@ from fsdpdoctor.capture.slowdown import (MAX_NEED, NEED, NOISE_PRIOR, TARGET, Sl
                                          persistence, replay)
 from fsdpdoctor.capture.windows import POLL_S, lead_steps
 
-RECORDED = Path(__file__).parent / "data" / "auto_windows"
+ROOT = Path(__file__).resolve().parent.parent
+RECORDED = ROOT / "tests" / "data" / "auto_windows"
 
 
 def recorded(name: str) -> tuple[list[list[int]], list[list[int]]]:
@@ -22,34 +24,24 @@ def recorded(name: str) -> tuple[list[list[int]], list[list[int]]]:
     return [r["end_ns"] for r in doc["ranks"]], [r["cpu_wait_ns"] for r in doc["ranks"]]
 
 
-def healthy(seed: int, n: int = 2000, base: float = 0.05, sigma: float = 0.15, drift: float = 0.5) -> list[float]:
+def _bench():
+    """benchmarks/bench_auto_windows.py: its healthy-series generator and its decision loop, one copy."""
+    spec = importlib.util.spec_from_file_location("bench_auto_windows", ROOT / "benchmarks" / "bench_auto_windows.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BENCH = _bench()
+
+
+def healthy(seed: int, n: int = 2000, sigma: float = 0.15) -> list[float]:
     """A loaded machine's healthy steps: log-normal noise, a slow drift (+50 % over the run), one step
     in fifty a 1.5-4x hiccup (scheduler, GC), and now and then two or three slow steps in a row."""
-    rnd = random.Random(seed)
-    out, burst = [], 0
-    for i in range(n):
-        d = base * (1 + drift * i / n) * math.exp(rnd.gauss(0, sigma))
-        if rnd.random() < 0.02:
-            d *= rnd.uniform(1.5, 4.0)
-        if burst == 0 and rnd.random() < 0.004:
-            burst = rnd.randint(2, 3)
-        if burst:
-            d *= rnd.uniform(1.3, 2.5)
-            burst -= 1
-        out.append(d)
-    return out
+    return BENCH.healthy(random.Random(seed), n, sigma, hiccups=0.02, bursts=0.004)
 
 
-def decisions(series: list[float], poll: int = 10) -> list[int]:
-    """Steps at which the rule decided, fed as the coordinator feeds it (the steps since its last poll)."""
-    rule, found = SlowdownRule(), []
-    for k in range(0, len(series), poll):
-        chunk = series[k:k + poll]
-        for i in range(len(chunk)):  # one step at a time: the decision's step is exact
-            if rule.feed(k + i, chunk[i:i + 1]):
-                found.append(k + i)
-                rule.reset()
-    return found
+decisions = BENCH.decisions   # the steps at which the rule decided, fed as the coordinator feeds it
 
 
 @pytest.mark.parametrize("seed", range(3))
