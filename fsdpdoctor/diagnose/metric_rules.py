@@ -61,7 +61,7 @@ def own_cost_per_step(ctx: RuleContext, calls: list[Collective]) -> dict:
 
 
 def _fix(who: str) -> str:
-    if who.startswith("metrics (torchmetrics") or who.startswith("metrics ("):
+    if who.startswith("metrics ("):
         return ("torchmetrics: dist_sync_on_step=False (the default): update every step, compute() once at the end of "
                 "the epoch, where one sync gathers the epoch's state (Lightning: self.log(name, metric) syncs on_epoch; "
                 "per-step values stay local); metrics that share states in one MetricCollection(compute_groups=True)")

@@ -21,7 +21,8 @@ DETAIL_BUDGET_BYTES = 4 * 2**20
 def to_json(a: Analysis, include_events: bool = False) -> str:
     """The whole document (every rank), as it always was."""
     d = a.to_dict(include_events=include_events)
-    d["job"].pop("manifest", None) if not include_events else None
+    if not include_events:
+        d["job"].pop("manifest", None)
     return dumps_indented(d)
 
 
