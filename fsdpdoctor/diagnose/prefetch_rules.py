@@ -24,9 +24,10 @@ def hideable(ctx: RuleContext, calls: list, phase: str, deduct_us: float = 0.0) 
 
     A prefetched all-gather hides only under compute that exists beside it and only where it can run
     beside that compute, on its own stream: per step the least of the exposed gathers and the compute of
-    their phase. Where every collective blocks the host (CPU/gloo, gloo's threads on the cores the ranks'
-    compute fills) a prefetch moves the wait and hides nothing: the saving predicted there is nil, and the
-    prose says what it would be on a GPU."""
+    their phase. On a CPU rank (gloo) FSDP issues a prefetched all-gather synchronously, as it does an
+    on-demand one (FSDP1 calls dist.all_gather on CPU tensors; FSDP2's unshard_async_op is False): the
+    prefetch moves the blocking gather earlier and hides nothing, so the saving predicted there is nil, the
+    prose says the fix is not expected to save time there, and what it would save on a GPU."""
     share = COMPUTE_SHARE[phase]
     exposed = per_step_calls(ctx.a, calls, lambda c: c.exposed_us)
     compute = per_step(ctx.a, lambda st: st.compute_us)
@@ -39,11 +40,12 @@ def hideable(ctx: RuleContext, calls: list, phase: str, deduct_us: float = 0.0) 
                 f"{ms(gpu_us)} per step of the {ms(exposed_us)} exposed." if gpu_us < exposed_us - 1.0 else "")
         return gpu_us, bound, note
     return 0.0, [0.0] * len(bound), (
-        f" No saving is predicted on this backend: every FSDP collective blocks the host (CPU/gloo) and gloo's "
-        f"threads share the cores the ranks' compute fills, so a prefetch moves the wait but hides none of it "
-        f"(the fault/fix pairs measured -23 to +9 ms, docs/impact.md). On a GPU, with the all-gather on its own "
-        f"stream, it would hide up to {ms(gpu_us)} per step: the least of the exposed gathers ({ms(exposed_us)}) "
-        f"and the {phase} compute to hide under.")
+        f" On this CPU/gloo run the fix is not expected to save time: FSDP issues a prefetched all-gather "
+        f"synchronously on a CPU rank, as it does an on-demand one, so a prefetch moves the blocking gather "
+        f"earlier and hides none of it (the fault/fix pairs measured savings within this machine's noise, a few "
+        f"ms either way, docs/impact.md); its cost, one more unsharded unit in memory, stays. On a GPU, with the "
+        f"all-gather on its own stream, it would hide up to {ms(gpu_us)} per step: the least of the exposed "
+        f"gathers ({ms(exposed_us)}) and the {phase} compute to hide under.")
 
 
 def unit_cost(ctx: RuleContext) -> str:
