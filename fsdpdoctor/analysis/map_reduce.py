@@ -28,7 +28,7 @@ from fsdpdoctor.analysis import stragglers
 from fsdpdoctor.analysis.breakdown import CommShares, StepWindow, breakdown_step, mean_breakdown
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects import detect
-from fsdpdoctor.analysis.rankresult import RankResult, TraceStamp, Window
+from fsdpdoctor.analysis.rankresult import CpuShare, RankResult, TraceStamp, Window
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import (
     Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals,
@@ -169,6 +169,11 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     res.user_frames = stragglers.user_frame_times(ctx, windows)
     res.step_frames = periodic_mod.step_frame_times(ctx, windows)
     res.work = stragglers.step_work(ctx, windows)
+    if trace.cpu_share:
+        c = trace.cpu_share
+        res.cpu_share = CpuShare(wall_us=float(c["wall_us"]), on_cpu_us=float(c["on_cpu_us"]),
+                                 runqueue_us=float(c["runqueue_us"]),
+                                 cpus=c["cpus"] if isinstance(c.get("cpus"), int) else None)
     return res
 
 
@@ -221,6 +226,8 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     if strag:
         stragglers.attribute_cause(strag, summaries, {r.rank: r.work for r in kept if r.work}, all_colls)
         stragglers.culprit_frames(strag, {r.rank: r.user_frames for r in kept})
+        stragglers.shared_core_speeds(strag, {r.rank: r.cpu_share for r in kept if r.cpu_share},
+                                      {r.rank: r.host for r in kept})
         for s in summaries:
             s.wait_us = strag.wait_by_rank.get(s.rank, 0.0)
     job = _job_info(results, kept, manifest, fw, world_size)

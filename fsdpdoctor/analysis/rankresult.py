@@ -26,7 +26,7 @@ from fsdpdoctor.trace.identity import RankIdentity
 from fsdpdoctor.trace.io import read_raw, shown, write_atomic
 
 # Bump whenever what analyze_rank computes changes: older summaries are then rebuilt from the traces.
-ANALYSIS_VERSION = "8"
+ANALYSIS_VERSION = "9"
 SUMMARY_SUFFIX = ".summary.msgpack"
 
 
@@ -113,6 +113,16 @@ class DdpCounts(msgspec.Struct):
     allreduce_after_backward_us: float = 0.0
 
 
+class CpuShare(msgspec.Struct):
+    """The training thread's time on a CPU and runnable but waiting for one over the recorded steps (the
+    capture's schedstat reading, trace metadata ``fsdpdoctor_cpu``): its speed while it has work to do."""
+
+    wall_us: float
+    on_cpu_us: float
+    runqueue_us: float
+    cpus: int | None = None
+
+
 class WorkCounts(msgspec.Struct):
     """How much work one rank's steps hold, per step: what tells a rank given more work (longer
     sequences, uneven shards) from one doing the same work slower."""
@@ -160,6 +170,7 @@ class RankResult(msgspec.Struct):
     # user frames whose time jumps in some step -> step -> inclusive us (periodic stalls)
     step_frames: dict[str, dict[int, float]] = msgspec.field(default_factory=dict)
     work: WorkCounts | None = None      # ops, kernels and input sizes per step (stragglers: more work or slower)
+    cpu_share: CpuShare | None = None   # the capture's schedstat reading (stragglers: shared cores)
     quality: RankDataQuality | None = None   # what the loader dropped from this rank's file(s)
     identity: RankIdentity | None = None     # what the one-job checks compare across ranks
     analysis_version: str = ANALYSIS_VERSION

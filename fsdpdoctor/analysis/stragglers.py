@@ -37,7 +37,7 @@ import numpy as np
 from fsdpdoctor.analysis.clock import aligned_lead
 from fsdpdoctor.analysis.collectives import first_tensor_numel
 from fsdpdoctor.analysis.context import RankContext, is_user_frame
-from fsdpdoctor.analysis.rankresult import WorkCounts
+from fsdpdoctor.analysis.rankresult import CpuShare, WorkCounts
 from fsdpdoctor.analysis.stats import median
 from fsdpdoctor.results import ClockReport, Collective, RankSummary, StragglerReport
 from fsdpdoctor.trace.table import CPU_OP, KERNEL, PYFUNC
@@ -199,6 +199,37 @@ def attribute_cause(report: StragglerReport, ranks: list[RankSummary],
                                       "hands it the extra work")
     else:
         report.cause_evidence += f"; its steps hold the same work as theirs ({same})"
+
+
+# the culprit must have run alone (the others waiting) for at least this share of its runnable time for its
+# speed alone to be told from its speed beside them
+MIN_ALONE_SHARE = 0.1
+
+
+def shared_core_speeds(report: StragglerReport, shares: dict[int, CpuShare], hosts: dict[int, str | None]) -> None:
+    """How fast the culprit computes beside the others and alone, where they share one host's cores.
+
+    From each rank's schedstat over the recorded steps (``CpuShare``: its training thread's time on a CPU
+    and runnable but queued): a rank's speed is on-CPU over runnable time. The other ranks run only while
+    the culprit runs too (they then wait for it, off the CPU), so their speed is the speed beside them and
+    their runnable time how long the culprit ran beside them; the rest of the culprit's runnable time it ran
+    alone, at the speed its remaining CPU time over that rest gives. Balancing its work moves that alone
+    part onto ranks that run beside each other: the diagnosis prices it at the speed beside them."""
+    c = report.straggler
+    mine = shares.get(c)
+    others = [v for r, v in shares.items() if r != c and hosts.get(r) == hosts.get(c)]
+    if mine is None or not others:
+        return
+    runnable = [o.on_cpu_us + o.runqueue_us for o in others]
+    if min(runnable) <= 0:
+        return
+    beside = float(median([o.on_cpu_us / r for o, r in zip(others, runnable)]))
+    together = float(median(runnable))
+    alone = mine.on_cpu_us + mine.runqueue_us - together
+    if alone < MIN_ALONE_SHARE * (mine.on_cpu_us + mine.runqueue_us):
+        return
+    report.beside_speed = beside
+    report.alone_speed = min(max((mine.on_cpu_us - beside * together) / alone, 0.0), 1.0)
 
 
 def uneven_exchange(colls: list[Collective], rank: int) -> tuple[str, float] | None:

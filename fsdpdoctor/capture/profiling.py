@@ -4,7 +4,9 @@ background (a mixin of :class:`fsdpdoctor.capture.core.Capture`, whose state it 
 
 from __future__ import annotations
 
+import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -78,17 +80,44 @@ class ProfilingSchedule:
         return prof
 
     def _fixed_step(self) -> None:
+        ended = self.step_num - 1   # step() counted the step that just ended
+        if self._in_fixed_window(ended) and not self._in_fixed_window(ended + 1):
+            self._note_cpu_share()  # the window's last step: before prof.step() exports it
         try:
             self._prof.step()
         except Exception as exc:
             _warn(f"rank {self.rank}: profiler step failed ({exc}); profiling stopped")
             self._stop_profiler()
             return
+        if self._in_fixed_window(self.step_num) and not self._in_fixed_window(ended):
+            self._cpu_at_start = _cpu_reading()   # the window's first step begins now
         if self._total_steps is not None and self.step_num >= self._total_steps:
             self._finished = True
             self._stop_profiler()
             self._write_manifest_if_mine()
         self._raise_held_interrupt()
+
+    _cpu_at_start: tuple[int, int, int] | None = None
+
+    def _note_cpu_share(self) -> None:
+        """Into the trace (``fsdpdoctor_cpu``): how long this rank's training thread was on a CPU and how long
+        runnable but waiting for one over the recorded steps (Linux schedstat). Where ranks share a host's
+        cores with other work, that says how fast a rank computes beside the others and alone, which the
+        straggler's saving rests on (analysis/stragglers.py); nothing is written where the kernel does not say."""
+        start, self._cpu_at_start = self._cpu_at_start, None
+        end = _cpu_reading()
+        if start is None or end is None or self._prof is None:
+            return
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count()
+        try:
+            self._prof.add_metadata_json("fsdpdoctor_cpu", json.dumps({
+                "wall_us": (end[0] - start[0]) / 1e3, "on_cpu_us": (end[1] - start[1]) / 1e3,
+                "runqueue_us": (end[2] - start[2]) / 1e3, "cpus": cpus}))
+        except Exception:
+            pass  # a profiler without metadata: the analysis goes without it
 
     def _unsilence(self) -> None:
         entry, self._warning_filter = self._warning_filter, None
@@ -160,3 +189,13 @@ class ProfilingSchedule:
             start_summary(path, self._param_dtype)
         except Exception as exc:
             _warn(f"rank {self.rank}: cannot start the trace summary ({exc}); `fsdpdoctor summarize` builds it later")
+
+
+def _cpu_reading() -> tuple[int, int, int] | None:
+    """(wall ns, on-CPU ns, run-queue ns) of the calling thread; None where /proc does not say."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            on_cpu, queued = f.read().split()[:2]
+        return time.monotonic_ns(), int(on_cpu), int(queued)
+    except (OSError, ValueError):
+        return None

@@ -193,15 +193,25 @@ def _straggler_saving(ctx: RuleContext, cause: str) -> tuple[float, list[Evidenc
 
     The wait of the others it would no longer cause; with more than two ranks the step ends when the
     next-latest rank arrives (``saving_us``). "More work" is fixed by balancing it: the step comes down to
-    the balanced time, the culprit's excess less its share of the balanced work, (N - 1) / N of its excess."""
+    the balanced time, the culprit's excess less its share of the balanced work, (N - 1) / N of its excess.
+    Where the ranks share a host's cores with other work (``shared_core_speeds``) that share runs beside the
+    other ranks' compute, k = (speed alone) / (speed beside them) times as long as the culprit took for it
+    alone: the step saves E (1 - k / N)."""
     s, n = ctx.a.straggler, len(ctx.a.ranks)
     saving, ev = (s.saving_us or s.wait_us), []
     if cause == "more work" and n >= 2:
-        balanced = min(saving, s.extra_us or saving) * (n - 1) / n
+        excess = min(saving, s.extra_us or saving)
+        slower = (max(s.alone_speed / s.beside_speed, 1.0)
+                  if ctx.traits.shared_host_cores and s.alone_speed and s.beside_speed else 1.0)
+        balanced = max(excess * (1.0 - slower / n), 0.0)
         ev.append(Evidence(
             f"with the same work on every rank the step comes down to the balanced time: rank {s.straggler}'s "
-            f"{ms(min(saving, s.extra_us or saving))} excess less its 1/{n} share of it spread over the ranks, "
-            f"{ms(balanced)} per step", time_us=balanced))
+            f"{ms(excess)} excess less its 1/{n} share of it spread over the ranks"
+            + (f", which there runs beside the other ranks' compute on the cores this host shares: rank "
+               f"{s.straggler}'s training thread got {s.alone_speed:.2f} of a core while the others waited and "
+               f"{s.beside_speed:.2f} beside them (schedstat over the recorded steps), so that share takes "
+               f"{slower:.2f}x as long" if slower > 1.0 else "")
+            + f", {ms(balanced)} per step", time_us=balanced))
         saving = balanced
     elif cause in HOST_WAITS and s.extra_us and s.extra_us < saving:
         # the fix removes the wait it names (the sleep, the syncs, the loading): the step saves at most that

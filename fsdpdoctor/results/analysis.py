@@ -228,6 +228,10 @@ class StragglerReport:
     # largest multiple of the others' (uneven all_to_all splits), and that multiple (median over steps)
     exchange_kind: str | None = None
     exchange_ratio: float | None = None
+    # where the ranks share one host's cores (the capture's schedstat): the share of a core the culprit's
+    # training thread got while it ran beside the others' compute, and while it ran alone (they waited)
+    beside_speed: float | None = None
+    alone_speed: float | None = None
 
 
 @dataclass

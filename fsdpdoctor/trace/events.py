@@ -29,7 +29,8 @@ def _document(name: str, event: Any) -> type:
     """The top-level object of a Kineto trace: its events and the fields of the job it names."""
     return msgspec.defstruct(name, [("traceEvents", list[event] | None, None)]
                              + [(f, Any, None) for f in ("distributedInfo", "deviceProperties", "host_name",
-                                                         "baseTimeNanoseconds", "schemaVersion")],
+                                                         "baseTimeNanoseconds", "schemaVersion",
+                                                         "fsdpdoctor_cpu")],
                              gc=False, module=__name__)
 
 
@@ -146,7 +147,7 @@ def decode_trace(data: bytes, path: Path) -> tuple[dict, list[Event], str]:
         raise InputError(path, "JSON is not a Chrome/Kineto trace (no 'traceEvents' list)")
     meta = {"distributedInfo": doc.distributedInfo, "deviceProperties": doc.deviceProperties,
             "host_name": doc.host_name, "baseTimeNanoseconds": doc.baseTimeNanoseconds,
-            "schemaVersion": doc.schemaVersion}
+            "schemaVersion": doc.schemaVersion, "fsdpdoctor_cpu": doc.fsdpdoctor_cpu}
     return meta, events, "kineto"
 
 

@@ -87,6 +87,9 @@ def build_rank_trace(meta: dict, events: list, fmt: str, path: Path,
         t.unreadable_events = max(unreadable, 0) or drops.total
     base = meta.get("baseTimeNanoseconds")
     t.base_time_ns = base if isinstance(base, int) else None
+    cpu = meta.get("fsdpdoctor_cpu")
+    t.cpu_share = cpu if isinstance(cpu, dict) and all(
+        isinstance(cpu.get(k), (int, float)) for k in ("wall_us", "on_cpu_us", "runqueue_us")) else None
     t = quality.check(t, drops, notes, world_size_known=(t.world_size or 0) > 1)
     kind.classify(t, meta)  # once, here: what the file is, read by everything after
     return t

@@ -110,6 +110,9 @@ class RankTrace:
     unreadable_events: int = 0   # complete events skipped because a field could not be read (ill-typed)
     quality: "RankDataQuality | None" = None   # what trace/quality.py dropped from this file
     base_time_ns: int | None = None            # baseTimeNanoseconds: ts + base = wall clock (job identity)
+    # the capture's schedstat of the training thread over the recorded steps (capture/profiling.py):
+    # wall_us, on_cpu_us, runqueue_us, cpus; None in traces not written by fsdpdoctor.capture
+    cpu_share: dict | None = None
     # profiler cycles joined into this table (one file each): (first start, last end) per cycle, in time order;
     # empty for one file. A step never spans two of them: the time between cycles was not recorded
     cycles: list[tuple[float, float]] = field(default_factory=list)
