@@ -51,6 +51,9 @@ def test_single_process_context_manager(tmp_path):
     assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank0.json.gz", "steps"]
     trace = read_trace(out / "rank0.json.gz")
     assert step_numbers(trace) == [2, 3]
+    # the training thread's schedstat over the recorded steps (what the straggler's shared-core saving rests on)
+    cpu = trace["fsdpdoctor_cpu"]
+    assert cpu["wall_us"] > 0 and 0 < cpu["on_cpu_us"] <= cpu["wall_us"] and cpu["runqueue_us"] >= 0 and cpu["cpus"] >= 1
     m = json.loads((out / "manifest.json").read_text())
     assert m["fsdpdoctor_manifest"] == 1
     assert m["world_size"] == 1 and m["backend"] is None
@@ -323,6 +326,7 @@ def test_repeat_keeps_every_cycle_and_analyze_joins_them(tmp_path):
     assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank0.cycle2.json.gz", "rank0.json.gz", "steps"]
     assert step_numbers(read_trace(out / "rank0.json.gz")) == [1, 2]
     assert step_numbers(read_trace(out / "rank0.cycle2.json.gz")) == [4, 5]
+    assert all("fsdpdoctor_cpu" in read_trace(out / f) for f in ("rank0.json.gz", "rank0.cycle2.json.gz"))  # each cycle's own
     m = json.loads((out / "manifest.json").read_text())
     assert m["profiled_steps"] == [1, 2, 4, 5]
     assert m["cycle_files"] == {"0": ["rank0.json.gz", "rank0.cycle2.json.gz"]}

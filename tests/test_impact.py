@@ -52,6 +52,40 @@ def test_length_skew_saving_is_the_balanced_time(traces_dir):
     assert "balanced time" in " ".join(e.text for e in f.evidence)
 
 
+def with_cpu_share(src, dst, shares):
+    """A copy of a run whose traces carry the capture's schedstat reading (``fsdpdoctor_cpu``) given per rank."""
+    import gzip
+    shutil.copytree(src, dst)
+    for p in dst.glob("*.summary.msgpack"):
+        p.unlink()
+    for rank, (on_cpu, queued) in shares.items():
+        path = dst / f"rank{rank}.json.gz"
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        doc["fsdpdoctor_cpu"] = {"wall_us": 1e6, "on_cpu_us": on_cpu, "runqueue_us": queued, "cpus": 2}
+        path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return dst
+
+
+def test_length_skew_saving_follows_the_shared_cores(traces_dir, tmp_path):
+    # balancing moves the excess share onto ranks that then compute side by side: where the culprit ran faster
+    # alone (the others waiting, off the CPU) than beside them, that share takes k = alone/beside times as long
+    # Readings of the length_skew pair's fault capture at load 6: rank 0 (waits) 151 ms on a CPU, 233 ms queued;
+    # rank 1 (late) 408 and 583: beside 0.39 of a core, alone (408 - 0.39 * 384) / (991 - 384) = 0.42
+    run = with_cpu_share(traces_dir / "seq_length_skew", tmp_path / "shared", {0: (151e3, 233e3), 1: (408e3, 583e3)})
+    a, f = finding(run, "straggler")
+    s = a.straggler
+    beside, alone = 151 / 384, (408 - 151 / 384 * 384) / (991 - 384)
+    assert s.beside_speed == pytest.approx(beside) and s.alone_speed == pytest.approx(alone)
+    k = alone / beside
+    assert f.impact_us == pytest.approx(min(s.wait_us, s.extra_us) * (1 - k / 2))
+    assert "schedstat" in " ".join(e.text for e in f.evidence)
+    # on a quiet host the culprit runs as fast alone as beside them: the plain balanced time, half the excess
+    run = with_cpu_share(traces_dir / "seq_length_skew", tmp_path / "quiet", {0: (380e3, 2e3), 1: (990e3, 5e3)})
+    a, f = finding(run, "straggler")
+    assert f.impact_us == pytest.approx(min(a.straggler.wait_us, a.straggler.extra_us) / 2, rel=1e-3)
+    assert "takes 1.00x as long" in " ".join(e.text for e in f.evidence)
+
+
 def test_severity_drops_where_the_interval_does_not_clear_the_band(traces_dir):
     # 4 steps whose saving spreads 140-215 ms: an error by its mean, a warning by its lower end
     a, f = finding(traces_dir / "seq_length_skew", "straggler")
@@ -85,6 +119,11 @@ def test_find_unused_needs_the_per_parameter_record(traces_dir, tmp_path):
     steps = {c.step for c in bitmap}
     whole = sum(min(c.duration_us for c in bitmap if c.step == s) for s in steps) / len(steps)
     assert 0 < f.impact_us < 0.5 * whole
+    # the host work the flag adds is in it: the graph search and DDP's _DDPSink around the outputs (each call at
+    # its median: one of the three forwards was descheduled for 14.7 ms against 0.6)
+    d = a.signals.ddp
+    assert 0 < d.sink_us_per_step < 1000 and f.impact_us >= d.search_unused_us_per_step + d.sink_us_per_step
+    assert "_DDPSink" in " ".join(e.text for e in f.evidence)
     for presence, expect in ((None, "info"), ({"rank": 0, "steps": 3, "parameters": 30, "without_grad": 2,
                                                "names": {"aux.weight": 3, "aux.bias": 3}}, None)):
         copy = tmp_path / f"run{expect}"

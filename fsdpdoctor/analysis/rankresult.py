@@ -105,6 +105,7 @@ class DdpCounts(msgspec.Struct):
     reducer_events: int = 0             # any event named reducer:: (tells DDP without annotations)
     search_unused: int = 0
     search_unused_us: float = 0.0
+    sink_us: float = 0.0                # _DDPSink forward and backward (unused-parameter detection)
     grads_accumulated: int = 0
     bucket_copies: int = 0
     backward_passes: int = 0

@@ -201,8 +201,8 @@ def _straggler_saving(ctx: RuleContext, cause: str) -> tuple[float, list[Evidenc
     saving, ev = (s.saving_us or s.wait_us), []
     if cause == "more work" and n >= 2:
         excess = min(saving, s.extra_us or saving)
-        slower = (max(s.alone_speed / s.beside_speed, 1.0)
-                  if ctx.traits.shared_host_cores and s.alone_speed and s.beside_speed else 1.0)
+        shared = bool(ctx.traits.shared_host_cores and s.alone_speed and s.beside_speed)
+        slower = max(s.alone_speed / s.beside_speed, 1.0) if shared else 1.0
         balanced = max(excess * (1.0 - slower / n), 0.0)
         ev.append(Evidence(
             f"with the same work on every rank the step comes down to the balanced time: rank {s.straggler}'s "
@@ -210,7 +210,7 @@ def _straggler_saving(ctx: RuleContext, cause: str) -> tuple[float, list[Evidenc
             + (f", which there runs beside the other ranks' compute on the cores this host shares: rank "
                f"{s.straggler}'s training thread got {s.alone_speed:.2f} of a core while the others waited and "
                f"{s.beside_speed:.2f} beside them (schedstat over the recorded steps), so that share takes "
-               f"{slower:.2f}x as long" if slower > 1.0 else "")
+               f"{slower:.2f}x as long" if shared else "")
             + f", {ms(balanced)} per step", time_us=balanced))
         saving = balanced
     elif cause in HOST_WAITS and s.extra_us and s.extra_us < saving:

@@ -530,6 +530,9 @@ class DdpInfo:
     grads_accumulated_per_step: float = 0.0   # AccumulateGrad calls: parameters that got a gradient
     bucket_copies_per_step: float = 0.0       # copy_bucket_to_grad calls: parameters in buckets
     bucket_nelems: list[int] = field(default_factory=list)
+    # DDP's _DDPSink around the forward's outputs and its backward: host work only unused-parameter
+    # detection (find_unused_parameters=True, or static_graph's first step) adds
+    sink_us_per_step: float = 0.0
 
 
 IDLE_CAUSES = ("launch", "host_sync", "data_loading", "collective_wait", "profiler", "other")
