@@ -198,3 +198,27 @@ def test_grad_accum_saving_is_exposed_plus_the_shared_core_share(traces_dir):
     whole = sum(c.duration_us for c in grad) / nrs * extra
     assert a.job.traits.shared_host_cores and exposed < whole
     assert f.impact_us == pytest.approx(exposed + 0.5 * (whole - exposed), rel=1e-6)
+
+
+@requires_torch
+@pytest.mark.slow
+def test_hsdp_straggler_is_priced_through_the_mesh(tmp_path, repo_root):
+    # FSDP2 HSDP on a (2, 2) mesh over gloo, rank 1 sleeping 150 ms a step in a metrics call: the saving is the
+    # wait the others would not have through both mesh dimensions, not the next-latest rank's wait at one
+    # collective (an info at 0.4 % of the step before)
+    import socket
+
+    out = tmp_path / "hsdp"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port",
+                           str(port), str(repo_root / "reference_jobs" / "hsdp_straggler.py"), "--out", str(out),
+                           "--sleep-ms", "150", "--active", "5"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a = open_analysis(out)
+    s = a.straggler
+    assert s.straggler == 1 and s.through_groups and s.cause == "sleep"
+    f = next(f for f in a.findings if f.id == "straggler")
+    assert f.severity in ("warning", "error") and f.impact_us >= 0.5 * 150e3
+    assert f.impact_us <= s.wait_us + 1 and "through the groups" in f.summary

@@ -78,6 +78,31 @@ def test_saving_is_the_next_latest_ranks_wait_with_three_ranks():
     assert rep.chance == pytest.approx(3 * (1 / 3) ** 4)
 
 
+def test_two_d_mesh_straggler_is_priced_by_the_waits_it_causes():
+    """HSDP on a (2, 2) mesh (shard groups {0, 1} {2, 3}, replicate groups {0, 2} {1, 3}); rank 1 is 150 ms
+    late. Collective 0 (shard group): rank 0 waits 150 ms for it, ranks 2 and 3 nothing; collective 1
+    (replicate group): rank 3 waits for it, rank 2 waits for rank 0, late by its wait. At one collective the
+    next-latest rank waits nothing (the 0.4 % the issue saw); per rank over the step every other rank waits
+    about 150 ms, and rank 1 never."""
+    from fsdpdoctor.results import Collective
+
+    waits = {0: (150e3, 0.0), 1: (0.0, 0.0), 2: (0.0, 148e3), 3: (0.0, 150e3)}   # rank -> wait in call 0, 1
+    colls, ranks = [], []
+    for r, ws in waits.items():
+        for st in range(4):
+            for k, (kind, w) in enumerate(zip(("all_gather", "all_reduce"), ws)):
+                t0 = st * 1e6 + k * 2e5
+                colls.append(Collective(rank=r, index=2 * st + k, step=st, kind=kind, raw_name=kind,
+                                        phase="backward", start_us=t0, end_us=t0 + 1e3 + w + st * 10.0))
+        ranks.append(_rank(r, [1e6, 1e6 + 50, 1e6 - 50, 1e6]))
+    flat = stragglers.analyze(colls, ranks, same_clock=False)
+    assert flat.saving_us == pytest.approx(0.0, abs=100)   # the old pricing: next-latest at one collective
+    rep = stragglers.analyze(colls, ranks, same_clock=False, sub_groups=True)
+    assert rep.straggler == 1 and rep.steps_last == 4 and rep.through_groups
+    assert rep.wait_us == pytest.approx(150e3, rel=1e-3)
+    assert rep.saving_us == pytest.approx(148e3, rel=1e-3)  # the least of the others' largest waits
+
+
 def test_wait_is_a_share_of_the_waiting_ranks_step_never_more_than_it():
     """The waiting rank's step is longer than the late rank's (its steps hold the wait), and its
     collective runs past its step's end: the share is of the waiter's step and at most the whole of it

@@ -222,7 +222,10 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
         hosts = set(manifest["hosts"].values())
     same_clock = len(hosts) <= 1
     clock = clock_mod.estimate(all_colls, [s.rank for s in summaries])
-    strag = stragglers.analyze(all_colls, summaries, same_clock, clock)
+    # process groups smaller than the world (a 2-D mesh): a rank waits for a late one through other groups
+    sub_groups = bool(world_size and any(r.setup and r.setup.smallest_group and r.setup.smallest_group < world_size
+                                         for r in kept))
+    strag = stragglers.analyze(all_colls, summaries, same_clock, clock, sub_groups=sub_groups)
     if strag:
         stragglers.attribute_cause(strag, summaries, {r.rank: r.work for r in kept if r.work}, all_colls)
         stragglers.culprit_frames(strag, {r.rank: r.user_frames for r in kept})

@@ -38,7 +38,9 @@ def rank_setup(ctx: RankContext, windows: list[StepWindow], colls: list[Collecti
                      gloo_spans=int(len(t.rows_with_prefix(GLOO_ANNOTATION))),
                      collectives=len(colls),
                      collective_kinds=sorted({c.kind for c in colls}),
-                     has_backward=bool(len(bwd)), wrapper=wrapper)
+                     has_backward=bool(len(bwd)), wrapper=wrapper,
+                     smallest_group=min((p["pg_size"] for p in pgs if isinstance(p.get("pg_size"), int)),
+                                        default=None))
 
 
 def single_rank_prefetch(p: PrefetchStatus | None, world_size: int | None) -> None:

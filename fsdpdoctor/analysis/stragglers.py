@@ -55,7 +55,13 @@ def _by_rank_and_step(colls: list[Collective]) -> dict[tuple[int, int | None], l
 
 
 def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
-            clock: ClockReport | None = None) -> StragglerReport | None:
+            clock: ClockReport | None = None, sub_groups: bool = False) -> StragglerReport | None:
+    """``sub_groups``: the ranks' process groups include some smaller than the world (a 2-D mesh: HSDP,
+    TP + FP). Then a rank's k-th collective runs in its own group, and a rank late in one group makes its
+    group's peers late in their other groups: ranks that share no group with it wait for it too, through
+    them. Per step each rank's wait is its largest over the step's collectives; the rank waited for is the
+    one whose largest wait is smallest, and had it been on time the others would not have waited the least
+    of their largest waits (``saving_us``), not the next-latest arrival at one collective."""
     rank_ids = [r.rank for r in ranks]
     if len(rank_ids) < 2 or not colls:
         return None
@@ -80,6 +86,20 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
             lead = aligned_lead(cs, clock, same_clock)  # issue-time lead on one clock (analysis/clock.py)
             cands.append((float(waits.max()), int(np.argmin(durs)), k, lead, waits, cs[0]))
         if not cands:
+            continue
+        if sub_groups:
+            per_rank = np.max(np.array([c[4] for c in cands]), axis=0)   # each rank's largest wait in the step
+            ci = int(np.argmin(per_rank))
+            _, _, k, lead, _, coll = max(cands, key=lambda c: c[0])
+            waits, wait = per_rank, float(per_rank.max())
+            for r, w in zip(rank_ids, waits):
+                total_wait[r] += float(w)
+            st_time = step_time.get((rank_ids[int(np.argmax(waits))], st), 0.0) or 1.0
+            culprits[rank_ids[ci]] += 1
+            per_step.append({"step": st, "straggler": rank_ids[ci], "imbalance_us": wait,
+                             "imbalance_frac": min(wait / st_time, 1.0), "collective_index": k, "arrival_lead_us": None,
+                             "kind": coll.kind, "phase": coll.phase, "mean_wait_us": float(waits.mean()),
+                             "saving_us": float(np.sort(waits)[1])})
             continue
         wait, ci, k, lead, waits, coll = max(cands, key=lambda c: c[0])
         for r, w in zip(rank_ids, waits):
@@ -110,7 +130,7 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
                            chance=chance_last(count, nsteps, len(rank_ids)),
                            wait_us=float(median(mine)) if mine else 0.0,
                            saving_us=float(median(saving)) if saving else 0.0,
-                           noise_us=step_time_noise(ranks))
+                           noise_us=step_time_noise(ranks), through_groups=sub_groups)
 
 
 def chance_last(k: int, n: int, nranks: int) -> float:

@@ -152,8 +152,11 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     if impact < 0.99 * s.wait_us:
         summary += (f" Balancing its work would shorten each step by about {ms(impact)} ({pct(ctx.frac(impact))}): "
                     "the balanced step still holds its share of the extra work." if cause == "more work" else
-                    f" Without it each step would end when the next-latest rank arrives: {ms(impact)} "
-                    f"({pct(ctx.frac(impact))}) shorter.")
+                    (f" Its process groups are smaller than the world, so the others wait for it through "
+                     f"the groups they share with it and with each other; without it the least of their waits, "
+                     f"{ms(impact)} ({pct(ctx.frac(impact))}), would go." if s.through_groups else
+                     f" Without it each step would end when the next-latest rank arrives: {ms(impact)} "
+                     f"({pct(ctx.frac(impact))}) shorter."))
     ev += saving_ev
     if explained:
         summary += (f" Its lateness holds {pct(explained)} of the other ranks' exposed communication: the "

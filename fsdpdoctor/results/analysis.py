@@ -231,6 +231,9 @@ class StragglerReport:
     # where the ranks share one host's cores (the capture's schedstat): the share of a core the culprit's
     # training thread got while it ran beside the others' compute, and while it ran alone (they waited)
     beside_speed: float | None = None
+    # process groups smaller than the world (a 2-D mesh): waits and saving taken per rank over the step's
+    # collectives (each rank's largest wait), not at one collective (analysis/stragglers.analyze)
+    through_groups: bool = False
     alone_speed: float | None = None
 
 
@@ -586,6 +589,7 @@ class RankSetup:
     collective_kinds: list[str] = field(default_factory=list)   # kinds seen (COLLECTIVE_KINDS)
     has_backward: bool = False            # autograd backward ran in the analysed steps
     wrapper: str | None = None            # "ddp", "fsdp1", "fsdp2" seen in the trace, else None
+    smallest_group: int | None = None     # the smallest pg_size in distributedInfo.pg_config (a 2-D mesh's)
 
 
 @dataclass
