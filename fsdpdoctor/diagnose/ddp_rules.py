@@ -179,10 +179,11 @@ def _find_unused(ctx: RuleContext, d, ar: list, nrs: int) -> list[Finding]:
     is needed (no finding); without the record the finding is an info note saying what could not be seen."""
     bitmap = [c for c in ar if c.nelems is not None and c.nelems <= 1024]
     # what the flag adds to the step on the host: the graph search after forward, the _DDPSink DDP wraps the
-    # outputs in (its forward and backward), and the bitmap's all-reduce
-    host = d.search_unused_us_per_step + d.sink_us_per_step
-    samples = [v + host for v in _bitmap_cost(ctx, bitmap)]
-    cost = sum(samples) / len(samples) if samples else host
+    # outputs in (its forward and backward), and the bitmap's all-reduce. The per-step values hold the parts
+    # measured per step (the bitmap, the search); the sink, each call at its median, is added to their mean,
+    # and the values are scaled to it (diagnose/noise.py): their spread, not a constant, decides the severity
+    samples = [v + d.search_unused_us_per_step for v in _bitmap_cost(ctx, bitmap)]
+    cost = (sum(samples) / len(samples) if samples else d.search_unused_us_per_step) + d.sink_us_per_step
     ev = [Evidence(f"{d.search_unused_per_step:.0f} search_unused_parameters per step, "
                    f"{ms(d.search_unused_us_per_step, 2)}"),
           Evidence(f"_DDPSink around the outputs (forward and backward): {ms(d.sink_us_per_step, 2)} per step"),
