@@ -88,3 +88,28 @@ def test_analyse_stage_on_the_bundled_gpu_recordings(tmp_path):
 def test_record_stage_needs_a_work_folder():
     assert _calibrate().main(["--device", "cuda", "--stage", "record"]) == 2
     assert _calibrate().main(["--device", "cuda", "--pairs", "straggler_sleep"]) == 2  # a CPU pair
+
+
+# ----------------------------------------------------------------- inputs to name, recorded on the same H200
+def test_a_cuda_job_profiled_without_the_cuda_activity_is_named_and_not_read():
+    """reference_jobs/cuda_profile_kinds.py --which no_cuda_activity: kernel launches in the host timeline,
+    no device timeline. The header says so, the breakdown is withheld, nothing is claimed."""
+    a = open_analysis(TRACES / "cuda" / "no_cuda_activity", use_summaries=False)
+    kind = a.job.input_kind
+    assert kind.device == "missing" and kind.steps == "profiler-step"
+    assert any("ProfilerActivity.CUDA" in u and "kernel launch" in u for u in kind.unknown)
+    assert a.mean is None and not a.findings
+
+
+def test_start_up_inside_the_window_is_set_aside():
+    """--which startup_in_window: the profiler started before the process touched the GPU, so the first step
+    holds context creation and library initialisation inside single runtime calls orders of magnitude longer
+    than the rest: named, and left out of the saving."""
+    a = open_analysis(TRACES / "cuda" / "startup_in_window", use_summaries=False)
+    (g,) = a.signals.gpu_idle
+    assert g.startup_idle_us > 0 and g.startup_calls
+    f = {x.id: x for x in a.findings}["gpu-idle"]
+    assert any("one-time start-up" in e.text for e in f.evidence)
+    fixable = sum(v for c, v in g.by_cause.items() if c != "other")
+    assert f.impact_us <= fixable - g.startup_idle_us + 1e-6
+    assert f.severity != "error"  # four steps, one of them start-up: not enough to fail a gate
