@@ -8,7 +8,7 @@ device had nothing at all to do). Each idle instant gets one cause, the first th
 1. ``data_loading``: the host is inside ``enumerate(DataLoader)#...__next__``;
 2. ``collective_wait``: the host is blocked in a collective (a ``c10d::`` op or ``Work.wait``);
 3. ``host_sync``: a sync (``cudaStreamSynchronize``, ``.item()``...) drained the queue: from the sync's
-   start until the next device activity;
+   start for as long after its return as it blocked (``RankContext.sync_reach``);
 4. ``host_compute``: the host computes on CPU tensors: inside a torch op that launches no device work
    (no runtime call within it) and lasts over ``QUEUE_EMPTY_US``, far longer than dispatching a launch
    takes (an optimizer stepping CPU-offloaded parameters, metrics or preprocessing on CPU in the step);
@@ -16,7 +16,7 @@ device had nothing at all to do). Each idle instant gets one cause, the first th
    (Python work that launches nothing: logging, I/O, untraced code), or is outside its step;
 6. ``launch``: the host is dispatching and launching (inside CPU ops and runtime calls, or in the
    short gaps between them): the GPU waits for the host to queue the next kernel. With ``with_stack``,
-   the part of launch and host_compute time the profiler itself adds is ``profiler``
+   the part of launch, host_compute and host_sync time the profiler itself adds is ``profiler``
    (``STACK_EVENT_COST_US`` per recorded Python frame that starts there).
 
 Stream capture (``cudaStreamBeginCapture`` ... ``cudaStreamEndCapture``, CUDA graphs being recorded)
@@ -61,7 +61,7 @@ STARTUP_FACTOR = 100.0
 STARTUP_MIN_US = 1000.0
 _WAITS = ("Synchronize", "Memcpy", "StreamWaitEvent", "EventQuery", "StreamQuery")
 _CAUSE_ORDER = ("data_loading", "collective_wait", "host_sync", "host_compute", "other", "launch")  # first that holds
-_PROFILED = ("launch", "host_compute")  # host work the profiler's per-frame cost inflates
+_PROFILED = ("launch", "host_compute", "host_sync")  # host work the profiler's per-frame cost inflates
 _MAX_SOURCE_PIECES = 150  # longest idle pieces per cause looked up for a user frame (each lookup scans the frames)
 
 
