@@ -71,11 +71,11 @@ def test_analyse_stage_on_the_bundled_gpu_recordings(tmp_path):
     cal = _calibrate()
     out, doc = tmp_path / "r.json", tmp_path / "impact-cuda.md"
     rc = cal.main(["--device", "cuda", "--stage", "analyse", "--work", str(PAIRS_DIR), "--reps", "5",
-                   "--steps", "20", "--active", "4", "--pairs", "cuda_offload,cuda_loader_workers,cuda_host_sync",
+                   "--steps", "20", "--active", "4", "--pairs", "cuda_offload,cuda_loader_workers,cuda_host_sync,cuda_recompute",
                    "--doc", str(doc), "--json", str(out), "--machine", "H200"])
     assert rc == 0
     by = {r["pair"]: r for r in json.loads(out.read_text())["pairs"]}
-    for name in ("cuda_offload", "cuda_loader_workers", "cuda_host_sync"):
+    for name in ("cuda_offload", "cuda_loader_workers", "cuda_host_sync", "cuda_recompute"):
         r = by[name]
         assert "error" not in r, r
         assert r["found_on_fault"] and not r["found_on_fix"]
