@@ -398,6 +398,7 @@ def main(argv=None) -> int:
                     help="record: captures and timed runs only, into --work (on a GPU machine without fsdpdoctor's "
                          "dependencies); analyse: the analyses and the document from a recorded --work")
     ap.add_argument("--machine", default=None, help="the machine named in the document (default: this one's cores)")
+    ap.add_argument("--note", action="append", default=[], help="a paragraph for the document (repeatable)")
     args = ap.parse_args(argv)
     if args.rerender:
         return rerender(Path(args.rerender), args.doc)
@@ -405,7 +406,7 @@ def main(argv=None) -> int:
     names = list(table) if not args.pairs else [p.strip() for p in args.pairs.split(",") if p.strip()]
     unknown = [n for n in names if n not in table]
     if unknown:
-        print(f"calibrate: unknown {args.device} pair(s) {', '.join(unknown)}; known: {', '.join(table)}",
+        print(f"calibrate: unknown pair(s) {', '.join(unknown)}; known {args.device} pairs: {', '.join(table)}",
               file=sys.stderr)
         return 2
     if args.doc is None:
@@ -459,7 +460,7 @@ def main(argv=None) -> int:
     meta = {"mode": args.mode, "reps": args.reps, "steps": args.steps, "skip": args.skip, "level": args.level,
             "tolerance": args.tolerance, "command": cmd, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": args.machine or f"{os.cpu_count()} CPU cores, gloo, torch CPU", "load": load,
-            "device": args.device, "stage": args.stage}
+            "device": args.device, "stage": args.stage, "notes": args.note}
     if args.doc != "-":
         Path(args.doc).write_text(render(results, meta))
     if args.json:

@@ -78,11 +78,11 @@ def main() -> int:
     out, device = Path(args.out), torch.device("cuda")
     both = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     if args.which == "startup_in_window":  # this process has not touched the GPU yet: start-up is in step 1
-        _profiled(out, args.which, device, both, schedule(wait=0, warmup=0, active=4), 4)
+        _profiled(out, args.which, device, both, schedule(wait=0, warmup=0, active=4, repeat=1), 4)
     elif args.which == "startup_no_steps":
         _profiled(out, args.which, device, both, None, 4)
     else:
-        _profiled(out, args.which, device, [ProfilerActivity.CPU], schedule(wait=1, warmup=1, active=4), 6)
+        _profiled(out, args.which, device, [ProfilerActivity.CPU], schedule(wait=1, warmup=1, active=4, repeat=1), 6)
     return 0
 
 

@@ -34,6 +34,7 @@ DEFAULTS = {
     "width": 1,                     # mlp: hidden width times 256
     "resident_data": False,         # one batch made once on the device and reused (no loader in the step)
     "offload": False,               # FSDP2 CPUOffloadPolicy (parameters and optimizer step on the host)
+    "checkpoint": False,            # mlp: torch.utils.checkpoint around every block (recomputed in backward)
 }
 
 PAIRS: dict[str, dict] = {
@@ -117,6 +118,12 @@ CUDA_PAIRS: dict[str, dict] = {
         case="FSDP2 with CPUOffloadPolicy (wide residual MLP on one GPU); fix: no offload",
         fault={"wrap": "fsdp2", "width": 4, "batch": 512, "resident_data": True, "offload": True},
         fix={"wrap": "fsdp2", "width": 4, "batch": 512, "resident_data": True}),
+    "cuda_recompute": dict(
+        model="mlp", world=1, device="cuda", expect="activation-recompute",
+        case="activation checkpointing of every block (wide residual MLP on one GPU, no wrapper); fix: no "
+             "checkpointing (at the memory of the blocks' activations)",
+        fault={"wrap": "none", "width": 8, "batch": 4096, "resident_data": True, "checkpoint": True},
+        fix={"wrap": "none", "width": 8, "batch": 4096, "resident_data": True}),
 }
 
 ALL_PAIRS: dict[str, dict] = {**PAIRS, **CUDA_PAIRS}

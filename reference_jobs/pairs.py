@@ -124,10 +124,14 @@ class ResidualMLP(nn.Module):
                                                   nn.Linear(2 * dim, dim)) for _ in range(depth))
         self.head = nn.Linear(dim, CLASSES)
 
+    checkpoint = False  # recompute every block in backward (torch.utils.checkpoint, non-reentrant)
+
     def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
         x = self.inp(x)
         for b in self.blocks:
-            x = x + b(x)
+            x = x + (checkpoint(b, x, use_reentrant=False) if self.checkpoint else b(x))
         return self.head(x)
 
 
@@ -236,6 +240,7 @@ def build(pair_name: str, variant: str, rank: int, world: int, steps: int, devic
     torch.manual_seed(0)
     cls, block = MODELS[pair["model"]]
     net = cls(dim=256 * int(p["width"])) if pair["model"] == "mlp" else cls()
+    net.checkpoint = bool(p["checkpoint"])
     model = wrap(net.to(device), block, p, world, device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     length = round(BASE_LEN * p["lengths"][min(rank, len(p["lengths"]) - 1)])
