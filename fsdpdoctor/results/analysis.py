@@ -302,6 +302,12 @@ class InputKind:
         """Whether device figures can be read from this input (or it ran on the host alone)."""
         return self.device in ("cuda", "rocm", "xpu", "copies-only", "none") or self.generic
 
+    @property
+    def device_word(self) -> str:
+        """What the texts call the device: "GPU" for a CUDA/ROCm timeline (or none, or a missing one),
+        else the accelerator the input ran on ("MTIA", "XPU", "NPU"...)."""
+        return "GPU" if self.device in ("cuda", "rocm", "copies-only", "missing", "none") else self.device.upper()
+
     def line(self) -> str:
         """One line for the report header."""
         device = _DEVICES.get(self.device) or (f"{self.device.upper()} spans (read generically)" if self.generic

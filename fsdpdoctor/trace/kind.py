@@ -112,12 +112,17 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
     if accel_spans:  # another accelerator's device spans (made kernels by the loader): read by shape
         _accelerator(t, meta, kind, accel)
         return
+    named = _named_devices(t)
     if kernels:
         rocm = any(n.startswith("hip") for n in t.names) or "amd" in str(_device_name(meta)).lower()
         xpu = any(c.lower().startswith("xpu") for c in accel)  # kernels in "kernel", launches in xpu_runtime
-        kind.device = "xpu" if xpu else "rocm" if rocm else "cuda"
+        on = {d: n for d, (n, _) in named.items() if n} if not xpu else {}
+        other = max(on, key=on.get) if on else None  # kernels on an accelerator's own process (torch_npu...)
+        kind.device = other or ("xpu" if xpu else "rocm" if rocm else "cuda")
+        kind.generic = other is not None
         ev.append(f"{kernels} kernel(s)" + (f", {copies} copies/memsets" if copies else "")
-                  + (" launched through xpu_runtime: read as a device timeline" if xpu else ""))
+                  + (" launched through xpu_runtime: read as a device timeline" if xpu else "")
+                  + (f" on {named[other][1]!r}: read as a device timeline" if other else ""))
         return
     if copies:
         kind.device = "copies-only"
@@ -125,6 +130,14 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
         return
     if accel:
         _accelerator(t, meta, kind, accel)
+        return
+    if named:  # device events without a device category, on a process or stream named as the device
+        name = max(named, key=lambda d: named[d][0])
+        n, where = named[name]
+        kind.device = name
+        ev.append(f"{n} event(s) on {where!r}")
+        unknown.append(f"{name.upper()} device events are not analysed ({n} event(s) on {where!r}, in no device "
+                       "category): device figures (compute, idle, overlap) are unknown")
         return
     if launches:
         kind.device = "missing"
@@ -195,6 +208,28 @@ def _accelerator(t: RankTrace, meta: dict, kind: InputKind, accel: dict[str, int
     else:
         unknown.append(f"{name.upper()} device events are not analysed ({why}): device figures (compute, "
                        "idle, overlap) are unknown")
+
+
+# a process (by its name or label) or a stream named as another accelerator's: torch_npu writes its
+# device events on "Ascend Hardware" (label "NPU") or an "NPU" process with "NPU stream N" threads
+_DEVICE_PROCESS = re.compile(r"^(?:ascend hardware|(?:ascend )?(npu|hpu|xpu|mtia|gaudi|habana)(?: stream)?(?: \d+)?)$",
+                             re.I)
+
+
+def _named_devices(t: RankTrace) -> dict[str, tuple[int, str]]:
+    """Complete events on the tracks of a process or stream named as another accelerator's, by device:
+    (events, the name that says so). Kernels there are that device's, not CUDA's."""
+    counts = np.bincount(t.track[np.isin(t.cat, DEVICE_CATEGORIES)], minlength=len(t.tracks)) if t.n_events else []
+    out: dict[str, tuple[int, str]] = {}
+    for i, tr in enumerate(t.tracks):
+        for label in [p.strip() for p in tr.process.split("|")] + [tr.name]:
+            m = _DEVICE_PROCESS.match(label)
+            if m and tr.n_events:
+                name = _ACCELERATOR_NAMES.get((m.group(1) or "ascend").lower(), (m.group(1) or "").lower())
+                n, where = out.get(name, (0, label))
+                out[name] = (n + (int(counts[i]) if len(counts) and counts[i] else tr.n_events), where)
+                break
+    return out
 
 
 def _device_name(meta: dict):
