@@ -333,3 +333,15 @@ def test_findings_on_another_accelerator_name_it_not_the_gpu(tmp_path):
     assert any("MTIA idle" in x for x in texts)
     rc, out, _ = _cli("analyze", str(_mtia(tmp_path, busy=50.0, linked=True)))
     assert "GPU" not in out and "MTIA idle" in out
+
+
+def test_a_file_without_categories_or_torch_ops_is_another_tools_and_refused(tmp_path):
+    """An eBPF CUDA-API monitor's Chrome file (floritange/ebpf_cuda_monitoring's shape): driver API calls
+    with no category and no torch op, off the legacy export's pids: refused in one line, not analysed."""
+    ev = [{"ph": "X", "name": n, "ts": 10.0 * i, "dur": 3.0, "pid": 3878000, "tid": 3878000, "args": {}}
+          for i, n in enumerate(["cuMemAlloc_v2", "cuLaunchKernel", "cuStreamSynchronize"] * 12)]
+    path = tmp_path / "chrome_trace.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    rc, out, err = _cli("analyze", str(path))
+    assert rc == 2 and not out and len(err.strip().splitlines()) == 1
+    assert "not a torch.profiler recording: a CUDA API trace (36 events without categories, no torch op)" in err

@@ -286,7 +286,7 @@ class InputKind:
     device clocks agree. ``unknown`` names what cannot be read from it: the figures that depend on
     it are withheld, not shown as zeros."""
 
-    producer: str = "kineto"             # "kineto", "legacy-autograd" (the list export), "unknown"
+    producer: str = "kineto"             # "kineto", "legacy-autograd" (the list export); other writers are refused
     device: str = "none"                 # "cuda", "rocm", "copies-only", "mtia", "xpu", "hpu", "npu",
     #                                      "privateuse1", "missing" (launches, no device events), "none"
     steps: str = "none"                  # "profiler-step", "cycles", "none"

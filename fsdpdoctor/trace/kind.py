@@ -37,6 +37,7 @@ CLOCK_SLACK_US = 1.0
 # backward links are a clock offset (and the shift that makes them causal is applied) when most links
 # run backwards; a few backward links among forward ones are reused ids, dropped and counted
 SYSTEMATIC_BACKWARD = 0.5
+_CUDA_API = re.compile(r"^(cuda|cu[A-Z])")  # runtime (cudaMalloc) and driver (cuMemAlloc_v2) API calls
 _TORCH_NAMES = re.compile(r"^(aten::|ProfilerStep#|c10d::|nccl:|gloo:|autograd::|Optimizer\.)")
 
 
@@ -77,15 +78,14 @@ def _producer(t: RankTrace, meta: dict, evidence: list[str]) -> str:
         evidence.append(f"torch.profiler (Kineto{f', schema {schema}' if schema is not None else ''}, "
                         f"{'event list' if t.format == 'event-list' else 'trace document'})")
         return "kineto"
+    # no torch op, and categories none of them the profiler's (or none at all, off the legacy export's
+    # pids): another tool's file (an eBPF CUDA-API monitor, a kernel timeline...), refused in one line
     written = sorted((c for c in t.categories if c), key=lambda c: -t.categories[c])
-    if written:  # categories, none of them the profiler's, and no torch op: another tool's file
-        looks = ("a CUDA API trace" if any(_LAUNCH.match(n) or n.startswith("cuda") for n in t.names)
-                 else "another tool's Chrome trace")
-        raise InputError(t.path, f"not a torch.profiler recording: {looks} ({t.n_events} events in categories "
-                                 f"{', '.join(repr(c) for c in written[:4])}{' ...' if len(written) > 4 else ''}, "
-                                 "none of the profiler's, no torch op)")
-    evidence.append("events without categories, no torch op: writer unknown")
-    return "unknown"
+    looks = ("a CUDA API trace" if any(_LAUNCH.match(n) or _CUDA_API.match(n) for n in t.names)
+             else "another tool's Chrome trace")
+    cats = (f"in categories {', '.join(repr(c) for c in written[:4])}{' ...' if len(written) > 4 else ''}, "
+            "none of the profiler's" if written else "without categories")
+    raise InputError(t.path, f"not a torch.profiler recording: {looks} ({t.n_events} events {cats}, no torch op)")
 
 
 def _known(cat: str) -> bool:
