@@ -286,7 +286,7 @@ class InputKind:
     device clocks agree. ``unknown`` names what cannot be read from it: the figures that depend on
     it are withheld, not shown as zeros."""
 
-    producer: str = "kineto"             # "kineto", "legacy-autograd" (the list export), "unknown"
+    producer: str = "kineto"             # "kineto", "legacy-autograd" (the list export); other writers are refused
     device: str = "none"                 # "cuda", "rocm", "copies-only", "mtia", "xpu", "hpu", "npu",
     #                                      "privateuse1", "missing" (launches, no device events), "none"
     steps: str = "none"                  # "profiler-step", "cycles", "none"
@@ -301,6 +301,12 @@ class InputKind:
     def device_known(self) -> bool:
         """Whether device figures can be read from this input (or it ran on the host alone)."""
         return self.device in ("cuda", "rocm", "xpu", "copies-only", "none") or self.generic
+
+    @property
+    def device_word(self) -> str:
+        """What the texts call the device: "GPU" for a CUDA/ROCm timeline (or none, or a missing one),
+        else the accelerator the input ran on ("MTIA", "XPU", "NPU"...)."""
+        return "GPU" if self.device in ("cuda", "rocm", "copies-only", "missing", "none") else self.device.upper()
 
     def line(self) -> str:
         """One line for the report header."""

@@ -79,6 +79,7 @@ class Track:
     name: str = ""
     is_device: bool = False
     n_events: int = 0
+    process: str = ""   # its process's name and labels ("Ascend Hardware", "NPU"...): trace/kind.py reads them
 
 
 @dataclass
