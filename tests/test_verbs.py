@@ -51,10 +51,10 @@ def _loaded_by(argv: list[str]) -> set[str]:
     """The modules a fresh interpreter holds after the command line ``argv`` (beyond a bare one's)."""
     code = ("import sys; base = set(sys.modules); from fsdpdoctor.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "print(' '.join(sorted(set(sys.modules) - base)))")
+            "print(' '.join(sorted(set(sys.modules) - base)), file=sys.stderr)")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, check=True)
-    return set(p.stdout.split())
+    return set(p.stderr.splitlines()[-1].split())
 
 
 def test_help_and_a_wrong_flag_load_no_verb_they_do_not_name():
@@ -66,6 +66,14 @@ def test_help_and_a_wrong_flag_load_no_verb_they_do_not_name():
     ours = {m for m in wrong if m.startswith("fsdpdoctor.commands.")}
     assert ours == {"fsdpdoctor.commands.analyze", "fsdpdoctor.commands.base", "fsdpdoctor.commands.common"}
     assert not wrong & {"numpy", "msgspec", "fsdpdoctor.options", "fsdpdoctor.pipeline", "dataclasses"}
+
+
+def test_analyzing_one_rank_loads_no_capture_and_no_process_pool():
+    """A trace not written by capture() (no step series beside it) loads none of the capture package (its
+    hooks and watchdog), and one rank read in this process none of multiprocessing."""
+    loaded = _loaded_by(["analyze", str(TRACES / "straggler" / "rank0.json.gz"), "--json", "--no-progress"])
+    assert "fsdpdoctor.pipeline" in loaded and not any(m.startswith("fsdpdoctor.capture") for m in loaded)
+    assert not loaded & {"multiprocessing", "concurrent.futures"}
 
 JSON_VERBS = {
     "analyze": ["analyze", "traces/straggler", "--json", "--no-progress"],
