@@ -47,6 +47,8 @@ SHOWN_SHARE = 1e-3
 
 @dataclass
 class Violation:
+    """A figure outside the bound an invariant sets for it."""
+
     invariant: Invariant
     figure: str                 # which figure, e.g. "finding host-sync impact"
     value: float

@@ -50,6 +50,8 @@ class DeclaredThresholds(Mapping[str, float]):
 
 @dataclass
 class RuleContext:
+    """What a rule reads: the analysis and the resolved thresholds (its own declared ones as ``th``)."""
+
     a: Analysis
     table: Mapping[str, float]          # the whole resolved table (framework and shared facts)
     th: Mapping[str, float] = None      # what the running rule declared (the whole table outside a rule)

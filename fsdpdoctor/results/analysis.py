@@ -150,6 +150,8 @@ class StepBreakdown:
 
 @dataclass
 class RankSummary:
+    """One rank's analysis: its steps, their mean, and the figures the cross-rank reduce reads."""
+
     rank: int
     file: str
     dialect: str
@@ -188,6 +190,8 @@ class CollectiveStat:
 
 @dataclass
 class PrefetchStatus:
+    """Whether FSDP prefetches its all-gathers, backward and forward, and how many were prefetched."""
+
     framework: str | None               # "fsdp1", "fsdp2" or None
     backward_mode: str                  # "pre", "post", "none", "n/a", "unknown"
     forward_mode: str                   # "on", "off", "n/a", "unknown"
@@ -206,6 +210,8 @@ class PrefetchStatus:
 
 @dataclass
 class StragglerReport:
+    """The rank the others wait for, if any, by how much, and each rank's mean wait."""
+
     method: str                         # "wait" (clock-free), "+arrival" when issue times are comparable
     straggler: int | None
     spread_frac: float                  # median over steps of the others' longest wait for it / step time
@@ -319,6 +325,8 @@ _STEPS = {"profiler-step": "ProfilerStep", "cycles": "profiler cycles", "none": 
 
 @dataclass
 class JobInfo:
+    """What the job is: world size, ranks analysed, backend, dialect, wrapping and where that was read."""
+
     world_size: int | None
     ranks_analyzed: list[int]
     backend: str | None
@@ -338,6 +346,8 @@ class JobInfo:
 
 @dataclass
 class Evidence:
+    """One fact a finding rests on, with the rank, step, time and source it was read from."""
+
     text: str
     rank: int | None = None
     step: int | None = None
@@ -347,6 +357,8 @@ class Evidence:
 
 @dataclass
 class Finding:
+    """One diagnosis: what is wrong, how sure, what fixing it would save per step, the evidence and the fix."""
+
     id: str                             # rule id, e.g. "fsdp1-no-backward-prefetch"
     title: str
     severity: Severity
@@ -500,6 +512,8 @@ class HostSync:
 
 @dataclass
 class DataLoaderInfo:
+    """One rank's DataLoader: its iterator, calls per step, and the share of the step it stalls."""
+
     rank: int
     iterator: str                    # "_SingleProcessDataLoaderIter" / "_MultiProcessingDataLoaderIter"
     calls_per_step: float

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class StepWindow:
+    """One profiler step's span on this rank's clock (us)."""
+
     step: int | None
     start: float
     end: float
@@ -29,6 +31,8 @@ class StepWindow:
 
 @dataclass
 class Timelines:
+    """A rank's compute, optimizer and communication as interval sets, communication by kind and phase."""
+
     compute: np.ndarray      # all compute (incl. optimizer)
     optimizer: np.ndarray    # optimizer part of compute
     comm: np.ndarray
