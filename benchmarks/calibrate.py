@@ -42,14 +42,18 @@ JOBS = ROOT / "reference_jobs"
 sys.path.insert(0, str(JOBS))
 sys.path.insert(1, str(ROOT))
 
-from pair_table import PAIRS  # noqa: E402
-
-from fsdpdoctor.diagnose.thresholds import defaults as threshold_defaults  # noqa: E402
+from pair_table import ALL_PAIRS, CUDA_PAIRS, PAIRS  # noqa: E402
 
 TOLERANCE = 0.35
-# "no measurable saving" says something only where M's interval rules out a saving worth a warning: its
-# upper end below the severity scale's warning band (a share of the step); a wider one decides nothing
-WARNING_FRAC = threshold_defaults()["severity_warning_frac"]
+
+
+def warning_frac() -> float:
+    """The severity scale's warning band (a share of the step): "no measurable saving" says something only
+    where M's interval rules out a saving that large; a wider one decides nothing."""
+    # imported when used: the record stage runs on a GPU machine without fsdpdoctor's dependencies
+    from fsdpdoctor.diagnose.thresholds import defaults
+
+    return defaults()["severity_warning_frac"]
 
 
 def free_port() -> int:
@@ -60,7 +64,7 @@ def free_port() -> int:
 
 def run_job(pair: str, variant: str, extra: list[str], timeout: float = 600) -> None:
     """One torchrun of reference_jobs/pairs.py; raises with the ranks' own errors when it fails."""
-    world = PAIRS[pair]["world"]
+    world = ALL_PAIRS[pair]["world"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     for _attempt in range(2):
         job = [str(JOBS / "pairs.py"), "--pair", pair, "--variant", variant, *extra]
@@ -133,7 +137,7 @@ def undecided(m_iv, step_us: float | None) -> bool:
     """M's interval holds 0 and reaches above the warning band of the step: it can neither show a saving
     nor rule out one that matters, so it tests no prediction."""
     return (m_iv is not None and m_iv[0] <= 0 <= m_iv[1] and bool(step_us)
-            and m_iv[1] > WARNING_FRAC * step_us)
+            and m_iv[1] > warning_frac() * step_us)
 
 
 def basis(p_us: float, p_iv, m_us: float, m_iv, found: bool, tolerance: float,
@@ -176,7 +180,7 @@ def verdict(p_us: float | None, p_iv, m_us: float, m_iv, found: bool, tolerance:
     return "over" if p_us > m_us else "under"
 
 
-def timed_runs(pair: str, work: Path, reps: int, steps: int, skip: int, mode: str, log=print):
+def timed_runs(pair: str, work: Path, reps: int, steps: int, skip: int, mode: str, log=print, record: bool = True):
     """Per-run step times (µs) of each variant, interleaved fault, fix, fault, ..., and the load at each run.
 
     ``processes``: each run its own launch. ``alternate``: one launch holds both variants and runs them in
@@ -186,7 +190,8 @@ def timed_runs(pair: str, work: Path, reps: int, steps: int, skip: int, mode: st
     loads: list[float] = []
     if mode == "alternate":
         tf = work / pair / "times_alternate.json"
-        run_job(pair, "alternate", ["--blocks", str(reps), "--block-steps", str(steps), "--times", str(tf)])
+        if record:
+            run_job(pair, "alternate", ["--blocks", str(reps), "--block-steps", str(steps), "--times", str(tf)])
         for b in json.loads(tf.read_text())["blocks"]:
             runs[b["variant"]].append(run_step_s(b, skip) * 1e6)
             loads.append(b["loadavg"][0])
@@ -194,7 +199,8 @@ def timed_runs(pair: str, work: Path, reps: int, steps: int, skip: int, mode: st
     for i in range(reps):
         for v in ("fault", "fix"):
             tf = work / pair / f"times_{v}_{i}.json"
-            run_job(pair, v, ["--no-profile", "--steps", str(steps), "--times", str(tf)])
+            if record:
+                run_job(pair, v, ["--no-profile", "--steps", str(steps), "--times", str(tf)])
             t = json.loads(tf.read_text())
             runs[v].append(run_step_s(t, skip) * 1e6)
             loads.append(t["loadavg"][0])
@@ -203,17 +209,26 @@ def timed_runs(pair: str, work: Path, reps: int, steps: int, skip: int, mode: st
 
 
 def calibrate_pair(pair: str, work: Path, reps: int, steps: int, skip: int, level: float,
-                   tolerance: float, active: int = 6, mode: str = "alternate", log=print) -> dict:
-    spec = PAIRS[pair]
+                   tolerance: float, active: int = 6, mode: str = "alternate", log=print,
+                   stage: str = "all") -> dict:
+    """One pair: captures, analyses and timed runs. ``stage`` "record": the captures and the timed runs only
+    (on a machine without fsdpdoctor's dependencies: a lent GPU), "analyse": the analyses of what an earlier
+    "record" left in ``work``, "all": both."""
+    spec = ALL_PAIRS[pair]
     fid = spec["expect"]
+    if spec.get("mode", mode) != mode:  # a pair that cannot be timed in alternating blocks (its table says why)
+        mode, steps, skip = spec["mode"], max(steps, 12), max(skip, 3)
     out: dict = {"pair": pair, "rule": fid, "case": spec["case"], "model": spec["model"], "world": spec["world"],
-                 "load_start": os.getloadavg()}
-    analyses = {}
-    for v in ("fault", "fix"):
-        run = work / pair / v
-        log(f"{pair}: capturing {v}")
-        run_job(pair, v, ["--out", str(run), "--active", str(active)])
-        analyses[v] = analyze(run)
+                 "device": spec.get("device", "cpu"), "mode": mode, "load_start": os.getloadavg()}
+    if stage != "analyse":
+        for v in ("fault", "fix"):
+            log(f"{pair}: capturing {v}")
+            run_job(pair, v, ["--out", str(work / pair / v), "--active", str(active)])
+    if stage == "record":
+        runs, loads = timed_runs(pair, work, reps, steps, skip, mode, log) if reps else ({}, [])
+        return out | {"fault_step_us": runs.get("fault", []), "fix_step_us": runs.get("fix", []),
+                      "load_runs": loads, "load_end": os.getloadavg()}
+    analyses = {v: analyze(work / pair / v) for v in ("fault", "fix")}
     f = finding(analyses["fault"], fid)
     out |= {"fault_run": str(work / pair / "fault"), "fix_run": str(work / pair / "fix"),
             "found_on_fault": f is not None, "found_on_fix": finding(analyses["fix"], fid) is not None,
@@ -226,7 +241,8 @@ def calibrate_pair(pair: str, work: Path, reps: int, steps: int, skip: int, leve
                                      if g["id"] != fid],
             "findings_fix": [[g["id"], g["severity"], g["impact_us"]] for g in analyses["fix"]["findings"]]}
     out["diff_fixes"] = [x["text"] for x in diff_fixes(work / pair / "fault", work / pair / "fix")]
-    runs, loads = timed_runs(pair, work, reps, steps, skip, mode, log) if reps else ({"fault": [], "fix": []}, [])
+    runs, loads = (timed_runs(pair, work, reps, steps, skip, mode, log, record=stage != "analyse") if reps
+                   else ({"fault": [], "fix": []}, []))
     diffs = [a - b for a, b in zip(runs["fault"], runs["fix"])]
     m = statistics.fmean(diffs) if diffs else None
     m_iv = bootstrap_mean(diffs, level)
@@ -274,7 +290,7 @@ def render(results: list[dict], meta: dict) -> str:
         "estimates of one saving that agree within their stated uncertainty (a wider P interval would agree with",
         "anything near it, so it does not count). *over* / *under* otherwise; *missed* when the fault run does",
         "not show the finding and M is measurable. *undecided* where M's interval holds 0 and its upper end",
-        f"is above the warning band ({round(WARNING_FRAC * 100)} % of the fault step): such a measurement neither shows a saving nor rules",
+        f"is above the warning band ({round(warning_frac() * 100)} % of the fault step): such a measurement neither shows a saving nor rules",
         "out one worth a warning, so it tests no prediction (it is counted apart, not as holding).",
         "",
         f"Regenerate: `{meta['command']}` (see benchmarks/README.md).",
@@ -370,18 +386,34 @@ def main(argv=None) -> int:
     ap.add_argument("--level", type=float, default=0.90)
     ap.add_argument("--tolerance", type=float, default=TOLERANCE)
     ap.add_argument("--work", default=None, help="folder for the runs (default: a temporary one, removed)")
-    ap.add_argument("--doc", default=str(ROOT / "docs" / "impact.md"), help="markdown out ('-': none)")
+    ap.add_argument("--doc", default=None,
+                    help="markdown out ('-': none; default docs/impact.md, docs/impact-cuda.md with --device cuda)")
     ap.add_argument("--json", default=None, help="also write the results as JSON here")
     ap.add_argument("--rerender", default=None, metavar="JSON",
                     help="write the document again from an earlier --json (adding the diff lines of runs kept with "
                          "--work when it lacks them, the verdicts by the current rule), running nothing else")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="the pair set: cpu (gloo, 2 processes) or cuda (one GPU, NCCL; where a GPU is lent)")
+    ap.add_argument("--stage", choices=["all", "record", "analyse"], default="all",
+                    help="record: captures and timed runs only, into --work (on a GPU machine without fsdpdoctor's "
+                         "dependencies); analyse: the analyses and the document from a recorded --work")
+    ap.add_argument("--machine", default=None, help="the machine named in the document (default: this one's cores)")
+    ap.add_argument("--note", action="append", default=[], help="a paragraph for the document (repeatable)")
     args = ap.parse_args(argv)
     if args.rerender:
         return rerender(Path(args.rerender), args.doc)
-    names = list(PAIRS) if not args.pairs else [p.strip() for p in args.pairs.split(",") if p.strip()]
-    unknown = [n for n in names if n not in PAIRS]
+    table = CUDA_PAIRS if args.device == "cuda" else PAIRS
+    names = list(table) if not args.pairs else [p.strip() for p in args.pairs.split(",") if p.strip()]
+    unknown = [n for n in names if n not in table]
     if unknown:
-        print(f"calibrate: unknown pair(s) {', '.join(unknown)}; known: {', '.join(PAIRS)}", file=sys.stderr)
+        print(f"calibrate: unknown pair(s) {', '.join(unknown)}; known {args.device} pairs: {', '.join(table)}",
+              file=sys.stderr)
+        return 2
+    if args.doc is None:
+        args.doc = "-" if args.stage == "record" else str(ROOT / "docs" / (
+            "impact-cuda.md" if args.device == "cuda" else "impact.md"))
+    if args.stage != "all" and not args.work:
+        print("calibrate: --stage record/analyse needs --work", file=sys.stderr)
         return 2
     if args.steps is None:
         args.steps = 7 if args.mode == "alternate" else 12
@@ -401,11 +433,16 @@ def main(argv=None) -> int:
     for name in names:
         try:
             results.append(calibrate_pair(name, work, args.reps, args.steps, args.skip, args.level, args.tolerance,
-                                          args.active, args.mode, log=lambda s: print(s, file=sys.stderr, flush=True)))
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
-            results.append({"pair": name, "rule": PAIRS[name]["expect"], "case": PAIRS[name]["case"],
+                                          args.active, args.mode, log=lambda s: print(s, file=sys.stderr, flush=True),
+                                          stage=args.stage))
+        except (RuntimeError, subprocess.TimeoutExpired, OSError, ValueError) as e:
+            results.append({"pair": name, "rule": table[name]["expect"], "case": table[name]["case"],
                             "error": str(e).splitlines()[0]})
         r = results[-1]
+        if args.stage == "record" and "error" not in r:
+            med = {v: statistics.median(r[f"{v}_step_us"]) if r[f"{v}_step_us"] else None for v in ("fault", "fix")}
+            print(f"{name}: recorded; step fault {_ms(med['fault'])} ms, fix {_ms(med['fix'])} ms", flush=True)
+            continue
         print(f"{name}: P {_ms(r.get('predicted_us'))} ms, M {_ms(r.get('measured_us'))}"
               f"{_iv(r.get('measured_interval_us'))} ms, {r.get('verdict', r.get('error'))}", flush=True)
     load1 = os.getloadavg()[0]
@@ -414,10 +451,16 @@ def main(argv=None) -> int:
     cmd = " ".join(["python benchmarks/calibrate.py", *(f"--{k} {v}" for k, v in (
         ("mode", args.mode), ("reps", args.reps), ("steps", args.steps), ("skip", args.skip), ("pairs", args.pairs))
         if v != defaults[k])])
+    if args.device == "cuda":
+        cmd = (cmd.replace("calibrate.py", "calibrate.py --device cuda --stage record --work W") + " on the GPU "
+               "machine, then `python benchmarks/calibrate.py --device cuda --stage analyse --work W` here")
+    loads = [x for r in results for x in r.get("load_runs", [])]
+    load = (f"{min(loads):.1f}-{max(loads):.1f} over the timed runs" if args.stage == "analyse" and loads
+            else f"{load0:.1f} at the start, {load1:.1f} at the end")
     meta = {"mode": args.mode, "reps": args.reps, "steps": args.steps, "skip": args.skip, "level": args.level,
             "tolerance": args.tolerance, "command": cmd, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": f"{os.cpu_count()} CPU cores, gloo, torch CPU",
-            "load": f"{load0:.1f} at the start, {load1:.1f} at the end"}
+            "machine": args.machine or f"{os.cpu_count()} CPU cores, gloo, torch CPU", "load": load,
+            "device": args.device, "stage": args.stage, "notes": args.note}
     if args.doc != "-":
         Path(args.doc).write_text(render(results, meta))
     if args.json:

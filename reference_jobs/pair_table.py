@@ -8,7 +8,9 @@ finding id that must fire on the fault and not on the fix; the calibration bench
 ``model``: ``mixer`` (an MLP-Mixer on 32x32 images), ``encoder`` (pre-LN transformer blocks on token
 sequences), ``convnet`` (a VGG-style conv net with GroupNorm), ``mlp`` (a residual MLP): none of them
 is a bundled scenario's model. ``world``: processes under torchrun. ``fault`` / ``fix``: parameters
-over ``DEFAULTS`` (pairs.py reads them).
+over ``DEFAULTS`` (pairs.py reads them). ``mode="processes"``: the calibration times this pair with a
+launch per run, never in alternating blocks of one launch: a fix's loader workers would fill their
+prefetch queue while the fault's block runs, and the fix's block would start on batches already made.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ DEFAULTS = {
     "no_sync": True,                # DDP no_sync() on all but the last micro-step
     "host_sync": False,             # .item() of the loss and the grad norm every step (with clip_grad)
     "clip_grad": False,             # clip_grad_norm_ every step
+    "batch": 16,                    # samples per micro-step
+    "width": 1,                     # mlp: hidden width times 256
+    "resident_data": False,         # one batch made once on the device and reused (no loader in the step)
+    "offload": False,               # FSDP2 CPUOffloadPolicy (parameters and optimizer step on the host)
 }
 
 PAIRS: dict[str, dict] = {
@@ -42,7 +48,7 @@ PAIRS: dict[str, dict] = {
         case="rank 1's sequences 4x longer than rank 0's (encoder, DDP); fix: equal token budget (2.5x each)",
         fault={"lengths": (1.0, 4.0)}, fix={"lengths": (2.5, 2.5)}),
     "loader_workers": dict(
-        model="convnet", world=2, expect="input-bound",
+        model="convnet", world=2, expect="input-bound", mode="processes",
         case="__getitem__ sleeps 4 ms a sample, 16 a batch, num_workers=0 (conv net, DDP); fix: num_workers=2",
         fault={"item_sleep_ms": 4.0}, fix={"item_sleep_ms": 4.0, "num_workers": 2}),
     "ddp_single_bucket": dict(
@@ -83,6 +89,37 @@ PAIRS: dict[str, dict] = {
         fault={"clip_grad": True, "host_sync": True}, fix={"clip_grad": True}),
 }
 
+# Pairs for one CUDA GPU (``device="cuda"``, NCCL at world size 1: one GPU gives no cross-rank collectives),
+# run by ``benchmarks/calibrate.py --device cuda`` where a GPU is lent; their recordings are bundled under
+# traces/cuda/pairs/. The steps are GPU-bound (a wide MLP on resident data), unlike the CPU pairs' small
+# models, so that what a fix removes shows on the device timeline.
+CUDA_PAIRS: dict[str, dict] = {
+    "cuda_host_sync": dict(
+        model="mlp", world=1, device="cuda", expect="host-sync",
+        case=".item() of the loss and the clipped grad norm every step (wide residual MLP on one GPU, no wrapper); "
+             "fix: clip, no .item()",
+        fault={"wrap": "none", "width": 8, "batch": 2048, "resident_data": True, "clip_grad": True,
+               "host_sync": True},
+        fix={"wrap": "none", "width": 8, "batch": 2048, "resident_data": True, "clip_grad": True}),
+    "cuda_loader_workers": dict(
+        model="convnet", world=1, device="cuda", expect="input-bound", mode="processes",
+        case="__getitem__ sleeps 2 ms a sample, 64 a batch, num_workers=0 (conv net on one GPU, no wrapper); "
+             "fix: num_workers=4",
+        fault={"wrap": "none", "batch": 64, "item_sleep_ms": 2.0},
+        fix={"wrap": "none", "batch": 64, "item_sleep_ms": 2.0, "num_workers": 4}),
+    "cuda_ddp_world_size_1": dict(
+        model="mlp", world=1, device="cuda", expect="wrapper-world-size-1",
+        case="DDP wrapper on 1 process, NCCL (residual MLP on one GPU); fix: no wrapper",
+        fault={"width": 4, "batch": 256, "resident_data": True},
+        fix={"wrap": "none", "width": 4, "batch": 256, "resident_data": True}),
+    "cuda_offload": dict(
+        model="mlp", world=1, device="cuda", expect="offload-exposed",
+        case="FSDP2 with CPUOffloadPolicy (wide residual MLP on one GPU); fix: no offload",
+        fault={"wrap": "fsdp2", "width": 4, "batch": 512, "resident_data": True, "offload": True},
+        fix={"wrap": "fsdp2", "width": 4, "batch": 512, "resident_data": True}),
+}
+
+ALL_PAIRS: dict[str, dict] = {**PAIRS, **CUDA_PAIRS}
 VARIANTS = ("fault", "fix")
 
 
@@ -90,4 +127,5 @@ def params(pair: str, variant: str) -> dict:
     """The full parameter set of one variant of one pair."""
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r}: one of {VARIANTS}")
-    return {**DEFAULTS, **PAIRS[pair][variant]}
+    return {**DEFAULTS, **ALL_PAIRS[pair][variant]}
+

@@ -33,9 +33,9 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import jobkit  # noqa: E402
-from pair_table import PAIRS, VARIANTS, params  # noqa: E402
+from pair_table import ALL_PAIRS, VARIANTS, params  # noqa: E402
 
-BATCH, CLASSES, IMAGE, BASE_LEN, VOCAB = 16, 10, 32, 32, 1000
+CLASSES, IMAGE, BASE_LEN, VOCAB = 10, 32, 32, 1000
 
 
 # --------------------------------------------------------------------------- models
@@ -168,7 +168,7 @@ def straggler_sleep(ms: float) -> None:
 
 
 # --------------------------------------------------------------------------- wrapping
-def wrap(model: nn.Module, block, p: dict, world: int) -> nn.Module:
+def wrap(model: nn.Module, block, p: dict, world: int, device: torch.device) -> nn.Module:
     if p["wrap"] == "none":
         return model
     if p["wrap"] == "ddp":
@@ -181,7 +181,7 @@ def wrap(model: nn.Module, block, p: dict, world: int) -> nn.Module:
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         bp = p["backward_prefetch"]
-        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({block}), device_id=torch.device("cpu"),
+        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({block}), device_id=device,
                     backward_prefetch=None if bp == "none" else BackwardPrefetch[bp],
                     forward_prefetch=p["forward_prefetch"])
     if p["wrap"] == "fsdp2":
@@ -190,9 +190,14 @@ def wrap(model: nn.Module, block, p: dict, world: int) -> nn.Module:
         from fsdpdoctor.capture import track_fsdp2_prefetch_calls
 
         track_fsdp2_prefetch_calls()  # so the manifest reports the explicit prefetch lists
+        kw = {}
+        if p["offload"]:
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            kw["offload_policy"] = CPUOffloadPolicy()
         for b in model.blocks:
-            fully_shard(b)
-        fully_shard(model)
+            fully_shard(b, **kw)
+        fully_shard(model, **kw)
         if p["fsdp2_prefetch"] == "self":
             for m in [*model.blocks, model]:
                 m.set_modules_to_backward_prefetch([m])  # prefetches itself: disables backward prefetch
@@ -203,7 +208,9 @@ def wrap(model: nn.Module, block, p: dict, world: int) -> nn.Module:
 # --------------------------------------------------------------------------- main
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pair", required=True, choices=sorted(PAIRS))
+    ap.add_argument("--pair", required=True, choices=sorted(ALL_PAIRS))
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                    help="where the model runs (default: the pair's; cuda uses NCCL and this rank's GPU)")
     ap.add_argument("--variant", required=True, choices=[*VARIANTS, "alternate"],
                     help="alternate: both, bare, in blocks fault, fix, fix, fault, ... (ABBA; --blocks, --block-steps, --times)")
     ap.add_argument("--out", default=None, help="run folder of the capture (manifest.json, rank<N>.json.gz)")
@@ -223,22 +230,31 @@ def parse_args(argv=None):
     return args
 
 
-def build(pair_name: str, variant: str, rank: int, world: int, steps: int):
+def build(pair_name: str, variant: str, rank: int, world: int, steps: int, device: torch.device):
     """One variant's job: (train_step, model, optimizer, parameters), its data enough for ``steps`` steps."""
-    pair, p = PAIRS[pair_name], params(pair_name, variant)
+    pair, p = ALL_PAIRS[pair_name], params(pair_name, variant)
     torch.manual_seed(0)
     cls, block = MODELS[pair["model"]]
-    model = wrap(cls(), block, p, world)
+    net = cls(dim=256 * int(p["width"])) if pair["model"] == "mlp" else cls()
+    model = wrap(net.to(device), block, p, world, device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     length = round(BASE_LEN * p["lengths"][min(rank, len(p["lengths"]) - 1)])
-    accum = int(p["accum"])
-    ds = Synthetic(pair["model"], BATCH * accum * (steps + 2), rank, length, p["item_sleep_ms"])
+    accum, batch = int(p["accum"]), int(p["batch"])
+    ds = Synthetic(pair["model"], batch * (1 if p["resident_data"] else accum * (steps + 2)), rank, length,
+                   p["item_sleep_ms"])
     nw = int(p["num_workers"])
-    it = iter(DataLoader(ds, batch_size=BATCH, num_workers=nw, persistent_workers=nw > 0, drop_last=True))
+    loader = DataLoader(ds, batch_size=batch, num_workers=nw, persistent_workers=nw > 0, drop_last=True,
+                        pin_memory=device.type == "cuda")
+    if p["resident_data"]:  # one batch on the device, reused: the step holds no data loading at all
+        resident = tuple(t.to(device) for t in next(iter(loader)))
+        it = iter(lambda: resident, None)
+    else:
+        it = iter(loader)
     use_no_sync = p["wrap"] == "ddp" and p["no_sync"] and accum > 1
 
     def micro_step(m: int):
         x, y = next(it)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if rank == 1 and p["sleep_ms"] and m == 0:
             straggler_sleep(p["sleep_ms"])
         ctx = model.no_sync() if use_no_sync and m < accum - 1 else contextlib.nullcontext()
@@ -261,8 +277,22 @@ def build(pair_name: str, variant: str, rank: int, world: int, steps: int):
     return train_step, model, opt, p
 
 
-def timed(train_step, steps: int) -> list[float]:
-    """Wall time of each of ``steps`` steps (s): this rank's, which waits for the others at every collective."""
+def timed(train_step, steps: int, device: torch.device) -> list[float]:
+    """Wall time of each of ``steps`` steps (s): this rank's, which waits for the others at every collective.
+
+    On a GPU the host runs ahead of the device, so one step's host time says nothing: the first step is
+    timed to a synchronisation, and every later one gets the mean of the rest, timed to the next."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        train_step()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        for _ in range(steps - 1):
+            train_step()
+        torch.cuda.synchronize()
+        rest = (time.perf_counter() - t1) / max(steps - 1, 1)
+        return [t1 - t0] + [rest] * (steps - 1)
     times, t_prev = [], time.perf_counter()
     for _ in range(steps):
         train_step()
@@ -274,38 +304,43 @@ def timed(train_step, steps: int) -> list[float]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(1)  # two ranks on two cores: one thread each, as a GPU job has one stream
+    pair = ALL_PAIRS[args.pair]
+    device = torch.device(args.device or pair.get("device", "cpu"))
     rank, world = jobkit.launcher_rank()
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(1)  # two ranks on two cores: one thread each, as a GPU job has one stream
     if "RANK" in os.environ:
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if args.variant == "alternate":
         # both variants in one process, in alternating blocks: fault, fix, fault, fix, ... (load that drifts
         # between blocks hits both alike, and one interpreter start serves every timed run)
-        jobs = {v: build(args.pair, v, rank, world, args.blocks * args.block_steps)[0] for v in VARIANTS}
+        jobs = {v: build(args.pair, v, rank, world, args.blocks * args.block_steps, device)[0] for v in VARIANTS}
         # ABBA: the order flips every pair of blocks, so load that drifts steadily over the launch (it does,
         # by 2x, at load 16) does not always land on the variant run first
-        blocks = [{"variant": v, "step_s": timed(jobs[v], args.block_steps), "loadavg": os.getloadavg()}
+        blocks = [{"variant": v, "step_s": timed(jobs[v], args.block_steps, device), "loadavg": os.getloadavg()}
                   for i in range(args.blocks) for v in (VARIANTS if i % 2 == 0 else VARIANTS[::-1])]
         if args.times and rank == 0:
             Path(args.times).write_text(json.dumps({"pair": args.pair, "world": world, "blocks": blocks}))
         steps, elapsed = 2 * args.blocks * args.block_steps, sum(sum(b["step_s"]) for b in blocks)
         return jobkit.finish(args, steps, world, elapsed, barrier=dist.is_initialized())
     steps = args.steps if args.steps is not None else args.wait + args.warmup + args.active + 1
-    train_step, model, opt, p = build(args.pair, args.variant, rank, world, steps)
-    pair = PAIRS[args.pair]
+    train_step, model, opt, p = build(args.pair, args.variant, rank, world, steps, device)
     if args.no_profile:
-        times = timed(train_step, steps)
+        times = timed(train_step, steps, device)
         elapsed = sum(times)
         if args.times and rank == 0:
             Path(args.times).write_text(json.dumps({"pair": args.pair, "variant": args.variant, "world": world,
                                                     "step_s": times, "loadavg": os.getloadavg()}))
     else:
-        tokens = BATCH * int(p["accum"]) * sum(round(BASE_LEN * f) for f in p["lengths"][:world]) \
+        tokens = int(p["batch"]) * int(p["accum"]) * sum(round(BASE_LEN * f) for f in p["lengths"][:world]) \
             if pair["model"] == "encoder" else None
         scenario = {"name": f"pair_{args.pair}_{args.variant}", "injects": pair["case"] if args.variant == "fault"
                     else "the fix of: " + pair["case"], "params": {k: v for k, v in p.items() if k != "lengths"}}
         elapsed = jobkit.run_steps(args, steps, train_step, model=model, optimizer=opt, scenario=scenario,
-                                   samples_per_step=BATCH * int(p["accum"]) * world, tokens_per_step=tokens)
+                                   samples_per_step=int(p["batch"]) * int(p["accum"]) * world, tokens_per_step=tokens)
     return jobkit.finish(args, steps, world, elapsed, barrier=dist.is_initialized())
 
 

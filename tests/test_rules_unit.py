@@ -40,7 +40,7 @@ def _gloo_setup(rank: int, kernels: int = 100, backend: str = "gloo") -> RankSet
 
 
 def _idle(cause: str, us: float, rank: int = 0) -> GpuIdle:
-    by = {c: 0.0 for c in ("launch", "host_sync", "data_loading", "collective_wait", "profiler", "other")}
+    by = {c: 0.0 for c in ("launch", "host_sync", "data_loading", "collective_wait", "host_compute", "profiler", "other")}
     by[cause] = us
     return GpuIdle(rank=rank, steps=[], idle_us=us, idle_frac=us / 100e3, by_cause=by, queue_empty_frac=0.9,
                    queue_delay_median_us=10.0)

@@ -9,12 +9,15 @@ device had nothing at all to do). Each idle instant gets one cause, the first th
 2. ``collective_wait``: the host is blocked in a collective (a ``c10d::`` op or ``Work.wait``);
 3. ``host_sync``: a sync (``cudaStreamSynchronize``, ``.item()``...) drained the queue: from the sync's
    start until the next device activity;
-4. ``other``: the host sleeps (``time.sleep``), or runs no torch op for longer than ``LONG_GAP_US``
+4. ``host_compute``: the host computes on CPU tensors: inside a torch op that launches no device work
+   (no runtime call within it) and lasts over ``QUEUE_EMPTY_US``, far longer than dispatching a launch
+   takes (an optimizer stepping CPU-offloaded parameters, metrics or preprocessing on CPU in the step);
+5. ``other``: the host sleeps (``time.sleep``), or runs no torch op for longer than ``LONG_GAP_US``
    (Python work that launches nothing: logging, I/O, untraced code), or is outside its step;
-5. ``launch``: the host is dispatching and launching (inside CPU ops and runtime calls, or in the
+6. ``launch``: the host is dispatching and launching (inside CPU ops and runtime calls, or in the
    short gaps between them): the GPU waits for the host to queue the next kernel. With ``with_stack``,
-   the part of it the profiler itself adds is ``profiler`` (``STACK_EVENT_COST_US`` per recorded
-   Python frame that starts there).
+   the part of launch and host_compute time the profiler itself adds is ``profiler``
+   (``STACK_EVENT_COST_US`` per recorded Python frame that starts there).
 
 Stream capture (``cudaStreamBeginCapture`` ... ``cudaStreamEndCapture``, CUDA graphs being recorded)
 queues kernels into a graph without running them: idle inside a capture is the capture itself, not
@@ -57,7 +60,8 @@ CAPTURE_END = ("cudaStreamEndCapture", "hipStreamEndCapture")
 STARTUP_FACTOR = 100.0
 STARTUP_MIN_US = 1000.0
 _WAITS = ("Synchronize", "Memcpy", "StreamWaitEvent", "EventQuery", "StreamQuery")
-_CAUSE_ORDER = ("data_loading", "collective_wait", "host_sync", "other", "launch")  # the first that holds
+_CAUSE_ORDER = ("data_loading", "collective_wait", "host_sync", "host_compute", "other", "launch")  # first that holds
+_PROFILED = ("launch", "host_compute")  # host work the profiler's per-frame cost inflates
 _MAX_SOURCE_PIECES = 150  # longest idle pieces per cause looked up for a user frame (each lookup scans the frames)
 
 
@@ -85,12 +89,12 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
         by_cause = {}
         for cause in _CAUSE_ORDER:
             part = iv.clip(cause_sets[cause], w.start, w.end)
-            if cause == "launch" and len(part) and len(stack_starts):
-                # the profiler's own share of launch time: a fixed cost per Python frame it recorded
+            if cause in _PROFILED and len(part) and len(stack_starts):
+                # the profiler's own share of host time: a fixed cost per Python frame it recorded
                 n = _starts_inside(stack_starts, part)
                 prof = min(n * STACK_EVENT_COST_US, iv.total(part))
-                by_cause["profiler"] = prof
-                by_cause["launch"] = iv.total(part) - prof
+                by_cause["profiler"] = by_cause.get("profiler", 0.0) + prof
+                by_cause[cause] = iv.total(part) - prof
             else:
                 by_cause[cause] = iv.total(part)
             pieces_by_cause[cause].append(part)
@@ -117,6 +121,10 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
         out.graph_captures = len(captures)
         out.capture_idle_us = iv.total(iv.intersect(idle_all, captures)) / n
     out.stack_events_per_step = _starts_inside(stack_starts, in_steps) / n
+    if len(cause_sets["host_compute"]) and len(ctx.optimizer_set):
+        opt = iv.intersect(cause_sets["host_compute"], ctx.optimizer_set)
+        frames = _starts_inside(stack_starts, opt) if len(stack_starts) and len(opt) else 0
+        out.optimizer_host_us = max(iv.total(opt) - frames * STACK_EVENT_COST_US, 0.0) / n
     out.with_stack = bool(options.get("with_stack", t.has_stacks))
     rs = options.get("record_shapes")
     out.record_shapes = bool(rs) if rs is not None else None
@@ -185,7 +193,23 @@ def _cause_sets(ctx: RankContext) -> dict[str, np.ndarray]:
     sleep = ctx.set_of(ctx.sleep_rows) if len(ctx.sleep_rows) else iv.EMPTY
     # "other" as a cause set: sleeps; whatever launch does not cover is "other" by elimination
     return {"data_loading": ctx.dataloader_set, "collective_wait": collective, "host_sync": shadow,
-            "other": sleep, "launch": launch}
+            "host_compute": _host_compute_set(ctx, ops), "other": sleep, "launch": launch}
+
+
+def _host_compute_set(ctx: RankContext, ops: np.ndarray) -> np.ndarray:
+    """Host ops that compute on CPU tensors: no runtime call (launch, copy, sync) starts inside them, on
+    any host thread, and each lasts over QUEUE_EMPTY_US (a few launch latencies: a view, an empty or a
+    dispatch that launches nothing takes microseconds)."""
+    t = ctx.t
+    cpu = ops[(t.cat[ops] == CPU_OP) & (t.dur[ops] > QUEUE_EMPTY_US)]
+    if not len(cpu):
+        return iv.EMPTY
+    rt = np.sort(t.ts[(t.cat == RUNTIME) & np.isin(t.track, ctx.compute_tracks)])
+    if len(rt):
+        k = np.searchsorted(rt, t.ts[cpu], side="left")
+        launches = (k < len(rt)) & (rt[np.minimum(k, len(rt) - 1)] < t.ts[cpu] + t.dur[cpu])
+        cpu = cpu[~launches]
+    return ctx.set_of(cpu) if len(cpu) else iv.EMPTY
 
 
 def _close_gaps(s: np.ndarray, gap: float) -> np.ndarray:

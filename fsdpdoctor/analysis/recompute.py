@@ -19,13 +19,16 @@ from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.breakdown import StepWindow
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.results import OffloadInfo, RecomputeInfo
-from fsdpdoctor.trace.table import CPU_OP, KERNEL, MEMCPY, PYFUNC, distinct
+from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, KERNEL, MEMCPY, PYFUNC, distinct
 
 _RECOMPUTE_FRAME = ("torch/utils/checkpoint.py", ": recompute_fn")
 _REENTRANT_OP = "CheckpointFunctionBackward"
 _NESTED_BACKWARD = "autograd::engine::evaluate_function:"
 _H2D = ("HtoD", "CopyHostToDevice", "Host -> Device", "HostToDevice")
 _D2H = ("DtoH", "CopyDeviceToHost", "Device -> Host", "DeviceToHost")
+# FSDP's own scopes (FSDP2's hooks and FSDP1's private methods; not FSDP1's ``.forward``, which holds the
+# user's module code): a copy launched inside one moves FSDP's parameters or gradients, i.e. CPU offload
+_FSDP_SCOPES = ("FSDP::", "FullyShardedDataParallel._")
 
 
 def recompute_regions(ctx: RankContext) -> tuple[np.ndarray, np.ndarray, str]:
@@ -130,8 +133,15 @@ def offload(ctx: RankContext, windows: list[StepWindow], manifest: dict | None) 
     wrap = manifest.get("wrapping") if isinstance(manifest, dict) else None
     wrap = wrap if isinstance(wrap, dict) else {}
     configured = any(bool(wrap.get(k)) for k in ("cpu_offload", "offload", "offload_params", "offload_policy"))
+    scopes = ctx.rows_prefix(_FSDP_SCOPES, (ANNOTATION, CPU_OP))
+    by_fsdp = 0
+    if len(scopes):
+        for launch in ctx.launch_rows(both[in_steps]).tolist():
+            if launch >= 0 and ctx.enclosing(scopes, int(t.track[launch]), float(t.ts[launch])) is not None:
+                by_fsdp += 1
     return OffloadInfo(rank=t.rank, h2d_us=tot["h2d"] / n, d2h_us=tot["d2h"] / n, exposed_us=tot["exposed"] / n,
-                       copies_per_step=float(in_steps.sum()) / n, offload_configured=configured, by_phase=by_phase)
+                       copies_per_step=float(in_steps.sum()) / n, offload_configured=configured, by_phase=by_phase,
+                       fsdp_copies_per_step=by_fsdp / n)
 
 
 def apply_offload_config(infos: list[OffloadInfo], manifest: dict | None) -> None:

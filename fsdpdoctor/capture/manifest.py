@@ -275,6 +275,8 @@ def _describe_fsdp2(model, fsdp_modules: list[tuple[str, Any]]) -> dict:
         if st is None:
             continue
         groups = list(getattr(st, "_fsdp_param_groups", None) or [])
+        if not groups and getattr(st, "_fsdp_param_group", None) is not None:
+            groups = [st._fsdp_param_group]  # torch before the list of groups (one group per state)
         if groups:
             g = groups[0]
             mesh = mesh if mesh is not None else _fsdp2_mesh(getattr(g, "mesh_info", None))

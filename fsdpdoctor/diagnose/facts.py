@@ -9,7 +9,7 @@ asks for it instead of importing the rule that reports it.
 from __future__ import annotations
 
 from fsdpdoctor.diagnose.framework import RuleContext
-from fsdpdoctor.results import GpuIdle, RankSetup
+from fsdpdoctor.results import IDLE_CAUSES, GpuIdle, RankSetup
 
 # ------------------------------------------------------------------ stragglers
 
@@ -96,12 +96,12 @@ def straggler_in_own_frames(ctx: RuleContext) -> bool:
 
 
 # ------------------------------------------------------------------ what idles the GPU
-FIXABLE_IDLE = ("launch", "host_sync", "collective_wait", "profiler", "data_loading")
+FIXABLE_IDLE = ("launch", "host_sync", "collective_wait", "host_compute", "profiler", "data_loading")
 
 
 def mean_idle(idles: list[GpuIdle]) -> dict[str, float]:
     n = len(idles)
-    out = {c: sum(g.by_cause.get(c, 0.0) for g in idles) / n for c in idles[0].by_cause}
+    out = {c: sum(g.by_cause.get(c, 0.0) for g in idles) / n for c in IDLE_CAUSES}
     out["_idle"] = sum(g.idle_us for g in idles) / n
     return out
 
@@ -181,3 +181,24 @@ def cuda_over_gloo(ctx: RuleContext) -> bool:
     """The setup fault cpu-staged-collectives applies (gpu-idle names it as the cause of collective waits)."""
     return any(cuda_gloo(s) for s in setups(ctx)) or (
         str(ctx.a.job.backend or "").lower() == "gloo" and ctx.traits.device_timeline)
+
+
+# ------------------------------------------------------------------ what CPU offload costs
+def offload_cost(ctx: RuleContext) -> tuple[float, float, float, bool] | None:
+    """(cost per step, exposed copies, optimizer on the host, offloading?) of CPU offload, None without
+    copy facts. Offloading shows as the wrapper's configuration or as copies FSDP itself launches (its
+    parameters or gradients moved between host and device); then the optimizer stepping CPU tensors while the GPU idles is the offload's
+    too (the fix, no offload, steps the parameters on the device), beside the copies under no kernel."""
+    return ctx.cached("offload_cost", lambda: _offload_cost(ctx))
+
+
+def _offload_cost(ctx: RuleContext) -> tuple[float, float, float, bool] | None:
+    infos = ctx.a.signals.offload if ctx.a.signals else []
+    if not infos or not ctx.traits.device_timeline or not ctx.step_us:
+        return None
+    n = len(infos)
+    exposed = sum(o.exposed_us for o in infos) / n
+    offloading = any(o.offload_configured or o.fsdp_copies_per_step > 0 for o in infos)
+    idles = ctx.a.signals.gpu_idle or []
+    opt_host = sum(g.optimizer_host_us for g in idles) / len(idles) if idles and offloading else 0.0
+    return exposed + opt_host, exposed, opt_host, offloading

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fsdpdoctor.analysis.gpu_idle import QUEUE_EMPTY_US
 from fsdpdoctor.diagnose.facts import FIXABLE_IDLE as FIXABLE, cuda_over_gloo, idle_verdict
-from fsdpdoctor.diagnose.facts import idle_waits_on_straggler
+from fsdpdoctor.diagnose.facts import idle_waits_on_straggler, offload_cost
 from fsdpdoctor.diagnose.framework import RuleContext, rule
 from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct
@@ -18,6 +18,7 @@ CAUSE_LABEL = {
     "host_sync": "host syncs that drain the kernel queue",
     "data_loading": "waiting for the next batch (DataLoader)",
     "collective_wait": "the host blocked in a collective",
+    "host_compute": "computing on CPU tensors (torch ops that launch no device work)",
     "profiler": "profiler overhead (with_stack records every Python call)",
     "other": "host work outside torch ops (Python, I/O, sleep) or outside the step",
 }
@@ -31,12 +32,16 @@ CAUSE_FIX = {
                     ".to(device, non_blocking=True)",
     "collective_wait": "Let collectives run asynchronously (NCCL, no Work.wait() in the step); see the communication "
                        "findings",
+    "host_compute": "Move the CPU-tensor work at the source lines shown to the device, or out of the step (an "
+                    "optimizer over CPU-offloaded parameters: offload less, see offload-exposed; metrics or "
+                    "preprocessing: compute them on the GPU or in DataLoader workers)",
     "profiler": "For timing runs profile with with_stack=False (and record_shapes=False): stacks add a fixed cost "
                 "to every Python call and inflate host time",
     "other": "Look at what the host does between steps at the source lines shown (logging, checkpoint I/O, sleeps)",
 }
 SHORT = {"launch": "kernel launch overhead", "host_sync": "host syncs", "data_loading": "data loading",
-         "collective_wait": "collective waits", "profiler": "profiler overhead", "other": "other host work"}
+         "collective_wait": "collective waits", "host_compute": "host compute", "profiler": "profiler overhead",
+         "other": "other host work"}
 
 
 def _idle_per_step(idles, causes) -> list[float]:
@@ -48,7 +53,7 @@ def _idle_per_step(idles, causes) -> list[float]:
     return [sum(v) / len(v) for _, v in sorted(by.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
 
 
-@rule(ids=("gpu-idle",), thresholds=("gpu_idle_frac", "input_bound_frac"))
+@rule(ids=("gpu-idle",), thresholds=("gpu_idle_frac", "input_bound_frac", "offload_exposed_frac"))
 def gpu_idle(ctx: RuleContext) -> list[Finding]:
     v = idle_verdict(ctx)
     if v is None:
@@ -57,6 +62,13 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
     idles = ctx.a.signals.gpu_idle
     fixable = sum(m[c] for c in FIXABLE)
     input_bound = cause == "data_loading" and ctx.frac(ctx.a.mean.data_loading_us) >= ctx.th["input_bound_frac"]
+    off = offload_cost(ctx)
+    offloaded = bool(off and off[2] and ctx.frac(off[0]) >= ctx.th["offload_exposed_frac"] and not input_bound)
+    if offloaded:
+        # the optimizer stepping offloaded parameters on the host is offload-exposed's saving, not this one's:
+        # the cause named and its fix are the largest of the rest
+        m = {**m, "host_compute": max(m["host_compute"] - off[2], 0.0)}
+        cause = max(FIXABLE, key=lambda c: m[c])
     delays = [g.queue_delay_median_us for g in idles if g.queue_delay_median_us is not None]
     empty = [g.queue_empty_frac for g in idles if g.queue_empty_frac is not None]
     split = ", ".join(f"{SHORT[c]} {ms(m[c])}" for c in sorted(m, key=lambda c: -m[c])
@@ -130,6 +142,10 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
                "replay the graphs to judge the job")
         ev.insert(0, Evidence(f"{ms(capture_idle)} of idle per step inside cudaStreamBeginCapture ... "
                               "cudaStreamEndCapture", time_us=capture_idle))
+    if offloaded:
+        impact = max(impact - off[2], 0.0)
+        ev.insert(0, Evidence(f"{ms(off[2])} of the host compute per step is the optimizer stepping CPU-offloaded "
+                              "parameters: counted by offload-exposed, not here", time_us=off[2]))
     f = ctx.finding(
         "gpu-idle", title, impact, summary,
         fix, confidence=0.85 if bound else 0.7, evidence=ev, source=srcs[0][0] if srcs else None,
@@ -140,6 +156,8 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
         samples=_idle_per_step(idles, ("data_loading",) if input_bound else FIXABLE))
     if input_bound:
         f.caused_by = "input-bound"
+    elif offloaded and ctx.frac(f.impact_us) < ctx.th["gpu_idle_frac"]:
+        f.caused_by = "offload-exposed"  # what is left once offload-exposed takes its share is no finding
     elif cause == "collective_wait":
         if idle_waits_on_straggler(ctx):
             f.caused_by = "straggler"
@@ -177,29 +195,40 @@ def activation_recompute(ctx: RuleContext) -> list[Finding]:
 
 @rule(ids=("offload-exposed",), thresholds=("offload_exposed_frac",))
 def offload_exposed(ctx: RuleContext) -> list[Finding]:
-    infos = ctx.a.signals.offload if ctx.a.signals else []
-    if not infos or not ctx.traits.device_timeline or not ctx.step_us:
+    cost = offload_cost(ctx)
+    if cost is None:
         return []
+    total, exposed, opt_host, offloading = cost
+    if ctx.frac(total) < ctx.th["offload_exposed_frac"]:
+        return []
+    infos = ctx.a.signals.offload
     n = len(infos)
-    exposed = sum(o.exposed_us for o in infos) / n
-    if ctx.frac(exposed) < ctx.th["offload_exposed_frac"]:
-        return []
     configured = any(o.offload_configured for o in infos)
     phases: dict[str, float] = {}
     for o in infos:
         for p, v in o.by_phase.items():
             phases[p] = phases.get(p, 0.0) + v / n
     where = ", ".join(f"{p} {ms(v)}" for p, v in sorted(phases.items(), key=lambda kv: -kv[1]) if v > 0)
-    fix = ("CPU offload moves parameters/gradients over PCIe every step: turn it off if the model fits "
-           "(FSDP CPUOffload(offload_params=False) / no OffloadPolicy), or offload only the optimizer state"
-           if configured else
+    fix = ("CPU offload moves parameters/gradients over PCIe every step"
+           + (" and steps the optimizer on the CPU" if opt_host else "")
+           + ": turn it off if the model fits (FSDP CPUOffload(offload_params=False) / no OffloadPolicy), or "
+             "offload only the optimizer state; the cost of the fix is the device memory of the parameters, "
+             "gradients and optimizer state the host held (see `fsdpdoctor memory`)"
+           if offloading else
            "Copy from pinned memory with non_blocking=True (DataLoader(pin_memory=True); tensor.pin_memory()), "
            "keep tensors on the device between steps, and avoid .cpu()/.to('cpu') inside the step")
+    ev = [Evidence(f"rank {o.rank}: HtoD {ms(o.h2d_us)}, DtoH {ms(o.d2h_us)}, exposed {ms(o.exposed_us)}, "
+                   f"{o.copies_per_step:.0f} copies per step", rank=o.rank, time_us=o.exposed_us)
+          for o in infos[:8]]
+    if opt_host:
+        ev.insert(0, Evidence(f"the optimizer steps CPU tensors for {ms(opt_host)} per step while no kernel runs "
+                              "(torch ops inside Optimizer.step that launch no device work; the profiler's "
+                              "per-frame cost set aside)", time_us=opt_host))
+    what = "Host<->device copies" + (" and the optimizer on the CPU" if opt_host else "")
     return [ctx.finding(
-        "offload-exposed", f"Host<->device copies leave the GPU idle {pct(ctx.frac(exposed))} of the step", exposed,
+        "offload-exposed", f"{what} leave the GPU idle {pct(ctx.frac(total))} of the step", total,
         f"{ms(exposed)} per step of HtoD/DtoH copies run while no kernel runs"
-        + (" (CPU offload is configured)" if configured else "") + f"; by phase: {where or '-'}.",
-        fix, confidence=0.75 if configured else 0.6,
-        evidence=[Evidence(f"rank {o.rank}: HtoD {ms(o.h2d_us)}, DtoH {ms(o.d2h_us)}, exposed {ms(o.exposed_us)}, "
-                           f"{o.copies_per_step:.0f} copies per step", rank=o.rank, time_us=o.exposed_us)
-                  for o in infos[:8]])]
+        + (f", and {ms(opt_host)} the optimizer steps the offloaded parameters on the host" if opt_host else "")
+        + (" (CPU offload is configured)" if configured else " (FSDP itself launches copies: CPU offload)"
+           if offloading else "") + f"; exposed copies by phase: {where or '-'}.",
+        fix, confidence=0.75 if offloading else 0.6, evidence=ev)]

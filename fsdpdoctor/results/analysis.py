@@ -542,7 +542,7 @@ class DdpInfo:
     bucket_nelems: list[int] = field(default_factory=list)
 
 
-IDLE_CAUSES = ("launch", "host_sync", "data_loading", "collective_wait", "profiler", "other")
+IDLE_CAUSES = ("launch", "host_sync", "data_loading", "collective_wait", "host_compute", "profiler", "other")
 
 
 @dataclass
@@ -570,6 +570,7 @@ class GpuIdle:
     queue_empty_frac: float | None = None        # share of kernels that started at most QUEUE_EMPTY_US after launch
     sources: dict[str, list[list]] = field(default_factory=dict)  # cause -> [[user frame, us per step], ...]
     stack_events_per_step: float = 0.0   # Python-frame events recorded per step (with_stack)
+    optimizer_host_us: float = 0.0       # of host_compute: inside Optimizer.step (an optimizer on CPU tensors)
     with_stack: bool = False
     record_shapes: bool | None = None
     graph_captures: int = 0               # CUDA-graph stream captures in the analysed steps
@@ -618,6 +619,7 @@ class OffloadInfo:
     copies_per_step: float
     offload_configured: bool = False      # the manifest says FSDP CPUOffload / offload_params
     by_phase: dict[str, float] = field(default_factory=dict)   # exposed copy time by host phase
+    fsdp_copies_per_step: float = 0.0     # copies launched inside FSDP's own scopes (offload seen in the trace)
 
 
 @dataclass

@@ -1,0 +1,115 @@
+"""The CUDA fault/fix pairs recorded on an H200 (traces/cuda/pairs, reference_jobs/pair_table.CUDA_PAIRS):
+each pair's finding fires on the fault and not on the fix, and the calibration's analyse stage turns the
+bundled captures and timed runs into P against M (benchmarks/calibrate.py --device cuda --stage analyse).
+
+The timed runs are recorded data (the GPU's bare step times, bundled beside the captures), so the verdicts
+are deterministic: where this file asserts that a prediction holds, it holds against what the GPU measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from bundled import TRACES
+from fsdpdoctor.pipeline import open_analysis
+
+ROOT = Path(__file__).resolve().parents[1]
+PAIRS_DIR = TRACES / "cuda" / "pairs"
+sys.path.insert(0, str(ROOT / "reference_jobs"))
+from pair_table import CUDA_PAIRS  # noqa: E402
+
+
+def _calibrate():
+    spec = importlib.util.spec_from_file_location("calibrate", ROOT / "benchmarks" / "calibrate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _ids(run: Path) -> dict[str, object]:
+    return {f.id: f for f in open_analysis(run, use_summaries=False).findings}
+
+
+@pytest.mark.parametrize("pair", sorted(CUDA_PAIRS))
+def test_the_finding_fires_on_the_fault_and_not_on_the_fix(pair):
+    expect = CUDA_PAIRS[pair]["expect"]
+    assert expect in _ids(PAIRS_DIR / pair / "fault")
+    assert expect not in _ids(PAIRS_DIR / pair / "fix")
+
+
+def test_offload_counts_the_optimizer_on_the_host_once():
+    """FSDP2 CPUOffloadPolicy: the copies under no kernel are a few % of the step; the optimizer stepping the
+    offloaded parameters on the host is most of the saving. offload-exposed carries it, and gpu-idle (the
+    launch-bound rest) does not count it again."""
+    a = open_analysis(PAIRS_DIR / "cuda_offload" / "fault", use_summaries=False)
+    found = {f.id: f for f in a.findings}
+    off, idle = found["offload-exposed"], found["gpu-idle"]
+    (g,) = a.signals.gpu_idle
+    (o,) = a.signals.offload
+    assert g.optimizer_host_us > 10 * o.exposed_us
+    assert off.impact_us == pytest.approx(o.exposed_us + g.optimizer_host_us)
+    assert any("optimizer steps CPU tensors" in e.text for e in off.evidence)
+    # together no more than the idle and the exposed copies they rest on
+    assert off.impact_us + idle.impact_us <= g.idle_us + o.exposed_us
+    assert "host compute" not in idle.title
+
+
+def test_host_compute_is_not_found_where_the_optimizer_runs_on_the_device():
+    """The same model without offload: the optimizer's ops launch kernels, so next to none of its time is host
+    compute (a few DTensor dispatches outlast 50 us under the profiler)."""
+    a = open_analysis(PAIRS_DIR / "cuda_offload" / "fix", use_summaries=False)
+    (g,) = a.signals.gpu_idle
+    assert g.optimizer_host_us < 0.01 * a.mean.duration_us
+    assert g.by_cause["host_compute"] < 0.05 * g.idle_us
+
+
+def test_analyse_stage_on_the_bundled_gpu_recordings(tmp_path):
+    cal = _calibrate()
+    out, doc = tmp_path / "r.json", tmp_path / "impact-cuda.md"
+    rc = cal.main(["--device", "cuda", "--stage", "analyse", "--work", str(PAIRS_DIR), "--reps", "5",
+                   "--steps", "20", "--active", "4", "--pairs", "cuda_offload,cuda_loader_workers",
+                   "--doc", str(doc), "--json", str(out), "--machine", "H200"])
+    assert rc == 0
+    by = {r["pair"]: r for r in json.loads(out.read_text())["pairs"]}
+    for name in ("cuda_offload", "cuda_loader_workers"):
+        r = by[name]
+        assert "error" not in r, r
+        assert r["found_on_fault"] and not r["found_on_fix"]
+        assert len(r["fault_step_us"]) == len(r["fix_step_us"]) == 5
+        assert r["verdict"] == "holds", (name, r["predicted_us"], r["measured_us"], r["measured_interval_us"])
+    text = doc.read_text()
+    assert "H200" in text and "--stage analyse" in text
+
+
+def test_record_stage_needs_a_work_folder():
+    assert _calibrate().main(["--device", "cuda", "--stage", "record"]) == 2
+    assert _calibrate().main(["--device", "cuda", "--pairs", "straggler_sleep"]) == 2  # a CPU pair
+
+
+# ----------------------------------------------------------------- inputs to name, recorded on the same H200
+def test_a_cuda_job_profiled_without_the_cuda_activity_is_named_and_not_read():
+    """reference_jobs/cuda_profile_kinds.py --which no_cuda_activity: kernel launches in the host timeline,
+    no device timeline. The header says so, the breakdown is withheld, nothing is claimed."""
+    a = open_analysis(TRACES / "cuda" / "no_cuda_activity", use_summaries=False)
+    kind = a.job.input_kind
+    assert kind.device == "missing" and kind.steps == "profiler-step"
+    assert any("ProfilerActivity.CUDA" in u and "kernel launch" in u for u in kind.unknown)
+    assert a.mean is None and not a.findings
+
+
+def test_start_up_inside_the_window_is_set_aside():
+    """--which startup_in_window: the profiler started before the process touched the GPU, so the first step
+    holds context creation and library initialisation inside single runtime calls orders of magnitude longer
+    than the rest: named, and left out of the saving."""
+    a = open_analysis(TRACES / "cuda" / "startup_in_window", use_summaries=False)
+    (g,) = a.signals.gpu_idle
+    assert g.startup_idle_us > 0 and g.startup_calls
+    f = {x.id: x for x in a.findings}["gpu-idle"]
+    assert any("one-time start-up" in e.text for e in f.evidence)
+    fixable = sum(v for c, v in g.by_cause.items() if c != "other")
+    assert f.impact_us <= fixable - g.startup_idle_us + 1e-6
+    assert f.severity != "error"  # four steps, one of them start-up: not enough to fail a gate
