@@ -2,9 +2,12 @@
 each a fresh process, interleaved rounds, medians (CPU from ``os.wait4``: user + system).
 
     python benchmarks/bench_startup.py --reps 15
+    python benchmarks/bench_startup.py --reps 15 --against ../main    # another checkout, interleaved
 
-``-S`` rows leave out ``site`` (whatever .pth files this environment's site-packages load): what the
-package itself costs."""
+``-m`` rows run ``python -m fsdpdoctor`` (which loads runpy), ``script`` rows what pip's console
+script for ``fsdpdoctor`` runs. ``-S`` rows leave out ``site`` (whatever .pth files this environment's
+site-packages load: here an editable install's finder and a CA bundle's, which load pathlib, typing,
+importlib.resources...): what the package itself costs."""
 
 from __future__ import annotations
 
@@ -16,16 +19,23 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# what pip's console script (the `fsdpdoctor` command) runs, with the arguments after it
+SCRIPT = ("import re, sys; from fsdpdoctor.cli import main; "
+          "sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0]); sys.exit(main())")
 CASES = {
     "bare": ["-c", "pass"],
-    "--help": ["-m", "fsdpdoctor", "--help"],
-    "analyze --bogus": ["-m", "fsdpdoctor", "analyze", "--bogus"],
+    "-m --help": ["-m", "fsdpdoctor", "--help"],
+    "-m analyze --bogus": ["-m", "fsdpdoctor", "analyze", "--bogus"],
+    "script --help": ["-c", SCRIPT, "--help"],
+    "script analyze --bogus": ["-c", SCRIPT, "analyze", "x", "--bogus"],
 }
 
 
-def cpu(argv: list[str]) -> float:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    p = subprocess.Popen([sys.executable, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+def cpu(argv: list[str], repo: Path = REPO) -> float:
+    env = dict(os.environ, PYTHONPATH=str(repo))
+    # run in the checkout: `-m`/`-c` put the working directory first on the path, before PYTHONPATH
+    p = subprocess.Popen([sys.executable, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                         cwd=repo)
     _, _, ru = os.wait4(p.pid, 0)
     return ru.ru_utime + ru.ru_stime
 
@@ -33,18 +43,20 @@ def cpu(argv: list[str]) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--against", type=Path, help="another checkout, measured in the same rounds")
     args = ap.parse_args(argv)
-    rows = {f"{flag}{name}": [] for flag in ("", "-S ") for name in CASES}
+    repos = {"": REPO, **({"B ": args.against.resolve()} if args.against else {})}
+    keys = [(tag, flag, name) for tag in repos for flag in ("", "-S ") for name in CASES
+            if not (tag and name == "bare")]
+    rows: dict[tuple, list[float]] = {k: [] for k in keys}
     for _ in range(args.reps + 1):   # the first round warms the page cache and bytecode, not counted
-        for flag in ("", "-S "):
-            for name, a in CASES.items():
-                rows[f"{flag}{name}"].append(cpu((["-S"] if flag else []) + a))
-    print(f"load average {os.getloadavg()[0]:.1f}")
-    for key, v in rows.items():
-        print(f"{key:22s} {statistics.median(v[1:]) * 1e3:6.0f} ms CPU (median of {args.reps})")
-    for flag in ("", "-S "):
-        base = statistics.median(rows[f"{flag}bare"][1:])
-        print(f"{flag or 'with site '}--help over bare: {(statistics.median(rows[f'{flag}--help'][1:]) - base) * 1e3:.0f} ms")
+        for tag, flag, name in keys:
+            rows[tag, flag, name].append(cpu((["-S"] if flag else []) + CASES[name], repos[tag]))
+    med = {k: statistics.median(v[1:]) for k, v in rows.items()}
+    print(f"load average {os.getloadavg()[0]:.1f}" + (f"; B = {args.against}" if args.against else ""))
+    for tag, flag, name in keys:
+        over = "" if name == "bare" else f"  ({(med[tag, flag, name] - med['', flag, 'bare']) * 1e3:+.0f} over bare)"
+        print(f"{tag}{flag}{name:24s} {med[tag, flag, name] * 1e3:6.0f} ms CPU{over} (median of {args.reps})")
     return 0
 
 

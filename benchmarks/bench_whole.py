@@ -1,6 +1,7 @@
 """What a user waits for: whole processes, `fsdpdoctor analyze DIR --json` against HTA and the decode floor.
 
     python benchmarks/bench_whole.py [--reps 7] [--traces DIR ...] [--hta-python PY] [--skip-hta] [--json FILE]
+    python benchmarks/bench_whole.py --skip-hta --against ../main   # another checkout's `analyze`, interleaved
 
 Every measurement is a fresh process started from here, timed from its start to its exit (interpreter
 start, imports, reading, analysis, output), its CPU taken from ``os.wait4`` (user + system of the process
@@ -117,11 +118,11 @@ def json_mb(folder: Path) -> float:
     return total / 1e6
 
 
-def measure(argv: list[str], env: dict) -> dict:
+def measure(argv: list[str], env: dict, cwd: Path = REPO) -> dict:
     """Run one process to its end: wall seconds, CPU seconds (with its waited-for children), peak MiB."""
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=REPO)
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=cwd)
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     err = p.stderr.read().decode(errors="replace")
@@ -148,6 +149,8 @@ def main(argv=None) -> int:
                     help="python of an environment with HTA installed (default: this one)")
     ap.add_argument("--skip-hta", action="store_true")
     ap.add_argument("--json", metavar="FILE", help="also write every measurement here")
+    ap.add_argument("--against", type=Path, metavar="CHECKOUT",
+                    help="also measure this checkout's `analyze --json` (tool `base`) in the same rounds")
     args = ap.parse_args(argv)
 
     if args.traces:
@@ -161,6 +164,12 @@ def main(argv=None) -> int:
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     tools = {"ours": lambda d: [sys.executable, "-m", "fsdpdoctor", "analyze", str(d), "--json"],
              "floor": lambda d: [sys.executable, "-c", FLOOR, str(d)]}
+    # each checkout runs in its own folder: `-m` puts the working directory first on the path
+    envs = {"ours": (env, REPO)}
+    if args.against:
+        base = args.against.resolve()
+        envs["base"] = (dict(env, PYTHONPATH=str(base)), base)
+        tools["base"] = tools["ours"]
     if not args.skip_hta:
         hta = subprocess.run([args.hta_python, "-c", HTA_VERSION], capture_output=True, text=True)
         if hta.returncode == 0 and hta.stdout.strip():
@@ -173,13 +182,13 @@ def main(argv=None) -> int:
           + " ".join(f"{x:.2f}" for x in os.getloadavg()), flush=True)
 
     for d in folders:  # the warm-up round
-        for make in tools.values():
-            measure(make(d), env)
+        for tool, make in tools.items():
+            measure(make(d), *envs.get(tool, (env, REPO)))
     runs: dict[tuple[str, str], list[dict]] = {}
     for rep in range(args.reps):
         for d in folders:
             for tool, make in tools.items():
-                r = measure(make(d), env)
+                r = measure(make(d), *envs.get(tool, (env, REPO)))
                 runs.setdefault((d.name, tool), []).append(r)
                 shown = r["error"] if "error" in r else f"wall {r['wall_s']:.3f} s  CPU {r['cpu_s']:.3f} s"
                 print(f"  rep {rep + 1} {d.name:34} {tool:5} {shown}  load {r['load']:.2f}", flush=True)
@@ -192,7 +201,7 @@ def main(argv=None) -> int:
         row["load"] = [min(r["load"] for t in tools for r in runs[(d.name, t)]),
                        max(r["load"] for t in tools for r in runs[(d.name, t)])]
         rows.append(row)
-    _print_table(rows, "hta" in tools, args.reps)
+    _print_table(rows, "hta" in tools, args.reps, "base" in tools)
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "runs": {f"{k[0]}/{k[1]}": v for k, v in runs.items()}},
                                               indent=1))
@@ -207,9 +216,11 @@ def _fig(d: dict) -> str:
     return f"{d['wall_s']:.2f} / {d['cpu_s']:.2f}" if "wall_s" in d else d["error"][:40]
 
 
-def _print_table(rows: list[dict], hta: bool, reps: int) -> None:
+def _print_table(rows: list[dict], hta: bool, reps: int, base: bool = False) -> None:
     print(f"\nmedians of {reps} fresh processes each, wall / CPU seconds:\n")
     head = ["trace", "MB JSON", "ours", "floor", "ours/floor CPU", "ours/floor wall"]
+    if base:
+        head += ["base", "base/floor CPU"]
     if hta:
         head += ["HTA", "HTA/ours wall", "HTA/ours CPU"]
     head += ["ours MiB", "load"]
@@ -218,6 +229,8 @@ def _print_table(rows: list[dict], hta: bool, reps: int) -> None:
     for r in rows:
         o, f = r["ours"], r["floor"]
         cells = [r["trace"], f"{r['mb_json']:.1f}", _fig(o), _fig(f), _ratio(o, f, "cpu_s"), _ratio(o, f, "wall_s")]
+        if base:
+            cells += [_fig(r["base"]), _ratio(r["base"], f, "cpu_s")]
         if hta:
             h = r["hta"]
             cells += [_fig(h), _ratio(h, o, "wall_s"), _ratio(h, o, "cpu_s")]

@@ -25,6 +25,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -335,9 +336,19 @@ def device_activity(path: Path) -> list[str]:
         dev = sum(1 for e in events if isinstance(e, dict) and str(e.get("cat", "")).lower() in _DEVICE_CAT)
         launches = sum(1 for e in events if isinstance(e, dict) and any(k in str(e.get("name", "")) for k in _LAUNCHES)
                        and str(e.get("cat", "")).lower() in ("cuda_runtime", "runtime", "cuda_driver"))
+        # events on a process an accelerator's profiler names as its device (torch_npu: "Ascend Hardware",
+        # label "NPU"), whatever their category
+        named = {e.get("pid") for e in events if isinstance(e, dict) and e.get("ph") == "M"
+                 and e.get("name") in ("process_name", "process_labels") and isinstance(e.get("args"), dict)
+                 and _DEVICE_PROCESS.search(str(e["args"].get("name", e["args"].get("labels", ""))))}
+        dev += sum(1 for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("pid") in named
+                   and str(e.get("cat", "")).lower() not in _DEVICE_CAT)
         if dev or launches:
             out.append(f"classified host-only, but {f.name} holds {dev} device event(s) and {launches} launch(es)")
     return out
+
+
+_DEVICE_PROCESS = re.compile(r"ascend hardware|^(ascend )?(npu|hpu|xpu|mtia|gaudi)\b", re.I)
 
 
 _PRODUCER = {"kineto": "Kineto", "legacy-autograd": "legacy list export", "unknown": "unknown writer"}

@@ -1,5 +1,5 @@
 """Command line: thin verbs over the library. One module per verb in
-``fsdpdoctor.commands``; each exposes ``register(subparsers)`` which sets
+``fsdpdoctor.commands``; each exposes ``register(parser)`` which declares its flags and sets
 ``func`` (args -> exit code) on its parser. Adding a verb is one module and one line in
 ``VERBS``."""
 
@@ -26,42 +26,65 @@ def _numpy_one_thread() -> None:
 
 
 from fsdpdoctor.version import __version__  # noqa: E402
-from fsdpdoctor.commands import (  # noqa: E402
-    analyze, check, diff, export, hang, memory, reference, scaling, steps, summarize, trigger, tui,
+
+# The verbs, in the order `--help` lists them: each the module fsdpdoctor.commands.<name>, whose
+# ``register(parser)`` declares its flags and sets ``func`` (args -> exit code), and its line of `--help`.
+# Only the module of the verb the command line names is imported: `--help` costs the interpreter and
+# argparse, a verb's wrong flag its module too, not twelve modules and what they import.
+VERBS: tuple[tuple[str, str], ...] = (
+    ("analyze", "step-time breakdown, communication, prefetch, stragglers and findings"),
+    ("check", "CI gate: exit 1 when findings reach the bar"),
+    ("diff", "compare two runs: step time, components and findings, with confidence intervals"),
+    ("export", "write all ranks on one clock-aligned timeline (Perfetto/Chrome JSON)"),
+    ("tui", "browse the analysis and findings in a terminal UI"),
+    ("scaling", "scaling efficiency across world sizes, with a waterfall of the losses"),
+    ("memory", "predict per-rank model-state memory for DDP/ZeRO/FSDP (and compare with a measured peak)"),
+    ("summarize", "write rank<N>.summary.msgpack beside each trace (fast re-analysis)"),
+    ("reference", "list or run the reference scenarios (needs torch)"),
+    ("hang", "hang forensics: which rank stopped, where and why (from hang/ dumps)"),
+    ("steps", "each rank's step time over the whole run, with the profiled windows marked"),
+    ("trigger", "ask a running job captured into RUN_DIR to profile the next N steps"),
 )
-TYPE_CHECKING = False   # typing.TYPE_CHECKING without loading typing at every start
-if TYPE_CHECKING:
-    from fsdpdoctor.commands.base import Verb
-from fsdpdoctor.errors import InputError  # noqa: E402
-from fsdpdoctor.visible_text import visible  # noqa: E402
-
-# the verbs, in the order `--help` lists them
-VERBS: tuple[Verb, ...] = (analyze, check, diff, export, tui, scaling, memory, summarize, reference, hang, steps,
-                           trigger)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with ``only``, the flags of that verb alone are declared (every verb
+    is still listed, with its line of help)."""
+    from importlib import import_module
+
     parser = argparse.ArgumentParser(
         prog="fsdpdoctor",
         description="Profile and diagnose PyTorch DDP/FSDP training jobs from torch.profiler traces.",
     )
     parser.add_argument("--version", action="version", version=f"fsdpdoctor {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND")
-    for verb in VERBS:
-        verb.register(sub)
+    for name, line in VERBS:
+        p = sub.add_parser(name, help=line)
+        if only is None or name == only:
+            import_module(f"fsdpdoctor.commands.{name}").register(p)
     return parser
 
 
+def _verb(argv: list[str]) -> str:
+    """The verb on a command line: its first word that is not a flag (the top level's flags take no
+    value); "" where there is none (`--help`, `--version`), so that no verb's module is loaded."""
+    return next((a for a in argv if not a.startswith("-")), "")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(only=_verb(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     _numpy_one_thread()
+    from fsdpdoctor.errors import InputError
+
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
+        from fsdpdoctor.visible_text import visible
+
         print(f"fsdpdoctor: error: {visible(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -72,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug of ours: one line unless asked for the traceback
         if os.environ.get("FSDPDOCTOR_DEBUG"):
             raise
+        from fsdpdoctor.visible_text import visible
+
         print(f"fsdpdoctor: internal error: {type(exc).__name__}: {visible(str(exc))} "
               "(set FSDPDOCTOR_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
         return 3

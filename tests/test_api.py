@@ -176,3 +176,18 @@ def test_to_dict_is_asdict_without_the_dropped_calls(traces_dir, run):
     assert a.to_dict() == full
     assert json.loads(a.to_json()) == json.loads(json.dumps({**full, "job": {k: v for k, v in full["job"].items()
                                                                               if k != "manifest"}}, default=str))
+
+
+def test_result_types_compare_and_print_as_dataclasses_do(traces_dir):
+    """The result types share one __repr__ and __eq__ (results.analysis.result) instead of a generated
+    pair each: the same text as @dataclass writes, equal by fields, unequal to other types, unhashable."""
+    import dataclasses
+
+    a = fsdpdoctor.analyze(traces_dir / "straggler")
+    f = a.findings[0]
+    names = [x.name for x in dataclasses.fields(f)]
+    assert repr(f) == f"Finding({', '.join(f'{n}={getattr(f, n)!r}' for n in names)})"
+    assert f == dataclasses.replace(f) and f != dataclasses.replace(f, title=f.title + "!") and f != f.title
+    with pytest.raises(TypeError):
+        hash(f)
+    assert a == fsdpdoctor.analyze(traces_dir / "straggler")   # a whole analysis, field by field

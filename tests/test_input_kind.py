@@ -117,13 +117,14 @@ def test_launches_without_kernel_events_name_the_missing_timeline(tmp_path):
     assert "ProfilerActivity.CUDA" in header and "idle" not in header
 
 
-def _mtia(tmp_path, device_pid=17) -> Path:
+def _mtia(tmp_path, device_pid=17, busy=400.0, linked=False) -> Path:
     """An MTIA recording to the plug-in's shape (HTA's mtia traces): per step a 400 us pe_exe, a 100 us
     dma_request and a 300 us event_wait on the device's stream tracks, runFunction calls on the host."""
     ev = _host_steps()
     for s in range(3):
         t0 = s * 1000.0
-        ev += [_x("pe_exe", t0 + 50, 400, cat="mtia_ccp_events", pid=device_pid, tid=3910, stream=112),
+        ev += [_x("pe_exe", t0 + 50, busy, cat="mtia_ccp_events", pid=device_pid, tid=3910, stream=112,
+                  **({"correlation": s} if linked else {})),
                _x("dma_request", t0 + 500, 100, cat="mtia_ccp_events", pid=device_pid, tid=3672, stream=105),
                _x("event_wait", t0 + 600, 300, cat="mtia_ccp_events", pid=device_pid, tid=3774, stream=108),
                _x("runFunction", t0 + 40, 5, cat="mtia_runtime", correlation=s)]
@@ -297,3 +298,50 @@ def test_a_shifted_device_clock_on_a_real_h100_trace_is_estimated_and_applied(tm
     for part in ("duration_us", "compute_us", "exposed_comm_us", "idle_us"):
         assert getattr(b.mean, part) == pytest.approx(getattr(a.mean, part), rel=0.02, abs=50.0), part
     assert b.job.input_kind.clock_offset_us == pytest.approx(k.clock_offset_us)
+
+
+def test_an_ascend_trace_view_is_named_npu_not_a_cpu_trace():
+    """MindStudio Insight's torch_npu trace_view.json fixture: an event on the "Ascend Hardware" process
+    (categories as written, no device category): the NPU is named and its figures withheld."""
+    path = DATA / "npu_trace_view" / "trace_view.json.gz"
+    k = load_file(path).kind
+    assert k.device == "npu" and not k.generic and not k.device_known
+    assert "NPU device events are not analysed (1 event(s) on 'Ascend Hardware'" in k.unknown[0]
+    rc, out, _ = _cli("analyze", str(path), "--json")
+    assert rc == 0 and json.loads(out)["job"]["input_kind"]["device"] == "npu"
+    rc, out, _ = _cli("analyze", str(path))
+    assert out.split("\n")[1].split()[1] == "NPU" and "CPU trace" not in out
+
+
+def test_kernels_on_an_npu_stream_are_the_npus_not_cuda(tmp_path):
+    """torch_npu's Kineto-shaped export: a process named "NPU" (label "Ascend NPU") and its "NPU stream N"
+    threads hold the device's kernels: named NPU and read as a device timeline, not called CUDA."""
+    ev = _host_steps()
+    ev += [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "NPU"}},
+           {"ph": "M", "name": "process_labels", "pid": 0, "tid": 0, "args": {"labels": "Ascend NPU"}},
+           {"ph": "M", "name": "thread_name", "pid": 47, "tid": 47, "args": {"name": "NPU stream 47"}}]
+    ev += [_x("MatMul", s * 1000.0 + 20 + k * 100, 40, cat="kernel", pid=47, tid=47) for s in range(3) for k in range(8)]
+    k = load_file(_write(tmp_path / "rank0.json", ev)).kind
+    assert (k.device, k.generic) == ("npu", True) and "on 'NPU stream 47'" in " ".join(k.evidence)
+
+
+def test_findings_on_another_accelerator_name_it_not_the_gpu(tmp_path):
+    """The rules' texts say "GPU"; on an MTIA input the findings and the header's idle line say MTIA."""
+    a = open_analysis(_mtia(tmp_path, busy=50.0, linked=True))  # the device idles most of the step
+    texts = [x for f in a.findings for x in (f.title, f.summary, f.fix, *(e.text for e in f.evidence))]
+    assert a.findings and not any("GPU" in x for x in texts)
+    assert any("MTIA idle" in x for x in texts)
+    rc, out, _ = _cli("analyze", str(_mtia(tmp_path, busy=50.0, linked=True)))
+    assert "GPU" not in out and "MTIA idle" in out
+
+
+def test_a_file_without_categories_or_torch_ops_is_another_tools_and_refused(tmp_path):
+    """An eBPF CUDA-API monitor's Chrome file (floritange/ebpf_cuda_monitoring's shape): driver API calls
+    with no category and no torch op, off the legacy export's pids: refused in one line, not analysed."""
+    ev = [{"ph": "X", "name": n, "ts": 10.0 * i, "dur": 3.0, "pid": 3878000, "tid": 3878000, "args": {}}
+          for i, n in enumerate(["cuMemAlloc_v2", "cuLaunchKernel", "cuStreamSynchronize"] * 12)]
+    path = tmp_path / "chrome_trace.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    rc, out, err = _cli("analyze", str(path))
+    assert rc == 2 and not out and len(err.strip().splitlines()) == 1
+    assert "not a torch.profiler recording: a CUDA API trace (36 events without categories, no torch op)" in err

@@ -26,7 +26,7 @@ def test_every_verb_module_is_listed_and_nothing_else():
     whose module is gone, fails here (and the import of cli fails on the latter)."""
     helpers = {"__init__", "base", "common"}
     modules = {p.stem for p in (ROOT / "fsdpdoctor" / "commands").glob("*.py")} - helpers
-    listed = {v.__name__.rsplit(".", 1)[1] for v in cli.VERBS}
+    listed = {name for name, _ in cli.VERBS}
     assert listed == modules
     sub = next(a for a in cli.build_parser()._actions if a.dest == "verb")
     assert set(sub.choices) >= listed
@@ -45,6 +45,35 @@ def test_shared_flags_are_declared_once_in_the_base():
         own[counts] = [f for f in own.get(counts, []) if f != "--steps"]
     assert not any(own.values()), {k: v for k, v in own.items() if v}
 
+
+
+def _loaded_by(argv: list[str]) -> set[str]:
+    """The modules a fresh interpreter holds after the command line ``argv`` (beyond a bare one's)."""
+    code = ("import sys; base = set(sys.modules); from fsdpdoctor.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print(' '.join(sorted(set(sys.modules) - base)), file=sys.stderr)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, check=True)
+    return set(p.stderr.splitlines()[-1].split())
+
+
+def test_help_and_a_wrong_flag_load_no_verb_they_do_not_name():
+    """`--help` loads no verb's module (their lines of help are in cli.VERBS); a verb's wrong flag loads
+    that verb's module and the flag helpers, not numpy, the analysis or the options' dataclasses."""
+    top = _loaded_by(["--help"])
+    assert not any(m.startswith("fsdpdoctor.commands.") for m in top), top
+    wrong = _loaded_by(["analyze", "traces/straggler", "--bogus"])
+    ours = {m for m in wrong if m.startswith("fsdpdoctor.commands.")}
+    assert ours == {"fsdpdoctor.commands.analyze", "fsdpdoctor.commands.base", "fsdpdoctor.commands.common"}
+    assert not wrong & {"numpy", "msgspec", "fsdpdoctor.options", "fsdpdoctor.pipeline", "dataclasses"}
+
+
+def test_analyzing_one_rank_loads_no_capture_and_no_process_pool():
+    """A trace not written by capture() (no step series beside it) loads none of the capture package (its
+    hooks and watchdog), and one rank read in this process none of multiprocessing."""
+    loaded = _loaded_by(["analyze", str(TRACES / "straggler" / "rank0.json.gz"), "--json", "--no-progress"])
+    assert "fsdpdoctor.pipeline" in loaded and not any(m.startswith("fsdpdoctor.capture") for m in loaded)
+    assert not loaded & {"multiprocessing", "concurrent.futures"}
 
 JSON_VERBS = {
     "analyze": ["analyze", "traces/straggler", "--json", "--no-progress"],

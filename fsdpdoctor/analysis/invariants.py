@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from typing import Literal
 
+from fsdpdoctor.results.analysis import result
 from fsdpdoctor.results import Analysis, StepBreakdown
 
 Invariant = Literal["share-in-unit", "impact-within-step", "roots-within-step", "step-adds-up",
@@ -45,8 +45,10 @@ REL = 1e-6
 SHOWN_SHARE = 1e-3
 
 
-@dataclass
+@result
 class Violation:
+    """A figure outside the bound an invariant sets for it."""
+
     invariant: Invariant
     figure: str                 # which figure, e.g. "finding host-sync impact"
     value: float

@@ -18,9 +18,16 @@ its time in the others by most of the stall (``step_frames``, with Python stacks
 from __future__ import annotations
 
 from pathlib import Path
-from statistics import median
 
 from fsdpdoctor.results import PeriodicStall, RankSummary
+
+
+def median(values) -> float:
+    """``statistics.median``, loaded on the first call (with fractions: ~2 ms of every start otherwise)."""
+    from statistics import median as _median
+
+    return _median(values)
+
 
 MAD_TO_SIGMA = 1.4826
 NOISE_SIGMAS = 3.0          # every stalled step (three at least) stands this far above the others' noise
@@ -62,7 +69,9 @@ def _fit(steps: list[int], durs: list[float]) -> tuple[int, int, float, list[int
 def _series(run_dir: Path | None, skip: set[int]) -> dict[int, tuple[list[int], list[float], list[float]]]:
     """rank -> (step numbers, wall-clock starts s, durations us) from the run's step series, less the steps
     in ``skip`` (profiled: the profiler slows them and exports after the last)."""
-    if run_dir is None or not Path(run_dir).is_dir():
+    # capture.series.SERIES_DIR, looked for before the import: a folder without step series (any trace
+    # not written by capture()) loads no capture code (the package's hooks and watchdog, ~20 ms)
+    if run_dir is None or not (Path(run_dir) / "steps").is_dir():
         return {}
     from fsdpdoctor.capture.series import read_series, series_files   # pure Python: no torch
 

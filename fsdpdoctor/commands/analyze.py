@@ -9,9 +9,8 @@ from fsdpdoctor.commands.common import add_selection_args, run_analysis
 from fsdpdoctor.errors import InputError
 
 
-def register(sub) -> None:
-    p = sub.add_parser("analyze", help="step-time breakdown, communication, prefetch, stragglers and findings",
-                       description="Analyse a torch.profiler trace file or a folder of per-rank traces.")
+def register(p) -> None:
+    p.description = "Analyse a torch.profiler trace file or a folder of per-rank traces."
     add_selection_args(p)
     add_output(p, "the analysis", tui=True)
     p.add_argument("--events", action="store_true", help="with --json: include every collective call")

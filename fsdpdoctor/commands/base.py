@@ -18,9 +18,10 @@ if TYPE_CHECKING:
     from typing import Protocol
 
     class Verb(Protocol):
-        """A verb module: ``register(subparsers)`` adds its parser and sets ``func`` on it."""
+        """A verb module: ``register(parser)`` declares its flags on its parser (listed with its line
+        of help by ``cli.VERBS``) and sets ``func`` on it."""
 
-        def register(self, sub) -> None: ...
+        def register(self, p: argparse.ArgumentParser) -> None: ...
 
 
 def add_path(p: argparse.ArgumentParser, optional: bool = False) -> None:

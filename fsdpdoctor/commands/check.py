@@ -15,9 +15,8 @@ def _percent(v: str) -> float:
         raise InputError(None, f"expected a number or a percentage, got {v!r}") from None
 
 
-def register(sub) -> None:
-    p = sub.add_parser("check", help="CI gate: exit 1 when findings reach the bar",
-                       description="Diagnose a trace and fail (exit 1) on findings at or above --fail-on.")
+def register(p) -> None:
+    p.description = "Diagnose a trace and fail (exit 1) on findings at or above --fail-on."
     add_analysis_flags(p, path_optional=True)
     p.add_argument("--fail-on", choices=SEVERITIES, default="warning",
                    help="lowest severity that fails the check (default: warning)")

@@ -7,9 +7,12 @@ import os
 import sys
 from contextlib import contextmanager
 
-from fsdpdoctor.options import Options
 from fsdpdoctor.commands.base import add_analysis_flags
 from fsdpdoctor.errors import InputError
+
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without loading typing at every start
+if TYPE_CHECKING:
+    from fsdpdoctor.options import Options
 
 
 def add_selection_args(p: argparse.ArgumentParser) -> None:
@@ -106,6 +109,8 @@ def run_analysis(args):
 
 def options_from(args, **changes) -> Options:
     """Every selection the command line gives (ranks, steps, window, thresholds, engine), as one object."""
+    from fsdpdoctor.options import Options   # here, not at import: a wrong flag loads no dataclasses
+
     return Options(ranks=parse_ranks(getattr(args, "rank", None)), steps=parse_steps(getattr(args, "steps", None)),
                    window=getattr(args, "window", None), thresholds=parse_thresholds(args),
                    **engine_kwargs(args)).but(**changes)

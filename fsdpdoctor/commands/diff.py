@@ -7,10 +7,9 @@ from fsdpdoctor.commands.common import options_from, parse_thresholds
 from fsdpdoctor.errors import InputError
 
 
-def register(sub) -> None:
-    p = sub.add_parser("diff", help="compare two runs: step time, components and findings, with confidence intervals",
-                       description="Compare a base run with a new run of the same job. Each side is a trace file, "
-                                   "a run folder or a saved `analyze --json` document.")
+def register(p) -> None:
+    p.description = ("Compare a base run with a new run of the same job. Each side is a trace file, "
+                     "a run folder or a saved `analyze --json` document.")
     p.add_argument("base", help="trace file, run folder or saved --json of the base run")
     p.add_argument("new", help="trace file, run folder or saved --json of the new run")
     add_selection(p, " on both sides")

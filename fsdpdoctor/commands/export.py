@@ -9,11 +9,10 @@ from fsdpdoctor.commands.common import (
 from fsdpdoctor.errors import InputError
 
 
-def register(sub) -> None:
-    p = sub.add_parser("export", help="write all ranks on one clock-aligned timeline (Perfetto/Chrome JSON)",
-                       description="Merge the ranks of a run into one Chrome/Perfetto JSON trace: each rank a "
-                                   "process on the reference rank's clock, collectives linked across ranks, "
-                                   "findings as annotated ranges. Open it at ui.perfetto.dev or chrome://tracing.")
+def register(p) -> None:
+    p.description = ("Merge the ranks of a run into one Chrome/Perfetto JSON trace: each rank a "
+                     "process on the reference rank's clock, collectives linked across ranks, "
+                     "findings as annotated ranges. Open it at ui.perfetto.dev or chrome://tracing.")
     add_selection_args(p)
     p.add_argument("--perfetto", metavar="OUT.json", required=True, help="file to write")
     p.add_argument("--no-ops", action="store_true",

@@ -6,12 +6,11 @@ from __future__ import annotations
 from fsdpdoctor.commands.base import add_output, add_thresholds, print_json, require_terminal
 
 
-def register(sub) -> None:
-    p = sub.add_parser("hang", help="hang forensics: which rank stopped, where and why (from hang/ dumps)",
-                       description="Read the dumps the hang watchdog wrote (capture(..., hang_timeout_s=N) or "
-                                   "fsdpdoctor.capture.watch) and name, per process group, the collective where "
-                                   "the ranks diverge, the ranks that never entered it, what they do instead "
-                                   "(their innermost frame) and a fix.")
+def register(p) -> None:
+    p.description = ("Read the dumps the hang watchdog wrote (capture(..., hang_timeout_s=N) or "
+                     "fsdpdoctor.capture.watch) and name, per process group, the collective where "
+                     "the ranks diverge, the ranks that never entered it, what they do instead "
+                     "(their innermost frame) and a fix.")
     p.add_argument("path", help="the run folder (holding hang/) or the hang folder itself")
     p.add_argument("--no-trend", action="store_true", help="do not read the profiled rank traces")
     add_thresholds(p, "hang_busy_runnable_share=0.7")

@@ -12,16 +12,11 @@ if TYPE_CHECKING:
     from fsdpdoctor.results.memory import ActivationSpec, MemoryConfig
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser(
-        "memory",
-        help="predict per-rank model-state memory for DDP/ZeRO/FSDP (and compare with a measured peak)",
-        description=(
-            "Predict per-rank memory of weights, gradients, optimizer states and master weights for each "
-            "sharding strategy. Give a model with --params..., or a RUN_FOLDER (manifest.json) to take the "
-            "config from the run and compare with the measured peak when profile_memory was on. "
-            "GB = 1e9 bytes; GiB = 2^30 bytes."),
-    )
+def register(p) -> None:
+    p.description = ("Predict per-rank memory of weights, gradients, optimizer states and master weights for each "
+                     "sharding strategy. Give a model with --params..., or a RUN_FOLDER (manifest.json) to take the "
+                     "config from the run and compare with the measured peak when profile_memory was on. "
+                     "GB = 1e9 bytes; GiB = 2^30 bytes.")
     p.add_argument("run_folder", nargs="?", metavar="RUN_FOLDER", help="run folder with manifest.json")
     # numbers are parsed by us (not argparse types) so bad values give one-line errors
     p.add_argument("--params", help="parameter count: 7B, 350M, 13e9, 125000000")

@@ -111,9 +111,8 @@ def _run_complete(out: Path, since: float) -> bool:
         return False
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("reference", help="list or run the reference scenarios (needs torch)",
-                              description=__doc__)
+def register(p) -> None:
+    p.description = __doc__
     sub = p.add_subparsers(dest="reference_cmd", metavar="{list,run}")
     p_list = sub.add_parser("list", help="table of scenarios: name, wrapping, what it injects")
     p_list.set_defaults(func=cmd_list)

@@ -19,12 +19,11 @@ def _positive(v: str) -> float:
     return x
 
 
-def register(sub) -> None:
-    p = sub.add_parser("scaling", help="scaling efficiency across world sizes, with a waterfall of the losses",
-                       description="Compare runs of the same job at different world sizes: global throughput, "
-                                   "scaling efficiency vs the smallest run, and where the step-time increase went "
-                                   "(exposed communication by kind, waiting on slower ranks, data loading, compute "
-                                   "inflation, idle). Work per step comes from the manifests (global figures).")
+def register(p) -> None:
+    p.description = ("Compare runs of the same job at different world sizes: global throughput, "
+                     "scaling efficiency vs the smallest run, and where the step-time increase went "
+                     "(exposed communication by kind, waiting on slower ranks, data loading, compute "
+                     "inflation, idle). Work per step comes from the manifests (global figures).")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (or trace files) of the same job")
     work = p.add_mutually_exclusive_group()
     work.add_argument("--samples-per-step", metavar="N", type=str,

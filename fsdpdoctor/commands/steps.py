@@ -9,10 +9,9 @@ from fsdpdoctor.commands.base import add_output, print_json
 from fsdpdoctor.errors import InputError
 
 
-def register(sub) -> None:
-    p = sub.add_parser("steps", help="each rank's step time over the whole run, with the profiled windows marked",
-                       description="Plot the step series that fsdpdoctor.capture keeps for every rank "
-                                   "(RUN_DIR/steps/rank<N>.steps) in the terminal, windows marked.")
+def register(p) -> None:
+    p.description = ("Plot the step series that fsdpdoctor.capture keeps for every rank "
+                     "(RUN_DIR/steps/rank<N>.steps) in the terminal, windows marked.")
     p.add_argument("run_dir", help="the folder given to capture()")
     add_output(p, "the series and the windows")
     p.add_argument("--width", type=int, default=None,

@@ -10,10 +10,9 @@ from fsdpdoctor.commands.common import engine_kwargs, progress_bar
 from fsdpdoctor.errors import InputError
 
 
-def register(sub) -> None:
-    p = sub.add_parser("summarize", help="write rank<N>.summary.msgpack beside each trace (fast re-analysis)",
-                       description="Analyse every rank of a trace file or folder and write its compact summary "
-                                   "beside the trace (or into --out); `analyze` then reads the summaries.")
+def register(p) -> None:
+    p.description = ("Analyse every rank of a trace file or folder and write its compact summary "
+                     "beside the trace (or into --out); `analyze` then reads the summaries.")
     p.add_argument("path", help="a trace file (.json/.json.gz) or a folder of per-rank traces")
     p.add_argument("--out", metavar="DIR", help="write the summaries here instead of beside the traces")
     p.add_argument("--param-dtype", metavar="DTYPE",

@@ -13,11 +13,10 @@ from fsdpdoctor.errors import InputError
 ALIVE_S = 10.0
 
 
-def register(sub) -> None:
-    p = sub.add_parser("trigger", help="ask a running job captured into RUN_DIR to profile the next N steps",
-                       description="Write a window request into the run folder of a job running under "
-                                   "fsdpdoctor.capture.capture(); every rank profiles the same N steps into "
-                                   "RUN_DIR/window-<first step>/. Works from any shell that sees the folder.")
+def register(p) -> None:
+    p.description = ("Write a window request into the run folder of a job running under "
+                     "fsdpdoctor.capture.capture(); every rank profiles the same N steps into "
+                     "RUN_DIR/window-<first step>/. Works from any shell that sees the folder.")
     p.add_argument("run_dir", help="the folder given to capture()")
     p.add_argument("--steps", type=int, default=3, metavar="N", help="steps to profile (default 3)")
     p.set_defaults(func=run)

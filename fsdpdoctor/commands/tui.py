@@ -10,9 +10,8 @@ from fsdpdoctor.commands.common import (add_selection_args, engine_kwargs, parse
 from fsdpdoctor.errors import InputError
 
 
-def register(sub) -> None:
-    p = sub.add_parser("tui", help="browse the analysis and findings in a terminal UI",
-                       description="Open the terminal UI on a trace file or a folder of per-rank traces.")
+def register(p) -> None:
+    p.description = "Open the terminal UI on a trace file or a folder of per-rank traces."
     add_selection_args(p)
     p.add_argument("--light", action="store_true", help="start with the light theme (t toggles)")
     add_window(p)  # [ and ] move between the windows

@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Iterator, Literal, Mapping, get_args
 
 from fsdpdoctor.diagnose.noise import EXPLICIT, SAMPLES_KEY, gate_by_noise
 from fsdpdoctor.diagnose.thresholds import BY_NAME
+from fsdpdoctor.results.analysis import result
 from fsdpdoctor.results import SEVERITY_RANK, Analysis, DialectTraits, Evidence, Finding
 
 
@@ -48,8 +49,10 @@ class DeclaredThresholds(Mapping[str, float]):
         return len(self._names)
 
 
-@dataclass
+@result
 class RuleContext:
+    """What a rule reads: the analysis and the resolved thresholds (its own declared ones as ``th``)."""
+
     a: Analysis
     table: Mapping[str, float]          # the whole resolved table (framework and shared facts)
     th: Mapping[str, float] = None      # what the running rule declared (the whole table outside a rule)

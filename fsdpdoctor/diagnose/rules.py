@@ -12,6 +12,7 @@ never suggest what is already set.
 
 from __future__ import annotations
 
+import re
 from types import ModuleType
 
 from fsdpdoctor.diagnose import (
@@ -40,11 +41,28 @@ def diagnose(analysis: Analysis, thresholds: dict[str, float] | None = None) -> 
     table = resolve(thresholds)
     apply_thresholds(analysis, table)
     findings = run_rules(RULES, analysis, table)
+    name_device(findings, analysis)
     # the per-rank flag in the JSON says what the finding says
     slow = {r for f in findings if f.id == "straggler" for r in f.ranks}
     for r in analysis.ranks:
         r.is_straggler = r.rank in slow
     return findings
+
+
+_GPU = re.compile(r"\bGPU(s?)\b")
+
+
+def name_device(findings: list[Finding], analysis: Analysis) -> None:
+    """The rules' texts say "GPU"; on another accelerator's input (MTIA, XPU, NPU...) they name it instead,
+    as the report header does (``InputKind.device_word``)."""
+    kind = analysis.job.input_kind if analysis.job is not None else None
+    word = kind.device_word if kind is not None else "GPU"
+    if word == "GPU":
+        return
+    for f in findings:
+        f.title, f.summary, f.fix = (_GPU.sub(rf"{word}\1", x) for x in (f.title, f.summary, f.fix))
+        for e in f.evidence:
+            e.text = _GPU.sub(rf"{word}\1", e.text)
 
 
 def apply_thresholds(analysis: Analysis, table: dict[str, float]) -> None:

@@ -19,7 +19,9 @@ import math
 
 import numpy as np
 
-from fsdpdoctor.results.comparison import Estimate
+TYPE_CHECKING = False   # typing.TYPE_CHECKING without loading typing at every start
+if TYPE_CHECKING:
+    from fsdpdoctor.results.comparison import Estimate
 
 
 def _t_cdf_upper_half(x: float, df: float) -> float:
@@ -69,6 +71,8 @@ def _half_width(s1: float, s2: float, n1: int, n2: int, level: float, pooled: bo
 def estimate(metric: str, base: list[float], new: list[float], level: float,
              max_more_steps: int = 100_000) -> Estimate:
     """Difference of per-step means (new - base) with a t-interval; how many more steps would resolve it."""
+    from fsdpdoctor.results.comparison import Estimate   # only `diff` builds one: `analyze` loads none
+
     b, n = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
     n1, n2 = len(b), len(n)
     bm = float(b.mean()) if n1 else 0.0

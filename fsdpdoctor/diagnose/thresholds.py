@@ -18,6 +18,8 @@ from fsdpdoctor.trace.limits import parse_bounded
 
 @dataclass(frozen=True)
 class Threshold:
+    """One tunable bar of the rules: its default, unit, meaning and where the value comes from."""
+
     name: str
     default: float
     unit: str

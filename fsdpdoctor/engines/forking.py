@@ -3,7 +3,6 @@ forked workers (the pieces of one large trace, ``trace.split``)."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import pickle
 import sys
@@ -23,6 +22,8 @@ _WORKER_MIN_WAIT_S = 10.0
 def can_fork() -> bool:
     """Whether forking is safe here: no other thread but daemons (a progress bar's refresher), which
     hold no lock the workers need; the TUI and Dask run the analysis in threads, and get no pieces."""
+    import multiprocessing as mp   # here, not at import: a run that forks nothing loads none of it
+
     if "fork" not in mp.get_all_start_methods():
         return False
     main = threading.main_thread()
@@ -70,6 +71,8 @@ def forked_shares(calls: list[Callable[[], T]]) -> list[T | None]:
     """Every call's answer: the first in this process, each other one in a forked worker (the workers
     inherit what the calls close over, so nothing is sent to them). A worker that fails, dies or stays
     silent too long answers None; the caller falls back. Only where ``can_fork()``."""
+    import multiprocessing as mp
+
     ctx = mp.get_context("fork")
     procs = []
     t0 = time.monotonic()

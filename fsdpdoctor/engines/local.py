@@ -7,14 +7,10 @@ module-level function (a pool pickles it by name); answers travel back pickled.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import sys
 import time
 from array import array
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.connection import wait as wait_any
 from typing import Any, Callable, Iterator
 
 from fsdpdoctor.engines.forking import can_fork, quiet_child
@@ -86,6 +82,8 @@ def _forked_map(fn: Step, units: list, n: int):
     if queue is None:  # more ranks than the pipe holds
         yield from _pool_map(fn, units, n)
         return
+    import multiprocessing as mp   # here, not at import: one rank in this process needs none of it
+
     ctx = mp.get_context("fork")
     workers = {}  # pipe -> [process, index of the unit it is on (None: between units), when it began]
     answered: set[int] = set()
@@ -174,6 +172,8 @@ class _RankQueue:
 def _replies(units: list, workers: dict, answered: set[int], timeout: float | None):
     """The (unit, results) that workers have sent (waiting up to ``timeout`` for the first message).
     Every waiting message is read: a worker blocks once its pipe is full."""
+    from multiprocessing.connection import wait as wait_any
+
     for conn in wait_any(list(workers), timeout):
         entry = workers[conn]
         while conn in workers:
@@ -226,6 +226,10 @@ def _serve(fn: Step, units: list, queue: _RankQueue, conn) -> None:
 
 def _pool_map(fn: Step, units: list, n: int):
     """A process pool (where forking is not possible or not safe: spawn platforms, other threads alive)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     # one task per rank and a fresh worker every few ranks: a worker's heap does not keep the
     # high-water mark of the largest trace it ever parsed

@@ -74,7 +74,8 @@ def gpu_lines(a: Analysis) -> Text:
         causes = {c: sum(g.by_cause.get(c, 0.0) for g in idles) / n for c in idles[0].by_cause}
         parts = ", ".join(f"{c.replace('_', ' ')} {ms(v)}" for c, v in sorted(causes.items(), key=lambda kv: -kv[1])
                           if v >= 0.005 * step)
-        out.append(f"\nGPU idle {ms(idle)} ({pct(idle / step if step else None)}): {parts or '-'}")
+        word = a.job.input_kind.device_word if a.job is not None and a.job.input_kind is not None else "GPU"
+        out.append(f"\n{word} idle {ms(idle)} ({pct(idle / step if step else None)}): {parts or '-'}")
         q = [g.queue_delay_median_us for g in idles if g.queue_delay_median_us is not None]
         if q:
             out.append(f"; kernels start {sorted(q)[len(q) // 2]:.0f} us after launch (median)")

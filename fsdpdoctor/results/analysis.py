@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import reprlib
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -23,6 +24,35 @@ def _field_names(cls: type) -> tuple[str, ...]:
         names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
     return names
 
+
+
+def _shared_repr(self) -> str:
+    return f"{type(self).__qualname__}({', '.join(f'{n}={getattr(self, n)!r}' for n in type(self)._repr_fields)})"
+
+
+def _shared_eq(self, other):
+    if other.__class__ is not self.__class__:
+        return NotImplemented
+    names = type(self)._eq_fields
+    return tuple(getattr(self, n) for n in names) == tuple(getattr(other, n) for n in names)
+
+
+def result(cls=None, /, **options):
+    """``@dataclass`` with one shared ``__repr__`` and ``__eq__`` (the same text and the same answers)
+    instead of a pair generated for each class: @dataclass compiles the source of every generated method
+    at every start, and this module's classes are loaded by every verb (three methods per class,
+    two thirds of this module's import)."""
+    def wrap(c):
+        c = dataclass(c, repr=False, eq=False, **options)
+        fields = dataclasses.fields(c)
+        c._repr_fields = tuple(f.name for f in fields if f.repr)
+        c._eq_fields = tuple(f.name for f in fields if f.compare)
+        c.__repr__ = reprlib.recursive_repr()(_shared_repr)
+        c.__eq__ = _shared_eq
+        c.__hash__ = None   # as @dataclass(eq=True) leaves a mutable class: unhashable
+        return c
+
+    return wrap if cls is None else wrap(cls)
 
 def plain(v):
     """``dataclasses.asdict`` of a result value without its deep copies of the leaves (a result is
@@ -67,7 +97,7 @@ PHASES: tuple[Phase, ...] = get_args(Phase)
 from fsdpdoctor.severity import SEVERITIES, SEVERITY_RANK, Severity  # noqa: E402,F401 - the one scale, named here
 
 
-@dataclass(slots=True)
+@result(slots=True)
 class Collective:
     """One collective call on one rank, as issued on the host and executed (kernel or gloo span).
 
@@ -104,7 +134,7 @@ class Collective:
         return self.end_us - self.start_us
 
 
-@dataclass
+@result
 class KindTime:
     """Communication time of one collective kind in one step (or averaged)."""
 
@@ -115,7 +145,7 @@ class KindTime:
     size_bytes: int = 0
 
 
-@dataclass
+@result
 class StepBreakdown:
     """Where one step's wall time went on one rank.
 
@@ -148,8 +178,10 @@ class StepBreakdown:
         return self.overlapped_comm_us / self.comm_us if self.comm_us > 0 else None
 
 
-@dataclass
+@result
 class RankSummary:
+    """One rank's analysis: its steps, their mean, and the figures the cross-rank reduce reads."""
+
     rank: int
     file: str
     dialect: str
@@ -163,7 +195,7 @@ class RankSummary:
     input_kind: InputKind | None = None  # what this rank's file is (trace/kind.py)
 
 
-@dataclass
+@result
 class CollectiveStat:
     """Per (kind, phase) over the analysed ranks and steps.
 
@@ -186,8 +218,10 @@ class CollectiveStat:
     exposed_per_step_us: float = 0.0    # exposed_us per rank and step
 
 
-@dataclass
+@result
 class PrefetchStatus:
+    """Whether FSDP prefetches its all-gathers, backward and forward, and how many were prefetched."""
+
     framework: str | None               # "fsdp1", "fsdp2" or None
     backward_mode: str                  # "pre", "post", "none", "n/a", "unknown"
     forward_mode: str                   # "on", "off", "n/a", "unknown"
@@ -204,8 +238,10 @@ class PrefetchStatus:
     per_step: list[dict] = field(default_factory=list)
 
 
-@dataclass
+@result
 class StragglerReport:
+    """The rank the others wait for, if any, by how much, and each rank's mean wait."""
+
     method: str                         # "wait" (clock-free), "+arrival" when issue times are comparable
     straggler: int | None
     spread_frac: float                  # median over steps of the others' longest wait for it / step time
@@ -237,7 +273,7 @@ class StragglerReport:
     alone_speed: float | None = None
 
 
-@dataclass
+@result
 class RankClock:
     """One rank's clock against the reference rank's: t_ref = t - offset_us - drift_ppm * 1e-6 * (t - t0_us)."""
 
@@ -250,7 +286,7 @@ class RankClock:
     bound_hi_us: float | None = None
 
 
-@dataclass
+@result
 class ClockReport:
     """Per-rank clock offsets estimated from matched collectives (analysis/clock.py, docs/clock.md)."""
 
@@ -272,7 +308,7 @@ class ClockReport:
         return index[1].get(rank)
 
 
-@dataclass
+@result
 class DialectTraits:
     """What a trace dialect can and cannot show; rules ask these, never the dialect's name.
 
@@ -286,14 +322,14 @@ class DialectTraits:
     has_message_sizes: bool = False      # sizes (and dtypes) are recorded per collective
 
 
-@dataclass
+@result
 class InputKind:
     """What one rank's file is, decided once at the front door (``trace/kind.py``) with its evidence:
     who wrote it, which device timeline it holds, how its steps are marked and how far its host and
     device clocks agree. ``unknown`` names what cannot be read from it: the figures that depend on
     it are withheld, not shown as zeros."""
 
-    producer: str = "kineto"             # "kineto", "legacy-autograd" (the list export), "unknown"
+    producer: str = "kineto"             # "kineto", "legacy-autograd" (the list export); other writers are refused
     device: str = "none"                 # "cuda", "rocm", "copies-only", "mtia", "xpu", "hpu", "npu",
     #                                      "privateuse1", "missing" (launches, no device events), "none"
     steps: str = "none"                  # "profiler-step", "cycles", "none"
@@ -308,6 +344,12 @@ class InputKind:
     def device_known(self) -> bool:
         """Whether device figures can be read from this input (or it ran on the host alone)."""
         return self.device in ("cuda", "rocm", "xpu", "copies-only", "none") or self.generic
+
+    @property
+    def device_word(self) -> str:
+        """What the texts call the device: "GPU" for a CUDA/ROCm timeline (or none, or a missing one),
+        else the accelerator the input ran on ("MTIA", "XPU", "NPU"...)."""
+        return "GPU" if self.device in ("cuda", "rocm", "copies-only", "missing", "none") else self.device.upper()
 
     def line(self) -> str:
         """One line for the report header."""
@@ -324,8 +366,10 @@ _DEVICES = {"cuda": "CUDA kernels", "rocm": "ROCm kernels", "xpu": "XPU kernels"
 _STEPS = {"profiler-step": "ProfilerStep", "cycles": "profiler cycles", "none": "no step markers"}
 
 
-@dataclass
+@result
 class JobInfo:
+    """What the job is: world size, ranks analysed, backend, dialect, wrapping and where that was read."""
+
     world_size: int | None
     ranks_analyzed: list[int]
     backend: str | None
@@ -343,8 +387,10 @@ class JobInfo:
     input_kind: InputKind | None = None   # rank 0's (the first analysed) kind; each rank's in ranks[]
 
 
-@dataclass
+@result
 class Evidence:
+    """One fact a finding rests on, with the rank, step, time and source it was read from."""
+
     text: str
     rank: int | None = None
     step: int | None = None
@@ -352,8 +398,10 @@ class Evidence:
     source: str | None = None
 
 
-@dataclass
+@result
 class Finding:
+    """One diagnosis: what is wrong, how sure, what fixing it would save per step, the evidence and the fix."""
+
     id: str                             # rule id, e.g. "fsdp1-no-backward-prefetch"
     title: str
     severity: Severity
@@ -374,7 +422,7 @@ class Finding:
     impact_interval_us: list[float] | None = None
 
 
-@dataclass
+@result
 class RankDataQuality:
     """What the loader dropped from one rank's file, and why (trace/quality.py)."""
 
@@ -392,7 +440,7 @@ class RankDataQuality:
     notes: list[str] = field(default_factory=list)   # document fields ignored (distributedInfo...)
 
 
-@dataclass
+@result
 class DataQuality:
     """Everything the loader could not trust, over all ranks and the manifest."""
 
@@ -406,7 +454,7 @@ class DataQuality:
         return not (self.dropped_events or self.ranks or self.manifest or self.notes)
 
 
-@dataclass
+@result
 class PeriodicStall:
     """A step that is longer every ``period`` steps on one rank (analysis/periodic.py)."""
 
@@ -425,7 +473,7 @@ class PeriodicStall:
     occurrence_cost_us: list[float] = field(default_factory=list)   # each stalled step's share of cost_per_step_us
 
 
-@dataclass
+@result
 class Analysis:
     """The whole result of ``analyze``: what every renderer shows."""
 
@@ -491,7 +539,7 @@ class Analysis:
         return findings_df(self)
 
 
-@dataclass
+@result
 class HostSync:
     """A host-device synchronisation inside a step (``.item()``, ``cudaStreamSynchronize``...)."""
 
@@ -505,8 +553,10 @@ class HostSync:
     bubble_us: float = 0.0
 
 
-@dataclass
+@result
 class DataLoaderInfo:
+    """One rank's DataLoader: its iterator, calls per step, and the share of the step it stalls."""
+
     rank: int
     iterator: str                    # "_SingleProcessDataLoaderIter" / "_MultiProcessingDataLoaderIter"
     calls_per_step: float
@@ -517,7 +567,7 @@ class DataLoaderInfo:
     slow_frame_us: float = 0.0
 
 
-@dataclass
+@result
 class DdpInfo:
     """DDP structure seen in the trace (per step means on the analysed ranks)."""
 
@@ -541,7 +591,7 @@ class DdpInfo:
 IDLE_CAUSES = ("launch", "host_sync", "data_loading", "collective_wait", "host_compute", "profiler", "other")
 
 
-@dataclass
+@result
 class GpuIdleStep:
     """One step of one rank on a device timeline: when no kernel, memcpy or memset runs on any stream."""
 
@@ -552,7 +602,7 @@ class GpuIdleStep:
     by_cause: dict[str, float] = field(default_factory=dict)   # IDLE_CAUSES -> idle time; sums to idle_us
 
 
-@dataclass
+@result
 class GpuIdle:
     """GPU idle time of one rank, attributed to what the host was doing meanwhile (see analysis/gpu_idle.py)."""
 
@@ -575,7 +625,7 @@ class GpuIdle:
     startup_calls: list[str] = field(default_factory=list)  # the longest of them, "cudaFree 9012.3 ms"
 
 
-@dataclass
+@result
 class RankSetup:
     """How one rank was set up, as far as its trace and the manifest say (analysis/setup.py)."""
 
@@ -593,7 +643,7 @@ class RankSetup:
     smallest_group: int | None = None     # the smallest pg_size in distributedInfo.pg_config (a 2-D mesh's)
 
 
-@dataclass
+@result
 class RecomputeInfo:
     """Activation checkpointing: forward work re-run inside backward (analysis/recompute.py)."""
 
@@ -605,7 +655,7 @@ class RecomputeInfo:
     compute_frac: float | None            # of compute time (device busy)
 
 
-@dataclass
+@result
 class OffloadInfo:
     """Host<->device copies (CPU offload, pinned/pageable transfers) of one rank (analysis/recompute.py)."""
 
@@ -619,7 +669,7 @@ class OffloadInfo:
     fsdp_copies_per_step: float = 0.0     # copies launched inside FSDP's own scopes (offload seen in the trace)
 
 
-@dataclass
+@result
 class Signals:
     """Structural facts the diagnosis rules read, beyond the time breakdown."""
 

@@ -37,6 +37,7 @@ CLOCK_SLACK_US = 1.0
 # backward links are a clock offset (and the shift that makes them causal is applied) when most links
 # run backwards; a few backward links among forward ones are reused ids, dropped and counted
 SYSTEMATIC_BACKWARD = 0.5
+_CUDA_API = re.compile(r"^(cuda|cu[A-Z])")  # runtime (cudaMalloc) and driver (cuMemAlloc_v2) API calls
 _TORCH_NAMES = re.compile(r"^(aten::|ProfilerStep#|c10d::|nccl:|gloo:|autograd::|Optimizer\.)")
 
 
@@ -77,15 +78,14 @@ def _producer(t: RankTrace, meta: dict, evidence: list[str]) -> str:
         evidence.append(f"torch.profiler (Kineto{f', schema {schema}' if schema is not None else ''}, "
                         f"{'event list' if t.format == 'event-list' else 'trace document'})")
         return "kineto"
+    # no torch op, and categories none of them the profiler's (or none at all, off the legacy export's
+    # pids): another tool's file (an eBPF CUDA-API monitor, a kernel timeline...), refused in one line
     written = sorted((c for c in t.categories if c), key=lambda c: -t.categories[c])
-    if written:  # categories, none of them the profiler's, and no torch op: another tool's file
-        looks = ("a CUDA API trace" if any(_LAUNCH.match(n) or n.startswith("cuda") for n in t.names)
-                 else "another tool's Chrome trace")
-        raise InputError(t.path, f"not a torch.profiler recording: {looks} ({t.n_events} events in categories "
-                                 f"{', '.join(repr(c) for c in written[:4])}{' ...' if len(written) > 4 else ''}, "
-                                 "none of the profiler's, no torch op)")
-    evidence.append("events without categories, no torch op: writer unknown")
-    return "unknown"
+    looks = ("a CUDA API trace" if any(_LAUNCH.match(n) or _CUDA_API.match(n) for n in t.names)
+             else "another tool's Chrome trace")
+    cats = (f"in categories {', '.join(repr(c) for c in written[:4])}{' ...' if len(written) > 4 else ''}, "
+            "none of the profiler's" if written else "without categories")
+    raise InputError(t.path, f"not a torch.profiler recording: {looks} ({t.n_events} events {cats}, no torch op)")
 
 
 def _known(cat: str) -> bool:
@@ -112,12 +112,17 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
     if accel_spans:  # another accelerator's device spans (made kernels by the loader): read by shape
         _accelerator(t, meta, kind, accel)
         return
+    named = _named_devices(t)
     if kernels:
         rocm = any(n.startswith("hip") for n in t.names) or "amd" in str(_device_name(meta)).lower()
         xpu = any(c.lower().startswith("xpu") for c in accel)  # kernels in "kernel", launches in xpu_runtime
-        kind.device = "xpu" if xpu else "rocm" if rocm else "cuda"
+        on = {d: n for d, (n, _) in named.items() if n} if not xpu else {}
+        other = max(on, key=on.get) if on else None  # kernels on an accelerator's own process (torch_npu...)
+        kind.device = other or ("xpu" if xpu else "rocm" if rocm else "cuda")
+        kind.generic = other is not None
         ev.append(f"{kernels} kernel(s)" + (f", {copies} copies/memsets" if copies else "")
-                  + (" launched through xpu_runtime: read as a device timeline" if xpu else ""))
+                  + (" launched through xpu_runtime: read as a device timeline" if xpu else "")
+                  + (f" on {named[other][1]!r}: read as a device timeline" if other else ""))
         return
     if copies:
         kind.device = "copies-only"
@@ -125,6 +130,14 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
         return
     if accel:
         _accelerator(t, meta, kind, accel)
+        return
+    if named:  # device events without a device category, on a process or stream named as the device
+        name = max(named, key=lambda d: named[d][0])
+        n, where = named[name]
+        kind.device = name
+        ev.append(f"{n} event(s) on {where!r}")
+        unknown.append(f"{name.upper()} device events are not analysed ({n} event(s) on {where!r}, in no device "
+                       "category): device figures (compute, idle, overlap) are unknown")
         return
     if launches:
         kind.device = "missing"
@@ -195,6 +208,28 @@ def _accelerator(t: RankTrace, meta: dict, kind: InputKind, accel: dict[str, int
     else:
         unknown.append(f"{name.upper()} device events are not analysed ({why}): device figures (compute, "
                        "idle, overlap) are unknown")
+
+
+# a process (by its name or label) or a stream named as another accelerator's: torch_npu writes its
+# device events on "Ascend Hardware" (label "NPU") or an "NPU" process with "NPU stream N" threads
+_DEVICE_PROCESS = re.compile(r"^(?:ascend hardware|(?:ascend )?(npu|hpu|xpu|mtia|gaudi|habana)(?: stream)?(?: \d+)?)$",
+                             re.I)
+
+
+def _named_devices(t: RankTrace) -> dict[str, tuple[int, str]]:
+    """Complete events on the tracks of a process or stream named as another accelerator's, by device:
+    (events, the name that says so). Kernels there are that device's, not CUDA's."""
+    counts = np.bincount(t.track[np.isin(t.cat, DEVICE_CATEGORIES)], minlength=len(t.tracks)) if t.n_events else []
+    out: dict[str, tuple[int, str]] = {}
+    for i, tr in enumerate(t.tracks):
+        for label in [p.strip() for p in tr.process.split("|")] + [tr.name]:
+            m = _DEVICE_PROCESS.match(label)
+            if m and tr.n_events:
+                name = _ACCELERATOR_NAMES.get((m.group(1) or "ascend").lower(), (m.group(1) or "").lower())
+                n, where = out.get(name, (0, label))
+                out[name] = (n + (int(counts[i]) if len(counts) and counts[i] else tr.n_events), where)
+                break
+    return out
 
 
 def _device_name(meta: dict):

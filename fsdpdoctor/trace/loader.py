@@ -117,6 +117,7 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
         tr.n_events = int(counts[i])
         tr.is_device = i in device_tracks
         tr.name = bounded_name(thread_names.get((tr.pid, tr.tid), ""))
+        tr.process = bounded_name(thread_names.get((tr.pid, PROCESS_TID), ""))
 
     rank, source = None, "default"
     if isinstance(dist.get("rank"), int):
@@ -158,6 +159,8 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
 
 
 _KEPT_PHASES = frozenset(("M", "i", "I"))
+# the key under which a process's name and labels are kept among the thread names: a tid no thread has
+PROCESS_TID = "\x00process"
 _NEEDS_CORR = np.array([KERNEL, RUNTIME, MEMCPY, MEMSET], dtype=np.int8)
 _corr_list_decoder = msgspec.json.Decoder(list[CorrArgs])
 _KEY = attrgetter("name", "cat", "pid", "tid")
@@ -170,6 +173,12 @@ def _non_complete(e, thread_names: dict, memory_events: list) -> None:
         a = raw_args(e.args)
         # gloo threads may be named twice ("python3" then "pt_gloo_runloop"): keep the last
         thread_names[(e.pid, e.tid)] = str(a.get("name", ""))
+    elif ph == "M" and e.name in ("process_name", "process_labels"):
+        # a process's name and labels, kept beside the thread names under a tid no thread has
+        a = raw_args(e.args)
+        key = (e.pid, PROCESS_TID)
+        text = str(a.get("name", a.get("labels", "")))
+        thread_names[key] = f"{thread_names[key]} | {text}" if thread_names.get(key) else text
     elif (ph == "i" or ph == "I") and e.name == "[memory]":
         _add_samples(memory_events, [e], [memory_args(e.args)])
 
@@ -511,7 +520,7 @@ def merge_rank_traces(parts: list[RankTrace]) -> RankTrace:
             key = (tr.pid, tr.tid)
             if key not in track_ids:
                 track_ids[key] = len(tracks)
-                tracks.append(Track(pid=tr.pid, tid=tr.tid, name=tr.name, is_device=tr.is_device))
+                tracks.append(Track(pid=tr.pid, tid=tr.tid, name=tr.name, is_device=tr.is_device, process=tr.process))
             merged = tracks[track_ids[key]]
             merged.n_events += tr.n_events
             merged.is_device |= tr.is_device

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 import numpy as np
 
+from fsdpdoctor.results.analysis import result
 from fsdpdoctor.results import InputKind, RankDataQuality
 
 # Category codes. Old (2021) traces spell them "Operator", "Kernel", "Runtime"...
@@ -70,7 +71,7 @@ def category_code(cat) -> int:
     return code
 
 
-@dataclass
+@result
 class Track:
     """A timeline: a CPU thread or a GPU stream."""
 
@@ -79,9 +80,10 @@ class Track:
     name: str = ""
     is_device: bool = False
     n_events: int = 0
+    process: str = ""   # its process's name and labels ("Ascend Hardware", "NPU"...): trace/kind.py reads them
 
 
-@dataclass
+@result
 class RankTrace:
     """Everything fsdpdoctor keeps of one rank's trace file."""
 

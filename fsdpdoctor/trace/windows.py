@@ -20,6 +20,8 @@ WINDOW_RE = re.compile(r"^window-(\d{1,12})$")
 
 @dataclass
 class Window:
+    """One profiled window of a run folder: its folder, steps, what opened it and the steps it cut."""
+
     folder: Path
     first: int | None          # first profiled step (None: the manifest does not say)
     last: int | None

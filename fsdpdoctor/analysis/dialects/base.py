@@ -8,11 +8,11 @@ records, timelines and ``DialectTraits``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
+from fsdpdoctor.results.analysis import result
 from fsdpdoctor.results import Collective, DialectTraits
 
 if TYPE_CHECKING:
@@ -20,15 +20,19 @@ if TYPE_CHECKING:
     from fsdpdoctor.trace.table import RankTrace
 
 
-@dataclass
+@result
 class StepWindow:
+    """One profiler step's span on this rank's clock (us)."""
+
     step: int | None
     start: float
     end: float
 
 
-@dataclass
+@result
 class Timelines:
+    """A rank's compute, optimizer and communication as interval sets, communication by kind and phase."""
+
     compute: np.ndarray      # all compute (incl. optimizer)
     optimizer: np.ndarray    # optimizer part of compute
     comm: np.ndarray
@@ -36,7 +40,7 @@ class Timelines:
     comm_by_phase: dict      # phase -> interval set
 
 
-@dataclass
+@result
 class CollectiveRecord:
     """One collective as a dialect found it: the public ``Collective`` plus what only
     the per-rank analysis needs (where it was issued, which kernel ran it)."""
