@@ -42,7 +42,7 @@ from fsdpdoctor.capture.coordinator import FOLDER_WAIT_S, MAX_WINDOW_BYTES, Wind
 from fsdpdoctor.capture.manifest import track_fsdp2_prefetch_calls
 from fsdpdoctor.capture.manifest_writer import HOST_WAIT_S, ManifestWriter, _rank_world
 from fsdpdoctor.capture.profiling import ProfilingSchedule
-from fsdpdoctor.capture.safety import _warn
+from fsdpdoctor.capture.safety import _sigint_held, _warn
 from fsdpdoctor.capture.watch import Watch as _Watch
 
 __all__ = ["Capture", "capture", "track_fsdp2_prefetch_calls", "HOST_WAIT_S", "FOLDER_WAIT_S", "MAX_WINDOW_BYTES"]
@@ -222,7 +222,9 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
             if self._wprof is not None or self._plan is not None:
                 self._end_window(cut=True)
             if self._pending_manifests:
-                self._write_ready_manifests(wait_s=HOST_WAIT_S)
+                with _sigint_held() as held:   # torchrun's second Ctrl-C waits for the manifest
+                    self._write_ready_manifests(wait_s=HOST_WAIT_S)
+                self._interrupt_held |= bool(held)
             self._next_poll = 1 << 62
             self._flush()
         except Exception as exc:
