@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import socket
 import subprocess
@@ -141,66 +142,71 @@ def test_export_failure_warns_and_training_continues(tmp_path, monkeypatch):
 JOB = textwrap.dedent('''
     import sys, torch, torch.distributed as dist, torch.nn as nn
     from fsdpdoctor.capture import capture, track_fsdp2_prefetch_calls
-    wrap, out, ranks = sys.argv[1], sys.argv[2], sys.argv[3]
-    use_capture = len(sys.argv) < 5 or sys.argv[4] != "nocap"
     dist.init_process_group("gloo")
-    torch.manual_seed(0)
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(32, 32)
-        def forward(self, x):
-            return torch.relu(self.lin(x))
+    def run(wrap, out, ranks, use_capture):
+        torch.manual_seed(0)
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = nn.Linear(32, 32)
+            def forward(self, x):
+                return torch.relu(self.lin(x))
 
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.blocks = nn.ModuleList(Block() for _ in range(2))
-            self.head = nn.Linear(32, 4)
-        def forward(self, x):
-            for b in self.blocks:
-                x = b(x)
-            return self.head(x)
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.blocks = nn.ModuleList(Block() for _ in range(2))
+                self.head = nn.Linear(32, 4)
+            def forward(self, x):
+                for b in self.blocks:
+                    x = b(x)
+                return self.head(x)
 
-    model = Net()
-    full_count = sum(p.numel() for p in model.parameters())
-    if wrap == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        model = DDP(model, bucket_cap_mb=7, gradient_as_bucket_view=True)
-    elif wrap == "fsdp1":
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, BackwardPrefetch
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
-                     backward_prefetch=BackwardPrefetch.BACKWARD_POST, forward_prefetch=True)
-    elif wrap == "fsdp1_orig":  # what Accelerate and HF Trainer use: original parameters as views of the shard
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-        model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
-                     use_orig_params=True)
-    elif wrap == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
-        track_fsdp2_prefetch_calls()
-        for b in model.blocks:
-            fully_shard(b)
-        fully_shard(model, reshard_after_forward=False)
-        model.blocks[1].set_modules_to_backward_prefetch([model.blocks[0]])
-        model.blocks[0].set_modules_to_forward_prefetch([model.blocks[1]])
-        model.set_modules_to_backward_prefetch([])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ranks = None if ranks == "all" else [int(r) for r in ranks.split(",")]
-    import contextlib
-    cm = capture(out, model=model, optimizer=opt, wait=1, warmup=1, active=2, ranks=ranks,
-                 tokens_per_step=64) if use_capture else contextlib.nullcontext()
-    with cm as cap:
-        for _ in range(6):
-            model(torch.randn(8, 32)).sum().backward()
-            opt.step()
-            opt.zero_grad()
-            if cap is not None:
-                cap.step()
-    dist.barrier()
-    print(f"rank {dist.get_rank()} done, full parameter count {full_count}")
+        model = Net()
+        full_count = sum(p.numel() for p in model.parameters())
+        if wrap == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = DDP(model, bucket_cap_mb=7, gradient_as_bucket_view=True)
+        elif wrap == "fsdp1":
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, BackwardPrefetch
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+            model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
+                         backward_prefetch=BackwardPrefetch.BACKWARD_POST, forward_prefetch=True)
+        elif wrap == "fsdp1_orig":  # what Accelerate and HF Trainer use: original parameters as views of the shard
+            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+            model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
+                         use_orig_params=True)
+        elif wrap == "fsdp2":
+            from torch.distributed.fsdp import fully_shard
+            track_fsdp2_prefetch_calls()
+            for b in model.blocks:
+                fully_shard(b)
+            fully_shard(model, reshard_after_forward=False)
+            model.blocks[1].set_modules_to_backward_prefetch([model.blocks[0]])
+            model.blocks[0].set_modules_to_forward_prefetch([model.blocks[1]])
+            model.set_modules_to_backward_prefetch([])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        ranks = None if ranks == "all" else [int(r) for r in ranks.split(",")]
+        import contextlib
+        cm = capture(out, model=model, optimizer=opt, wait=1, warmup=1, active=2, ranks=ranks,
+                     tokens_per_step=64) if use_capture else contextlib.nullcontext()
+        with cm as cap:
+            for _ in range(6):
+                model(torch.randn(8, 32)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                if cap is not None:
+                    cap.step()
+        dist.barrier()
+        print(f"rank {dist.get_rank()} done, full parameter count {full_count}")
+
+    # one run per "WRAP OUT RANKS [nocap]" group, groups separated by "+": several captures in one job
+    # share its start-up (torch import, process group), the costly part of a job this small
+    groups = [g.split() for g in " ".join(sys.argv[1:]).split(" + ")]
+    for g in groups:
+        run(g[0], g[1], g[2], len(g) < 4 or g[3] != "nocap")
     dist.destroy_process_group()
 ''')
 
@@ -212,12 +218,15 @@ def free_port() -> int:
 
 
 def torchrun(tmp_path, wrap, out, ranks="all", nproc=2, job=JOB, extra=()):
+    """``extra``: more arguments; for JOB, ``"+", WRAP, OUT, RANKS`` runs another capture in the same job."""
     script = tmp_path / "job.py"
     script.write_text(job)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_port", str(free_port()), str(script), wrap, str(out), ranks, *extra]
+           "--master_port", str(free_port()), str(script), wrap, str(out), ranks, *map(str, extra)]
+    # no test here reads the summaries the capture starts beside each trace (one process per trace)
+    env = dict(os.environ, FSDPDOCTOR_NO_SUMMARY="1")
     for _attempt in range(2):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
         # torch 2.13 + gloo: about 1 run in 20 aborts at interpreter exit with this message
         # (seen also with no profiler on any rank); retry once, it is not the capture's doing
         if proc.returncode == 0 or "terminate called without an active exception" not in proc.stderr:
@@ -232,11 +241,29 @@ def check_ok(proc):
         raise AssertionError(f"torchrun rc {proc.returncode}\n" + "\n".join(lines)[-6000:])
 
 
+@pytest.fixture(scope="module")
+def ddp_job(tmp_path_factory):
+    """One torchrun job, three DDP captures in turn: every rank profiled, only rank 1, and a run folder
+    that cannot be made (a file where its parent should be)."""
+    tmp = tmp_path_factory.mktemp("ddp_job")
+    (tmp / "not_a_dir").write_text("x")
+    return tmp, torchrun(tmp, "ddp", tmp / "ddp", extra=("+", "ddp", tmp / "r1", "1",
+                                                          "+", "ddp", tmp / "not_a_dir" / "run", "all"))
+
+
+@pytest.fixture(scope="module")
+def fsdp_job(tmp_path_factory):
+    """One torchrun job, an FSDP1 capture then an FSDP2 one."""
+    tmp = tmp_path_factory.mktemp("fsdp_job")
+    return tmp, torchrun(tmp, "fsdp1", tmp / "f1", extra=("+", "fsdp2", tmp / "f2", "all"))
+
+
 @requires_torch
 @pytest.mark.slow
-def test_torchrun_ddp_all_ranks(tmp_path):
+def test_torchrun_ddp_all_ranks(ddp_job):
+    tmp_path, proc = ddp_job
     out = tmp_path / "ddp"
-    check_ok(torchrun(tmp_path, "ddp", out))
+    check_ok(proc)
     assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank0.json.gz", "rank1.json.gz", "steps"]
     from fsdpdoctor.capture.series import read_series
 
@@ -259,9 +286,10 @@ def test_torchrun_ddp_all_ranks(tmp_path):
 
 @requires_torch
 @pytest.mark.slow
-def test_torchrun_only_rank1_profiled(tmp_path):
+def test_torchrun_only_rank1_profiled(ddp_job):
+    tmp_path, proc = ddp_job
     out = tmp_path / "r1"
-    check_ok(torchrun(tmp_path, "ddp", out, ranks="1"))
+    check_ok(proc)
     assert sorted(p.name for p in out.iterdir() if ".summary.msgpack" not in p.name) == ["manifest.json", "rank1.json.gz", "steps"]
     # rank 0 runs no profiler, but keeps its step series (and coordinates the windows)
     assert sorted(p.name for p in (out / "steps").iterdir()) == ["rank0.steps", "rank1.steps"]
@@ -273,9 +301,10 @@ def test_torchrun_only_rank1_profiled(tmp_path):
 
 @requires_torch
 @pytest.mark.slow
-def test_torchrun_fsdp1_manifest(tmp_path):
+def test_torchrun_fsdp1_manifest(fsdp_job):
+    tmp_path, proc = fsdp_job
     out = tmp_path / "f1"
-    check_ok(torchrun(tmp_path, "fsdp1", out))
+    check_ok(proc)
     w = json.loads((out / "manifest.json").read_text())["wrapping"]
     assert w == {"kind": "fsdp1", "sharding_strategy": "FULL_SHARD", "backward_prefetch": "BACKWARD_POST",
                  "forward_prefetch": True, "limit_all_gathers": True, "mixed_precision": None,
@@ -286,9 +315,10 @@ def test_torchrun_fsdp1_manifest(tmp_path):
 
 @requires_torch
 @pytest.mark.slow
-def test_torchrun_fsdp2_manifest(tmp_path):
+def test_torchrun_fsdp2_manifest(fsdp_job):
+    tmp_path, proc = fsdp_job
     out = tmp_path / "f2"
-    check_ok(torchrun(tmp_path, "fsdp2", out))
+    check_ok(proc)
     m = json.loads((out / "manifest.json").read_text())
     w = m["wrapping"]
     assert w["kind"] == "fsdp2" and w["units"] == 3
@@ -303,13 +333,13 @@ def test_torchrun_fsdp2_manifest(tmp_path):
 
 @requires_torch
 @pytest.mark.slow
-def test_torchrun_export_failure_does_not_stop_training(tmp_path):
-    blocker = tmp_path / "not_a_dir"
-    blocker.write_text("x")
-    proc = torchrun(tmp_path, "ddp", blocker / "run")
+def test_torchrun_export_failure_does_not_stop_training(ddp_job):
+    tmp_path, proc = ddp_job
     check_ok(proc)
-    assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
-    assert "fsdpdoctor.capture:" in proc.stderr and "RuntimeWarning" in proc.stderr
+    # the third capture of the job (the first two name no 'not_a_dir'): both ranks trained to the end
+    assert proc.stdout.count("rank 0 done") == 3 and proc.stdout.count("rank 1 done") == 3
+    warned = [ln for ln in proc.stderr.splitlines() if "fsdpdoctor.capture:" in ln and "not_a_dir" in ln]
+    assert warned and "RuntimeWarning" in proc.stderr, proc.stderr[-3000:]
 
 
 @requires_torch

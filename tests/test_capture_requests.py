@@ -15,6 +15,7 @@ import time
 import warnings
 from pathlib import Path
 
+import fsdpdoctor
 from capture_kit import tiny_training
 from conftest import requires_torch
 
@@ -167,3 +168,116 @@ def test_a_window_the_job_ends_before_leaves_no_folder(tmp_path, monkeypatch):
         "manifest.json", "rank0.json.gz"], [p.name for p in tmp_path.rglob("*")]
     assert any(re.search(r"not profiled: the job ended at step \d+, before it", str(w.message)) for w in caught)
     assert json.loads((windows[0] / "manifest.json").read_text())["profiled_steps"]
+
+
+def _window_rank(rank: int, out: str, scenario: str, barrier, go, stop, results) -> None:
+    """One rank of a two-rank job without a process group (plans and reports go through files); a
+    barrier per step stands for the collectives that keep ranks in step. ``late``: rank 1 learns of the
+    plan only after the window's first step; ``slow-write``: rank 1's trace reaches the disk only after
+    rank 0 wrote its own and looked at the folder."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", FSDPDOCTOR_NO_SUMMARY="1")
+    import torch
+
+    from fsdpdoctor.capture import capture
+    from fsdpdoctor.capture import windows as _win
+    from fsdpdoctor.capture.windows import write_request
+
+    run = Path(out)
+    _, _, train_step = tiny_training(torch)
+    listed_absent: list[str] = []   # rank 0: files a window's manifest listed that were not on disk
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cap = capture(run, fixed_window=False)
+        if rank == 1 and scenario == "late":
+            read = _win.Board.read
+            _win.Board.read = lambda board, seq: (lambda p: p if p is None or cap.step_num > p.first else None)(
+                read(board, seq))
+        if rank == 1 and scenario == "slow-write":
+            export = type(cap)._export
+
+            def slow_export(self, prof, path):
+                go.wait(60)
+                return export(self, prof, path)
+
+            type(cap)._export = slow_export
+        with cap:
+            if rank == 0:
+                write_request(run, 3)
+            i = 0
+            while i < stop.value:
+                train_step(0.005)
+                barrier.wait(60)
+                cap.step()
+                i += 1
+                if rank != 0:
+                    continue
+                for m in run.glob("window-*/manifest.json"):
+                    listed_absent += [f for f in json.loads(m.read_text())["files"].values()
+                                      if not (m.parent / f).exists()]
+                    stop.value = min(stop.value, i + 20)   # both ranks see it before then (a step apart)
+                if any(run.glob("window-*/rank0.json.gz")):
+                    go.set()
+    results.put((rank, listed_absent, [str(w.message) for w in caught]))
+
+
+def _two_ranks(out: Path, scenario: str) -> dict:
+    import torch  # noqa: F401  (imported before the fork)
+
+    ctx = multiprocessing.get_context("fork")
+    barrier, go, stop, results = ctx.Barrier(2), ctx.Event(), ctx.Value("i", 5000), ctx.Queue()
+    procs = [ctx.Process(target=_window_rank, args=(r, str(out), scenario, barrier, go, stop, results))
+             for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got = dict((r, (absent, caught)) for r, absent, caught in (results.get(timeout=180) for _ in procs))
+    for p in procs:
+        p.join(timeout=60)
+    return got
+
+
+@requires_torch
+def test_a_window_manifest_lists_only_traces_on_disk_and_names_a_late_rank(tmp_path):
+    out = tmp_path / "run"
+    got = _two_ranks(out, "late")
+    (win,) = out.glob("window-*")
+    manifest = json.loads((win / "manifest.json").read_text())
+    assert manifest["files"] == {"0": "rank0.json.gz"} and not (win / "rank1.json.gz").exists()
+    first = manifest["window"]["first_step"]
+    (why,) = manifest["missing_ranks"].values()
+    late = re.fullmatch(rf"learned of the window at step (\d+), after its warm-up step {first - 1}", why)
+    assert list(manifest["missing_ranks"]) == ["1"] and late and int(late.group(1)) > first, why
+    assert any(f"learned of window-{first} at step" in w for w in got[1][1])
+    assert got[0][0] == []
+    notes = fsdpdoctor.analyze(win).data_quality.notes   # what analyze shows about the folder
+    assert any("rank 1 profiled but its trace is missing: learned of the window" in n for n in notes), notes
+
+
+@requires_torch
+def test_a_window_manifest_appears_only_after_every_rank_wrote_its_trace(tmp_path):
+    out = tmp_path / "run"
+    got = _two_ranks(out, "slow-write")
+    assert got[0][0] == [], f"a manifest listed {got[0][0]} before they were on disk"
+    (win,) = out.glob("window-*")
+    manifest = json.loads((win / "manifest.json").read_text())
+    assert manifest["files"] == {"0": "rank0.json.gz", "1": "rank1.json.gz"} and manifest["missing_ranks"] == {}
+    assert (win / "rank1.json.gz").exists() and not list(out.glob(".fsdpdoctor-plan-*"))
+
+
+@requires_torch
+def test_a_demand_window_waits_its_lead_in_the_fastest_recent_steps(tmp_path, monkeypatch):
+    """Steps slowed by a passing load (the trigger's own start-up on a small machine) get fast again
+    within the lead: counted in slow steps, the lead would end before the other ranks' next poll (the
+    fresh-clone CI run's window-56 lacked rank 1's trace)."""
+    from fsdpdoctor.capture import capture
+    from fsdpdoctor.capture.windows import lead_steps, write_request
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with capture(tmp_path, fixed_window=False) as cap:
+        cap._coordinate(0, [0.007] * 60)        # a poll of healthy steps: no request, no plan
+        assert cap._plan is None
+        write_request(tmp_path, 4)
+        cap.step_num = 100
+        cap._coordinate(60, [0.025] * 20)       # the next poll: steps 3.5x slower while the trigger started
+        assert cap._plan.first - 100 == lead_steps(0.007) > lead_steps(0.025)
+        cap._plan, cap._window_at = None, -1    # the job ends here: nothing to profile

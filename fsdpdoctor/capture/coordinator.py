@@ -26,6 +26,8 @@ FOLDER_WAIT_S = 10.0
 # Ranks on the coordinator's host whose CPU wait it reads (torchrun numbers a host's ranks 0..LOCAL_WORLD_SIZE-1
 # on the first host): a load spike there hits them together; more would only add store traffic per poll.
 MAX_LOAD_PEERS = 8
+# Polls (of POLL_S) over which the coordinator remembers how fast the steps ran (a demand window's lead).
+FAST_POLLS = 20
 
 
 def _folder_bytes(folders: list[Path]) -> int:
@@ -106,6 +108,7 @@ class WindowCoordinator:
                 shares.append(old[2])   # a peer that has not polled since: its last interval's share
         self._wait_share = min(max(shares, default=0.0), _slow.MAX_WAIT_SHARE)
 
+    _fast_s: list[float] = []
     _cpu_wait_prev: tuple[int, int] | None = None
     _wait_share = 0.0
     _peer_waits: dict
@@ -147,6 +150,8 @@ class WindowCoordinator:
                     self._cpu_wait_prev = None
                     self._warn_once("cpuwait", f"CPU wait not read ({type(exc).__name__}: {exc}); "
                                                "automatic windows judge whole steps")
+            if self._pending_manifests:
+                self._write_ready_manifests()
             if self.rank == 0:
                 _claim.refresh_claim(self.out_dir)
                 self._coordinate(first, durations)
@@ -182,6 +187,8 @@ class WindowCoordinator:
         return self._total_steps if self.fixed_window else 0
 
     def _coordinate(self, first: int, durations: list[float]) -> None:
+        if durations:   # the fastest tenth of each poll's steps, over the last FAST_POLLS polls
+            self._fast_s = (self._fast_s + [sorted(durations)[len(durations) // 10]])[-FAST_POLLS:]
         if self._plan is not None:
             return
         fixed_end = self._fixed_end()
@@ -229,6 +236,10 @@ class WindowCoordinator:
         now_s = self._rule.recent_step_s() if self._rule is not None and reason is not None else None
         if now_s is None and durations:
             now_s = sorted(durations)[len(durations) // 2]
+        if request is not None and self._fast_s:
+            # steps can get faster within the lead (the load that slowed them, e.g. the trigger's own
+            # start-up, ends): counted in the fastest recent steps, the lead still covers the poll period
+            now_s = min(now_s or float("inf"), min(self._fast_s))
         # alone, the coordinator needs no time to tell other ranks: the window starts after one warm-up step
         lead = _win.lead_steps(now_s) if self.world_size > 1 else 1
         start = max(self.step_num + lead, (fixed_end or 0) + 1)
@@ -296,6 +307,8 @@ class WindowCoordinator:
         else:
             self._warn_once(f"late:{plan.seq}", f"learned of window-{plan.first} at step {self.step_num}, "
                                                  "too late to profile it; it holds no trace of this rank")
+            self._report_part(plan, f"learned of the window at step {self.step_num}, after its warm-up step "
+                                    f"{plan.first - 1}")
 
     def _open_window(self) -> None:
         plan, self._window_at = self._plan, -1
@@ -303,6 +316,7 @@ class WindowCoordinator:
             return
         if self._prof is not None:
             self._warn_once(f"busy:{plan.seq}", f"window-{plan.first} skipped: the fixed schedule's profiler runs")
+            self._part_why = "skipped: the fixed schedule's profiler was running"
             return
         try:
             from torch.profiler import ProfilerAction
@@ -328,6 +342,7 @@ class WindowCoordinator:
             self.profiling = True
         except Exception as exc:
             self._warn_once(f"open:{plan.seq}", f"cannot profile window-{plan.first} ({exc}); training continues")
+            self._part_why = f"its profiler did not start ({type(exc).__name__})"
             self._wprof = None
             self._unsilence()
 
@@ -371,12 +386,11 @@ class WindowCoordinator:
             return
         done = list(range(plan.first, min(plan.last, self.step_num - 1) + 1))
         if self._wexported and self.rank == self.manifest_rank:
-            try:
-                self._write_json(_win.window_dir(self.out_dir, plan.first) / "manifest.json",
-                                 self._window_manifest(plan, done, partial))
-            except Exception as exc:
-                _warn(f"rank {self.rank}: cannot write the manifest of window-{plan.first} ({exc})")
+            # written once every other profiled rank reported its part (at a later poll, or at close)
+            self._pending_manifests.append((plan, done, partial))
         self._plan_done(plan)
+        if self._pending_manifests:
+            self._write_ready_manifests()
 
     def _window_not_reached(self, plan: _win.Plan) -> None:
         """The job ended before the window's first step: nothing of it is written, and a folder made for
@@ -392,7 +406,9 @@ class WindowCoordinator:
                   f"the job ended at step {self.step_num}, before it; no folder written")
 
     def _plan_done(self, plan: _win.Plan) -> None:
-        self._plan, self._window_at = None, -1
+        self._report_part(plan, _win.PART_WRITTEN if self._wexported else
+                          self._part_why or "no trace written (see this rank's warnings)")
+        self._plan, self._window_at, self._part_why = None, -1, None
         self._wexported = False
         self._windows.append({"first": plan.first, "last": plan.last, "why": plan.why, "reason": plan.reason})
         # the window's steps and the one after it are slower by design: the rule starts afresh after them
@@ -401,12 +417,54 @@ class WindowCoordinator:
         if self._rule is not None:
             self._rule.reset()
 
-    def _window_manifest(self, plan: _win.Plan, done: list[int], partial: int | None) -> dict:
+    _part_why: str | None = None
+    _pending_manifests: list
+
+    def _report_part(self, plan: _win.Plan, status: str) -> None:
+        """Tell the manifest rank whether this rank's trace of the window is on disk (or why not)."""
+        if self.rank == self.manifest_rank or self.rank not in self.profiled_ranks or self._board is None:
+            return
+        try:
+            self._board.report_part(plan.seq, self.rank, status)
+        except Exception as exc:
+            self._warn_once(f"part:{plan.seq}", f"cannot report on window-{plan.first} ({exc})")
+
+    def _write_ready_manifests(self, wait_s: float = 0.0) -> None:
+        """Write the manifests of the windows every other profiled rank has reported on; with ``wait_s``
+        (at close), every one, after waiting at most that long in all: a rank with no report by then is
+        named as missing. A manifest lists only the traces that are on disk, and names every rank whose
+        trace is not, with the reason that rank gave."""
+        others = [r for r in self.profiled_ranks if r != self.rank] if self._board is not None else []
+        deadline = time.monotonic() + wait_s
+        kept = []
+        for plan, done, partial in self._pending_manifests:
+            parts = self._board.parts(plan.seq, others) if others else {}
+            while len(parts) < len(others) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                parts = self._board.parts(plan.seq, others)
+            if len(parts) < len(others) and not wait_s:
+                kept.append((plan, done, partial))
+                continue
+            if len(parts) < len(others):
+                parts = self._board.parts(plan.seq, others, one_by_one=True)
+            missing = {r: parts.get(r, "no report from this rank by the end of the job")
+                       for r in others if parts.get(r) != _win.PART_WRITTEN}
+            try:
+                self._write_json(_win.window_dir(self.out_dir, plan.first) / "manifest.json",
+                                 self._window_manifest(plan, done, partial, missing))
+            except Exception as exc:
+                _warn(f"rank {self.rank}: cannot write the manifest of window-{plan.first} ({exc})")
+        self._pending_manifests = kept
+
+    def _window_manifest(self, plan: _win.Plan, done: list[int], partial: int | None,
+                         missing: dict[int, str]) -> dict:
         m = self.manifest()
-        pr = self.profiled_ranks
+        pr = [r for r in self.profiled_ranks if r not in missing]
         m.update({
             "files": {str(r): f"rank{r}.json.gz" for r in pr},
             "cycle_files": {str(r): [f"rank{r}.json.gz"] for r in pr},
+            # profiled ranks whose trace of this window is not in its folder, and why (docs/capture.md)
+            "missing_ranks": {str(r): why for r, why in sorted(missing.items())},
             "schedule": {"skip_first": plan.first - 1, "wait": 0, "warmup": 1, "active": plan.steps, "repeat": 1},
             "profiled_steps": done,
             "partial_steps": [partial] if partial is not None else [],

@@ -42,7 +42,7 @@ from fsdpdoctor.capture.coordinator import FOLDER_WAIT_S, MAX_WINDOW_BYTES, Wind
 from fsdpdoctor.capture.manifest import track_fsdp2_prefetch_calls
 from fsdpdoctor.capture.manifest_writer import HOST_WAIT_S, ManifestWriter, _rank_world
 from fsdpdoctor.capture.profiling import ProfilingSchedule
-from fsdpdoctor.capture.safety import _warn
+from fsdpdoctor.capture.safety import _sigint_held, _warn
 from fsdpdoctor.capture.watch import Watch as _Watch
 
 __all__ = ["Capture", "capture", "track_fsdp2_prefetch_calls", "HOST_WAIT_S", "FOLDER_WAIT_S", "MAX_WINDOW_BYTES"]
@@ -136,6 +136,7 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
         self._requests_seen: set[str] = set()    # trigger requests honoured (or refused) once, by key
         self._requests_kept: list[str] = []      # ... of which the job could not remove the file
         self._windows_planned: list[_win.Plan] = []   # the coordinator's plans (caps on windows and disk)
+        self._pending_manifests: list = []   # windows whose manifest waits for the other ranks' reports
         self._feed_from = 0          # first step the anomaly rule may judge
         self._origin_unix_ns = 0
 
@@ -220,6 +221,10 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
             self._write_manifest_if_mine()
             if self._wprof is not None or self._plan is not None:
                 self._end_window(cut=True)
+            if self._pending_manifests:
+                with _sigint_held() as held:   # torchrun's second Ctrl-C waits for the manifest
+                    self._write_ready_manifests(wait_s=HOST_WAIT_S)
+                self._interrupt_held |= bool(held)
             self._next_poll = 1 << 62
             self._flush()
         except Exception as exc:
@@ -231,7 +236,7 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
                 _claim.release_claim(self.out_dir, self._job)
                 _win.forget_taken(self.out_dir)
                 if self._board is not None:
-                    self._board.clear(self._seq)
+                    self._board.clear(self._seq, range(self.world_size))
             if self._watch is not None:
                 self._watch.close()
         self._raise_held_interrupt()

@@ -27,6 +27,7 @@ TRIGGER_NAME = "fsdpdoctor.trigger"
 REJECTED_SUFFIX = ".rejected"
 TAKEN_NAME = ".fsdpdoctor-trigger.taken"   # requests taken that the job could not remove
 PLAN_PREFIX = ".fsdpdoctor-plan-"
+PART_WRITTEN = "written"          # a rank's report on a window whose trace it wrote
 WINDOW_PREFIX = "window-"
 TRIGGER_MAX_BYTES = 4096          # a request is a few dozen bytes; anything larger is not one
 MAX_WINDOW_STEPS = 1000           # a trace of more steps is too large to read back in one go
@@ -185,15 +186,53 @@ class Board:
             tmp.unlink(missing_ok=True)
             raise
 
-    def clear(self, last_seq: int) -> None:
-        """Remove the plan files of a finished job (the store goes away with the job)."""
+    def clear(self, last_seq: int, ranks: range | list[int] = ()) -> None:
+        """Remove the plan files (and the ranks' reports on them) of a finished job (the store goes away
+        with the job)."""
         if self.store is not None:
             return
         for seq in range(1, last_seq + 1):
+            for path in [self.run_dir / f"{PLAN_PREFIX}{seq}", *(self._part_path(seq, r) for r in ranks)]:
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+
+    # A rank's part in a window, for the rank that writes its manifest: PART_WRITTEN, or why its trace
+    # is missing (a manifest lists only the files that are on disk).
+    def _part_path(self, seq: int, rank: int) -> Path:
+        return self.run_dir / f"{PLAN_PREFIX}{seq}.rank{rank}"
+
+    def report_part(self, seq: int, rank: int, status: str) -> None:
+        if self.store is not None:
+            self.store.set(f"{self._key}{seq}/part/{rank}", status)
+            return
+        path = self._part_path(seq, rank)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(status)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def parts(self, seq: int, ranks: list[int], one_by_one: bool = False) -> dict[int, str]:
+        """The reports of ``ranks`` on plan ``seq`` that have arrived. Through the store, one round trip
+        when all have (``one_by_one``: a round trip per rank, to name those that have not)."""
+        if self.store is not None:
+            keys = [f"{self._key}{seq}/part/{r}" for r in ranks]
+            if keys and self.store.check(keys):
+                return {r: v.decode(errors="replace") for r, v in zip(ranks, self.store.multi_get(keys))}
+            if not one_by_one:
+                return {}
+            return {r: self.store.get(k).decode(errors="replace") for r, k in zip(ranks, keys) if self.store.check([k])}
+        got = {}
+        for r in ranks:
             try:
-                (self.run_dir / f"{PLAN_PREFIX}{seq}").unlink()
+                got[r] = self._part_path(seq, r).read_bytes()[:TRIGGER_MAX_BYTES].decode(errors="replace")
             except OSError:
                 pass
+        return got
 
     def read(self, seq: int) -> Plan | None:
         if self.store is not None:

@@ -459,6 +459,8 @@ def input_files(path: Path, dq: DataQuality) -> tuple[dict | None, list[Path]]:
         return None, [path]
     manifest, dq.manifest = read_manifest(path)
     files = _listed_only(manifest, _trace_files(path, dq.notes), dq.notes)
+    for r, why in sorted((manifest or {}).get("missing_ranks", {}).items(), key=lambda kv: int(kv[0])):
+        dq.notes.append(f"rank {r} profiled but its trace is missing: {why[:200]}")
     if not files:
         extra = f" ({'; '.join(dq.notes)})" if dq.notes else ""
         raise InputError(path, f"folder holds no .json or .json.gz trace files{extra}")

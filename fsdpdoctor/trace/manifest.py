@@ -69,6 +69,7 @@ _TOP: dict[str, Callable[[Any], bool]] = {
     "backend": _str,
     "profiled_ranks": _list_of(_int()),
     "files": _map_of(_str),
+    "missing_ranks": _map_of(_str),   # a window's profiled ranks whose trace is not there, and why
     "cycle_files": _map_of(_list_of(_str)),
     "versions": lambda v: isinstance(v, dict) and all(x is None or isinstance(x, str) for x in v.values()),
     # capture writes null for a rank whose host/device it never heard of
@@ -149,7 +150,7 @@ def validate(doc: Any, where: str = "manifest.json") -> tuple[dict | None, list[
         drop(out, "scenario", "scenario")
     ws = out.get("world_size")
     if isinstance(ws, int):
-        for key in ("files", "hosts", "devices", "cycle_files"):
+        for key in ("files", "hosts", "devices", "cycle_files", "missing_ranks"):
             if isinstance(out.get(key), dict) and any(int(k) >= ws for k in out[key]):
                 drop(out, key, key)
         if isinstance(out.get("profiled_ranks"), list) and any(r >= ws for r in out["profiled_ranks"]):
