@@ -86,11 +86,18 @@ def check_routing_skew(a, manifest: dict) -> None:
     # the router's skew is in the trace: the slow rank receives `skew` times the tokens (the bias that
     # steers the routing keeps each step within a few percent of its target)
     assert skew * 0.9 < _dispatch_ratio(a, slow) < skew * 1.1
-    f = next(f for f in a.findings if f.id == "straggler")
-    # balancing brings the step to the balanced time, half the excess at two ranks: a warning (issue 28)
-    assert f.ranks == [slow] and f.severity in ("warning", "error") and "(more work)" in f.title
     s = a.straggler
     assert s.straggler == slow and s.cause == "more work" and s.steps_last == s.steps_total
+    f = next((f for f in a.findings if f.id == "straggler"), None)
+    # balancing brings the step to the balanced time, half the excess at two ranks (issue 28): a warning,
+    # unless the recording says the host's cores were so contended that the moved half would run at least
+    # half as fast beside the other rank (k = alone / beside speed >= N - its saving E (1 - k/N) shrinks
+    # towards nothing, and the finding with it: seen once in a fresh-clone CI run)
+    contended = bool(s.alone_speed and s.beside_speed and s.alone_speed / s.beside_speed >= 1.5)
+    if f is None or f.severity not in ("warning", "error"):
+        assert contended, (s.alone_speed, s.beside_speed, f and (f.severity, f.impact_us))
+    else:
+        assert f.ranks == [slow] and "(more work)" in f.title
     assert s.exchange_kind == "all_to_all" and skew * 0.9 < s.exchange_ratio < skew * 1.1
     waiter = next(r for r in a.ranks if r.rank != slow)
     # the others wait in the exchange: never longer than they spend in all-to-alls, and at least the
@@ -101,11 +108,13 @@ def check_routing_skew(a, manifest: dict) -> None:
 
 @requires_torch
 @pytest.mark.slow
-def test_a_fresh_routing_skew_run_names_its_straggler(tmp_path):
+def test_a_fresh_routing_skew_run_names_its_straggler(tmp_path, monkeypatch):
     """Record moe_routing_skew with torchrun (2 ranks, gloo) and judge it as the bundled run is judged:
     every bound comes from the trace (received tokens, the waiter's all-to-all time, the slow rank's
     extra compute), none from how fast this machine is."""
     from fsdpdoctor.cli import main
+
+    monkeypatch.setenv("FSDPDOCTOR_NO_SUMMARY", "1")  # no background summary process beside the ranks
 
     out = tmp_path / "run"
     for _attempt in range(2):  # gloo jobs occasionally abort at exit (see test_capture.torchrun)
