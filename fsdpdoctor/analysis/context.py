@@ -320,6 +320,13 @@ class RankContext:
         """Every kernel, copy and memset on this rank's device (the rows of the device timeline)."""
         return np.nonzero(np.isin(self.t.cat, DEVICE_CATEGORIES))[0]
 
+    @cached_property
+    def stack_starts(self) -> np.ndarray:
+        """Start of every Python frame recorded on the compute threads (with_stack), sorted: the profiler's
+        own cost is counted per frame (analysis/gpu_idle.py, signals.host_syncs)."""
+        t = self.t
+        return np.sort(t.ts[(t.cat == PYFUNC) & np.isin(t.track, self.compute_tracks)])
+
     def sync_reach(self, rows: np.ndarray) -> np.ndarray:
         """How far past its return each sync in ``rows`` can have kept the device idle: as long as the host
         was blocked in it. Without the sync the host would have queued the next kernels that much earlier

@@ -36,7 +36,7 @@ from fsdpdoctor.analysis.breakdown import StepWindow
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.stats import median
 from fsdpdoctor.results import IDLE_CAUSES, GpuIdle, GpuIdleStep
-from fsdpdoctor.trace.table import CPU_OP, PYFUNC, RUNTIME
+from fsdpdoctor.trace.table import CPU_OP, RUNTIME
 from fsdpdoctor.trace.vocabulary import COMM_OPS
 
 # A host thread that launches work runs a torch op every few tens of microseconds; a stretch of
@@ -74,7 +74,7 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
     options = options if isinstance(options, dict) else {}
     busy = ctx.set_of(dev)
     causes = _cause_sets(ctx)
-    stack_starts = np.sort(t.ts[(t.cat == PYFUNC) & np.isin(t.track, ctx.compute_tracks)])
+    stack_starts = ctx.stack_starts
     # each idle instant of all the steps gets its cause once; each step then takes its part of them
     in_steps = iv.as_set([w.start for w in windows], [w.end for w in windows])
     rest = iv.subtract(in_steps, busy)
@@ -91,7 +91,7 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
             part = iv.clip(cause_sets[cause], w.start, w.end)
             if cause in _PROFILED and len(part) and len(stack_starts):
                 # the profiler's own share of host time: a fixed cost per Python frame it recorded
-                n = _starts_inside(stack_starts, part)
+                n = starts_inside(stack_starts, part)
                 prof = min(n * STACK_EVENT_COST_US, iv.total(part))
                 by_cause["profiler"] = by_cause.get("profiler", 0.0) + prof
                 by_cause[cause] = iv.total(part) - prof
@@ -120,11 +120,10 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
     if len(captures):
         out.graph_captures = len(captures)
         out.capture_idle_us = iv.total(iv.intersect(idle_all, captures)) / n
-    out.stack_events_per_step = _starts_inside(stack_starts, in_steps) / n
+    out.stack_events_per_step = starts_inside(stack_starts, in_steps) / n
     if len(cause_sets["host_compute"]) and len(ctx.optimizer_set):
         opt = iv.intersect(cause_sets["host_compute"], ctx.optimizer_set)
-        frames = _starts_inside(stack_starts, opt) if len(stack_starts) and len(opt) else 0
-        out.optimizer_host_us = max(iv.total(opt) - frames * STACK_EVENT_COST_US, 0.0) / n
+        out.optimizer_host_us = max(iv.total(opt) - starts_inside(stack_starts, opt) * STACK_EVENT_COST_US, 0.0) / n
     out.with_stack = bool(options.get("with_stack", t.has_stacks))
     rs = options.get("record_shapes")
     out.record_shapes = bool(rs) if rs is not None else None
@@ -221,7 +220,8 @@ def _close_gaps(s: np.ndarray, gap: float) -> np.ndarray:
     return np.stack([s[idx, 0], ends], axis=1)
 
 
-def _starts_inside(sorted_starts: np.ndarray, s: np.ndarray) -> int:
+def starts_inside(sorted_starts: np.ndarray, s: np.ndarray) -> int:
+    """How many of ``sorted_starts`` fall inside the intervals ``s``."""
     if not len(s) or not len(sorted_starts):
         return 0
     lo = np.searchsorted(sorted_starts, s[:, 0], side="left")

@@ -10,7 +10,7 @@ import numpy as np
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.breakdown import StepWindow
 from fsdpdoctor.analysis.context import RankContext, is_user_frame
-from fsdpdoctor.analysis.gpu_idle import STACK_EVENT_COST_US
+from fsdpdoctor.analysis.gpu_idle import STACK_EVENT_COST_US, starts_inside
 from fsdpdoctor.analysis.rankresult import DdpCounts
 from fsdpdoctor.results import Collective, DataLoaderInfo, DdpInfo, HostSync, StepBreakdown
 from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, PYFUNC
@@ -72,7 +72,6 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
     # host launches again, as far as the sync drained it (RankContext.sync_reach)
     dev = ctx.device_rows
     dev_busy = iv.as_set(t.ts[dev], t.ts[dev] + t.dur[dev]) if len(dev) else iv.EMPTY
-    stack_starts = np.sort(t.ts[(t.cat == PYFUNC) & np.isin(t.track, ctx.compute_tracks)]) if len(dev) else None
     for (name, src), rows in groups.items():
         steps = sorted({s for s in (_step_of(windows, float(t.ts[r])) for r in rows) if s is not None})
         bubble = 0.0
@@ -90,10 +89,7 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
             # waiting for a batch inside that span is the loader's (the GPU idle cause order puts it first),
             # and with stacks the profiler's own cost per Python frame recorded there is the profiler's
             idle = iv.subtract(iv.subtract(gaps, dev_busy), ctx.dataloader_set) if len(gaps) else iv.EMPTY
-            frames = 0
-            if len(idle) and len(stack_starts):
-                frames = int((np.searchsorted(stack_starts, idle[:, 1])
-                              - np.searchsorted(stack_starts, idle[:, 0])).sum())
+            frames = starts_inside(ctx.stack_starts, idle)
             bubble = max(iv.total(idle) - frames * STACK_EVENT_COST_US, 0.0) if len(idle) else 0.0
         out.append(HostSync(rank=t.rank, name=name, count=len(rows), total_us=float(t.dur[rows].sum()),
                             steps=steps, source=src, bubble_us=bubble))
