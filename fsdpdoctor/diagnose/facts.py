@@ -185,8 +185,9 @@ def cuda_over_gloo(ctx: RuleContext) -> bool:
 
 # ------------------------------------------------------------------ what CPU offload costs
 def offload_cost(ctx: RuleContext) -> tuple[float, float, float, bool] | None:
-    """(cost per step, exposed copies, optimizer on the host, offloading?) of CPU offload, None without
-    copy facts. Offloading shows as the wrapper's configuration or as copies FSDP itself launches (its
+    """(cost per step, exposed copies, optimizer on the host, offloading?) of CPU offload when it reaches
+    ``offload_exposed_frac`` of the step (offload-exposed fires), else None. A rule that calls it declares
+    that threshold. Offloading shows as the wrapper's configuration or as copies FSDP itself launches (its
     parameters or gradients moved between host and device); then the optimizer stepping CPU tensors while the GPU idles is the offload's
     too (the fix, no offload, steps the parameters on the device), beside the copies under no kernel."""
     return ctx.cached("offload_cost", lambda: _offload_cost(ctx))
@@ -201,4 +202,6 @@ def _offload_cost(ctx: RuleContext) -> tuple[float, float, float, bool] | None:
     offloading = any(o.offload_configured or o.fsdp_copies_per_step > 0 for o in infos)
     idles = ctx.a.signals.gpu_idle or []
     opt_host = sum(g.optimizer_host_us for g in idles) / len(idles) if idles and offloading else 0.0
+    if ctx.frac(exposed + opt_host) < ctx.th["offload_exposed_frac"]:
+        return None
     return exposed + opt_host, exposed, opt_host, offloading

@@ -63,7 +63,7 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
     fixable = sum(m[c] for c in FIXABLE)
     input_bound = cause == "data_loading" and ctx.frac(ctx.a.mean.data_loading_us) >= ctx.th["input_bound_frac"]
     off = offload_cost(ctx)
-    offloaded = bool(off and off[2] and ctx.frac(off[0]) >= ctx.th["offload_exposed_frac"] and not input_bound)
+    offloaded = bool(off and off[2] and not input_bound)
     if offloaded:
         # the optimizer stepping offloaded parameters on the host is offload-exposed's saving, not this one's:
         # the cause named and its fix are the largest of the rest
@@ -199,8 +199,6 @@ def offload_exposed(ctx: RuleContext) -> list[Finding]:
     if cost is None:
         return []
     total, exposed, opt_host, offloading = cost
-    if ctx.frac(total) < ctx.th["offload_exposed_frac"]:
-        return []
     infos = ctx.a.signals.offload
     n = len(infos)
     configured = any(o.offload_configured for o in infos)
