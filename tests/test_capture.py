@@ -54,9 +54,10 @@ def test_single_process_context_manager(tmp_path):
     assert step_numbers(trace) == [2, 3]
     # the training thread's schedstat over the recorded steps (what the straggler's shared-core saving rests on)
     cpu = trace["fsdpdoctor_cpu"]
-    # (not on_cpu <= wall: the kernel updates a running thread's on-CPU time at its ticks and switches, so over
-    # a window of two 1 ms steps it read 4.0 ms against 2.6 ms of wall time)
-    assert cpu["wall_us"] > 0 and cpu["on_cpu_us"] > 0 and cpu["runqueue_us"] >= 0 and cpu["cpus"] >= 1
+    # (not on_cpu <= wall, nor on_cpu > 0: the kernel updates a running thread's on-CPU time at its ticks and
+    # switches, so over a window of two 1 ms steps it read 4.0 ms against 2.6 ms of wall time, and in a
+    # fresh-clone CI run 0.0 over 2.8 ms)
+    assert cpu["wall_us"] > 0 and cpu["on_cpu_us"] >= 0 and cpu["runqueue_us"] >= 0 and cpu["cpus"] >= 1
     m = json.loads((out / "manifest.json").read_text())
     assert m["fsdpdoctor_manifest"] == 1
     assert m["world_size"] == 1 and m["backend"] is None
