@@ -35,6 +35,9 @@ def test_one_pair_end_to_end(tmp_path):
     assert "error" not in r, r
     assert r["rule"] == "wrapper-world-size-1" and r["found_on_fault"] and not r["found_on_fix"]
     assert math.isfinite(r["predicted_us"]) and r["predicted_us"] >= 0
+    # the saving is DDP's own host work (its forward less the module's, the reducer's hooks and copies), which
+    # the capture's stacks show, not only its collectives (at world size 1 they reduce nothing)
+    assert r["predicted_us"] > 0 and any("DDP's own host work" in e for e in r["evidence"])
     assert len(r["fault_step_us"]) == len(r["fix_step_us"]) == 2 and all(x > 0 for x in r["fault_step_us"])
     lo, hi = r["measured_interval_us"]
     assert math.isfinite(r["measured_us"]) and lo <= r["measured_us"] <= hi

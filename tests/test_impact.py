@@ -119,10 +119,12 @@ def test_find_unused_needs_the_per_parameter_record(traces_dir, tmp_path):
     steps = {c.step for c in bitmap}
     whole = sum(min(c.duration_us for c in bitmap if c.step == s) for s in steps) / len(steps)
     assert 0 < f.impact_us < 0.5 * whole
-    # the host work the flag adds is in it: the graph search and DDP's _DDPSink around the outputs (each call at
-    # its median: one of the three forwards was descheduled for 14.7 ms against 0.6)
+    # the host work the flag adds is in it: the graph search, and the outputs flattened, wrapped in _DDPSink and
+    # rebuilt after forward with _DDPSink's backward (each kind of call at its median: one of the three forwards
+    # was descheduled for 14.7 ms against 0.6), more than _DDPSink's own calls
     d = a.signals.ddp
-    assert 0 < d.sink_us_per_step < 1000 and f.impact_us >= d.search_unused_us_per_step + d.sink_us_per_step
+    assert 0 < d.sink_us_per_step < d.unused_host_us_per_step < 1000
+    assert f.impact_us >= d.search_unused_us_per_step + d.unused_host_us_per_step
     assert "_DDPSink" in " ".join(e.text for e in f.evidence)
     for presence, expect in ((None, "info"), ({"rank": 0, "steps": 3, "parameters": 30, "without_grad": 2,
                                                "names": {"aux.weight": 3, "aux.bias": 3}}, None)):

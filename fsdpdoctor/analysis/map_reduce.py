@@ -160,7 +160,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
         res.sleep_source = ctx.source_line(int(trace.track[r0]), float(trace.ts[r0]))
     res.dataloader = signals_mod.dataloader(ctx, windows, bds)
     res.prefetch = prefetch_mod.rank_counts(ctx, records)
-    res.ddp = signals_mod.ddp_counts(ctx, colls, backward_end)
+    res.ddp = signals_mod.ddp_counts(ctx, colls, backward_end, windows)
     res.setup = setup_mod.rank_setup(ctx, windows, colls)
     # profiler options and the offload configuration come from the manifest, applied in the reduce
     res.gpu_idle = gpu_idle_mod.gpu_idle(ctx, windows, None)

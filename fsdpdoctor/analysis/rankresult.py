@@ -26,7 +26,7 @@ from fsdpdoctor.trace.identity import RankIdentity
 from fsdpdoctor.trace.io import read_raw, shown, write_atomic
 
 # Bump whenever what analyze_rank computes changes: older summaries are then rebuilt from the traces.
-ANALYSIS_VERSION = "10"
+ANALYSIS_VERSION = "11"
 SUMMARY_SUFFIX = ".summary.msgpack"
 
 
@@ -112,6 +112,10 @@ class DdpCounts(msgspec.Struct):
     backward_passes_with_allreduce: int = 0
     allreduce_busy_us: float = 0.0      # all-reduces of analysed steps
     allreduce_after_backward_us: float = 0.0
+    # per analysed step, net of the profiler's per-frame cost (signals.ddp_counts): DDP's own host work
+    # (what dropping the wrapper removes at world size 1)
+    own_host_by_step: dict[int, float] = msgspec.field(default_factory=dict)
+    unused_host_us: float = 0.0         # what find_unused_parameters=True adds besides the search (medians)
 
 
 class CpuShare(msgspec.Struct):

@@ -127,7 +127,82 @@ def dataloader(ctx: RankContext, windows: list[StepWindow], steps: list[StepBrea
     return info
 
 
-def ddp_counts(ctx: RankContext, colls: list[Collective], backward_end: dict[int, float]) -> DdpCounts:
+# DDP's own forward frames that run only with find_unused_parameters=True (torch/nn/parallel/distributed.py,
+# DistributedDataParallel._post_forward): the outputs' tensors found and flattened, wrapped in _DDPSink, and
+# the output structure rebuilt; the graph search itself is the reducer's search_unused_parameters op
+_UNUSED_FORWARD_FRAMES = ("_find_tensors", "_tree_flatten_with_rref", "_tree_unflatten_with_rref")
+_DDP_FILE = "torch/nn/parallel/distributed.py("
+_DDP_MODULE_FRAME = "nn.Module: DistributedDataParallel"
+
+
+def _ddp_frames(ctx: RankContext, func: str) -> np.ndarray:
+    t = ctx.t
+    return t.rows_named(lambda n: _DDP_FILE in n and n.endswith(f": {func}"), cat=PYFUNC)
+
+
+def _per_window(ctx: RankContext, s: np.ndarray, windows: list[StepWindow] | None) -> dict[int, float]:
+    """The time of the interval set ``s`` in each analysed window, less the profiler's own cost of the
+    Python frames recorded inside it (``STACK_EVENT_COST_US`` each): what it takes without the profiler."""
+    out: dict[int, float] = {}
+    for w in windows or ():
+        part = iv.clip(s, w.start, w.end)
+        own = iv.total(part) - starts_inside(ctx.stack_starts, part) * STACK_EVENT_COST_US if len(part) else 0.0
+        out[w.step if w.step is not None else -1] = max(float(own), 0.0)
+    return out
+
+
+def _ddp_own_host(ctx: RankContext, fwd_rows: np.ndarray, reducer: np.ndarray) -> np.ndarray:
+    """DDP's own host work, what the wrapper adds to the model's: DistributedDataParallel.forward less the
+    wrapped module's forward (seen only with stacks: the nn.Module frames inside it), the reducer's ops (its
+    autograd hooks copying gradients into buckets, the copies back, the unused-parameter search), its
+    collectives' host calls and _DDPSink. On a device timeline only the part while no kernel, copy or memset
+    runs counts: host work beside a busy device hides behind it."""
+    t = ctx.t
+    fwd = ctx.set_of(fwd_rows) if len(fwd_rows) else iv.EMPTY
+    if len(fwd):
+        if t.has_stacks:
+            mods = t.rows_named(lambda n: n.startswith("nn.Module: ") and not n.startswith(_DDP_MODULE_FRAME),
+                                cat=PYFUNC)
+            fwd = iv.subtract(fwd, ctx.set_of(mods)) if len(mods) else fwd
+        else:
+            fwd = iv.EMPTY  # without frames the module's own forward cannot be told from DDP's
+    comm = ctx.rows_prefix("c10d::", CPU_OP)
+    sink = t.rows_named(lambda n: n == "_DDPSink" or n.endswith(": _DDPSinkBackward"), cat=CPU_OP)
+    own = iv.union(fwd, *(ctx.set_of(r) for r in (reducer, comm, sink) if len(r)))
+    if len(own) and len(ctx.device_rows):
+        own = iv.subtract(own, ctx.set_of(ctx.device_rows))
+    return own
+
+
+def _unused_host(ctx: RankContext) -> float:
+    """What find_unused_parameters=True adds on the host besides the graph search (its own op): in forward,
+    with stacks, the outputs found, flattened, wrapped in _DDPSink and rebuilt (each flatten to its rebuild;
+    without stacks the _DDPSink op alone), and _DDPSink's backward. Each kind of call at its median (less
+    the profiler's cost of the frames inside): a call the loaded host descheduled (one of three took 14.7 ms
+    against 0.6 in the bundled ddp_find_unused) is the host's time, not what the flag costs."""
+    t = ctx.t
+    kinds = [ctx.set_of(t.rows_named(lambda n: n.endswith(": _DDPSinkBackward"), cat=CPU_OP))]
+    flat = _ddp_frames(ctx, _UNUSED_FORWARD_FRAMES[1]) if t.has_stacks else np.empty(0, dtype=np.int64)
+    unflat = _ddp_frames(ctx, _UNUSED_FORWARD_FRAMES[2]) if t.has_stacks else flat
+    if len(flat) and len(unflat):
+        ends = np.sort(ctx.end[unflat])
+        k = np.searchsorted(ends, t.ts[flat])  # each flatten's rebuild: the first that ends after it starts
+        ok = k < len(ends)
+        kinds.append(iv.as_set(t.ts[flat][ok], ends[k[ok]]))
+        kinds.append(ctx.set_of(_ddp_frames(ctx, _UNUSED_FORWARD_FRAMES[0])))
+    else:
+        kinds.append(ctx.set_of(t.rows_named(lambda n: n == "_DDPSink", cat=CPU_OP)))
+    total = 0.0
+    for spans in kinds:
+        if len(spans):
+            net = [max(e - s - starts_inside(ctx.stack_starts, np.array([[s, e]])) * STACK_EVENT_COST_US, 0.0)
+                   for s, e in spans.tolist()]
+            total += len(net) * float(np.median(net))
+    return total
+
+
+def ddp_counts(ctx: RankContext, colls: list[Collective], backward_end: dict[int, float],
+               windows: list[StepWindow] | None = None) -> DdpCounts:
     """DDP structure on one rank (``colls``: its collectives in the analysed steps)."""
     t = ctx.t
     fwd_rows = ctx.rows_prefix("DistributedDataParallel.forward", ANNOTATION)
@@ -145,6 +220,10 @@ def ddp_counts(ctx: RankContext, colls: list[Collective], backward_end: dict[int
     for name in ("_DDPSink", "autograd::engine::evaluate_function: _DDPSinkBackward"):
         rows = t.rows_named(lambda n, name=name: n == name, cat=CPU_OP)
         out.sink_us += float(len(rows) * np.median(t.dur[rows])) if len(rows) else 0.0
+    if len(fwd_rows) or len(reducer):
+        out.own_host_by_step = _per_window(ctx, _ddp_own_host(ctx, fwd_rows, reducer), windows)
+    if len(search_rows):
+        out.unused_host_us = _unused_host(ctx)
     # backward passes = clusters of evaluate_function ops between forwards
     passes = _passes(ctx.backward_set, ctx.set_of(fwd_rows) if len(fwd_rows) else iv.EMPTY)
     out.backward_passes = len(passes)
@@ -177,11 +256,22 @@ def ddp(counts: list[DdpCounts], colls: list[Collective], steps_by_rank: dict[in
                    search_unused_per_step=sum(k.search_unused for k in counts) / nsteps,
                    search_unused_us_per_step=sum(k.search_unused_us for k in counts) / nsteps,
                    sink_us_per_step=sum(k.sink_us for k in counts) / nsteps,
+                   own_host_us_steps=_step_means([k.own_host_by_step for k in counts]),
+                   unused_host_us_per_step=sum(k.unused_host_us for k in counts) / nsteps,
                    grads_accumulated_per_step=sum(k.grads_accumulated for k in counts) / nsteps,
                    bucket_copies_per_step=sum(k.bucket_copies for k in counts) / nsteps,
                    bucket_nelems=sorted({int(c.nelems) for c in ar if c.nelems}),
                    after_backward_frac=after / busy if busy else 0.0,
                    overlap_frac=float(np.mean(overlaps)) if overlaps else None)
+
+
+def _step_means(by_rank: list[dict[int, float]]) -> list[float]:
+    """One value per step, the mean over the ranks that have it (steps in order)."""
+    by_step: dict[int, list[float]] = defaultdict(list)
+    for d in by_rank:
+        for st, v in d.items():
+            by_step[st].append(v)
+    return [sum(v) / len(v) for _, v in sorted(by_step.items())]
 
 
 def _passes(bwd: np.ndarray, fwd: np.ndarray) -> list[tuple[float, float]]:

@@ -178,18 +178,24 @@ def _find_unused(ctx: RuleContext, d, ar: list, nrs: int) -> list[Finding]:
     every parameter received a gradient in every profiled step. A parameter that missed one means the flag
     is needed (no finding); without the record the finding is an info note saying what could not be seen."""
     bitmap = [c for c in ar if c.nelems is not None and c.nelems <= 1024]
-    # what the flag adds to the step on the host: the graph search after forward, the _DDPSink DDP wraps the
-    # outputs in (its forward and backward), and the bitmap's all-reduce. The per-step values hold the parts
-    # measured per step (the bitmap, the search); the sink, each call at its median, is added to their mean,
-    # and the values are scaled to it (diagnose/noise.py): their spread, not a constant, decides the severity
-    samples = [v + d.search_unused_us_per_step for v in _bitmap_cost(ctx, bitmap)]
-    cost = (sum(samples) / len(samples) if samples else d.search_unused_us_per_step) + d.sink_us_per_step
+    # what the flag adds to the step on the host: the graph search after forward, the outputs flattened,
+    # wrapped in _DDPSink and rebuilt, _DDPSink's backward (signals.ddp_counts, each kind of call at its
+    # median, the profiler's per-frame cost set aside), and the bitmap's all-reduce. The per-step values hold
+    # the parts measured per step (the bitmap, the search); the rest is added to their mean, and the values
+    # are scaled to it (diagnose/noise.py): their spread, not a constant, decides the severity
+    # (an older summary without unused_host_us_per_step: _DDPSink's calls alone, sink_us_per_step)
+    host = d.unused_host_us_per_step or d.sink_us_per_step
+    bits = _bitmap_cost(ctx, bitmap)
+    samples = [v + d.search_unused_us_per_step for v in bits]
+    cost = (sum(samples) / len(samples) if samples else d.search_unused_us_per_step) + host
     ev = [Evidence(f"{d.search_unused_per_step:.0f} search_unused_parameters per step, "
                    f"{ms(d.search_unused_us_per_step, 2)}"),
-          Evidence(f"_DDPSink around the outputs (forward and backward): {ms(d.sink_us_per_step, 2)} per step"),
+          Evidence(f"the outputs wrapped in _DDPSink and rebuilt after forward, and _DDPSink's backward: "
+                   f"{ms(host, 2)} per step", time_us=host),
           Evidence(f"{d.grads_accumulated_per_step:.0f} AccumulateGrad per step for "
                    f"{d.bucket_copies_per_step:.0f} bucketed parameters"),
-          Evidence(f"{len(bitmap) / nrs:.0f} extra small all-reduce per step (used-parameter bitmap)")]
+          Evidence(f"{len(bitmap) / nrs:.0f} extra small all-reduce per step (used-parameter bitmap), "
+                   f"{ms(sum(bits) / len(bits) if bits else 0.0, 2)} past the collectives queued before it")]
     gp = (ctx.a.job.manifest or {}).get("grad_presence") or {}
     now = "  # now find_unused_parameters=True" if ctx.wrap.get("find_unused_parameters") else ""
     if gp.get("steps") and gp.get("without_grad") == 0:

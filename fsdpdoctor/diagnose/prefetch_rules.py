@@ -42,8 +42,9 @@ def hideable(ctx: RuleContext, calls: list, phase: str, deduct_us: float = 0.0) 
     return 0.0, [0.0] * len(bound), (
         f" On this CPU/gloo run the fix is not expected to save time: FSDP issues a prefetched all-gather "
         f"synchronously on a CPU rank, as it does an on-demand one, so a prefetch moves the blocking gather "
-        f"earlier and hides none of it (the fault/fix pairs measured savings within this machine's noise, a few "
-        f"ms either way, docs/impact.md); its cost, one more unsharded unit in memory, stays. On a GPU, with the "
+        f"earlier and hides none of it (on the fault/fix pairs of docs/impact.md no prefetch fix saved measurable "
+        f"time, and BACKWARD_POST -> BACKWARD_PRE made the step 2-4 ms slower, in three interleaved runs); its "
+        f"cost, one more unsharded unit in memory, stays. On a GPU, with the "
         f"all-gather on its own stream, it would hide up to {ms(gpu_us)} per step: the least of the exposed "
         f"gathers ({ms(exposed_us)}) and the {phase} compute to hide under.")
 

@@ -124,15 +124,31 @@ def ranks_never_communicate(ctx: RuleContext) -> list[Finding]:
         consequences=[])]
 
 
-@rule(ids=("wrapper-world-size-1",), parts={"wrapper-world-size-1": "exposed_comm_us"})
+@rule(ids=("wrapper-world-size-1",), parts={"wrapper-world-size-1": "compute_us"})
 def wrapper_world_size_1(ctx: RuleContext) -> list[Finding]:
     job = ctx.a.job
     if job.world_size != 1 or job.wrapping not in ("ddp", "fsdp1", "fsdp2"):
         return []
     m = ctx.a.mean
-    # what the wrapper costs alone: its collectives (on one rank they reduce nothing)
-    impact = m.exposed_comm_us if m else 0.0
+    d = ctx.a.signals.ddp if ctx.a.signals and job.wrapping == "ddp" else None
+    own = d.own_host_us_steps if d is not None else []
     name = {"ddp": "DDP", "fsdp1": "FSDP", "fsdp2": "FSDP2 (fully_shard)"}[job.wrapping]
+    ev = [Evidence(f"world size 1, wrapping {job.wrapping} ({job.wrapping_source})")]
+    if m and m.comm_us:
+        ev.append(Evidence(f"{name} collectives: {ms(m.comm_us)} per step ({pct(ctx.frac(m.comm_us))})"))
+    if own:
+        # what dropping the wrapper removes: DDP's own host work on the step's path (signals.ddp_counts)
+        impact = sum(own) / len(own)
+        ev.append(Evidence(
+            f"DDP's own host work {ms(impact)} per step: its forward less the module's, the reducer's gradient "
+            "hooks and bucket copies, its collectives' host calls"
+            + (", while the device idles" if ctx.a.signals.gpu_idle else "")
+            + "; the profiler's per-frame cost set aside",
+            time_us=impact))
+    else:
+        # what the wrapper costs alone where its host work is not measured: its collectives (on one rank
+        # they reduce nothing)
+        impact = m.exposed_comm_us if m else 0.0
     return [_finding(
         ctx, "wrapper-world-size-1", f"{name} at world size 1: nothing to overlap, prefetch cannot be judged",
         impact,
@@ -140,11 +156,9 @@ def wrapper_world_size_1(ctx: RuleContext) -> list[Finding]:
         "communication overlap and FSDP prefetch cannot be observed here (the prefetch status says so). "
         "Timings of this run do not predict a multi-GPU run.",
         "Profile with the world size you train at (torchrun --nproc-per-node N); for single-GPU training drop "
-        "the wrapper" + (f" (it costs {ms(impact)} per step here)" if impact >= 1.0 else ""),
-        confidence=0.95, severity="info",
-        evidence=[Evidence(f"world size 1, wrapping {job.wrapping} ({job.wrapping_source})")]
-        + ([Evidence(f"{name} collectives: {ms(m.comm_us)} per step ({pct(ctx.frac(m.comm_us))})")]
-           if m and m.comm_us else []),
+        "the wrapper" + (f" (its own host work is {ms(impact)} per step here)" if own and impact >= 1.0 else
+                         f" (it costs {ms(impact)} per step here)" if impact >= 1.0 else ""),
+        confidence=0.95, severity="info", evidence=ev, samples=own or None,
         consequences=PREFETCH_IDS + ["exposed-comm-high", "low-overlap", "low-bus-bandwidth"])]
 
 

@@ -586,6 +586,12 @@ class DdpInfo:
     # DDP's _DDPSink around the forward's outputs and its backward: host work only unused-parameter
     # detection (find_unused_parameters=True, or static_graph's first step) adds
     sink_us_per_step: float = 0.0
+    # per analysed step (mean over the ranks), net of the profiler's per-frame cost: DDP's own host work
+    # (its forward less the module's, the reducer's ops, its collectives' host calls, _DDPSink)
+    own_host_us_steps: list[float] = field(default_factory=list)
+    # what find_unused_parameters=True adds on the host besides the search: the outputs wrapped in _DDPSink
+    # and rebuilt, _DDPSink's backward (each kind of call at its median)
+    unused_host_us_per_step: float = 0.0
 
 
 IDLE_CAUSES = ("launch", "host_sync", "data_loading", "collective_wait", "host_compute", "profiler", "other")
