@@ -2,6 +2,7 @@
 
     python benchmarks/calibrate.py                                  # every pair, 5 timed runs a variant
     python benchmarks/calibrate.py --pairs straggler_sleep,host_sync --reps 3 --steps 10
+    python benchmarks/calibrate.py --pairs ddp_single_bucket,host_sync --until-decided 300   # rounds until decided
 
 For each pair:
 
@@ -14,7 +15,9 @@ For each pair:
    (``--mode alternate``, the default: one launch holds both variants and runs them in alternating blocks;
    ``--mode processes``: a launch per run);
    the measured saving M is the mean of the paired differences (fault run i minus fix run i, which
-   cancels load that drifts between pairs of runs), with a bootstrap ``--level`` interval over the pairs.
+   cancels load that drifts between pairs of runs), with a bootstrap ``--level`` interval over the pairs;
+   with ``--until-decided SECONDS`` a pair whose M decides nothing (``undecided``) gets further rounds of
+   ``--reps`` runs a variant, pooled, until M decides or its timed runs have taken SECONDS.
 
 Verdict (``basis``): where M's interval holds 0 the fix saves nothing measurable here, and P holds only
 inside M's interval (or with no finding); otherwise "holds" when P is within ``--tolerance`` (35 %) of M, inside
@@ -180,16 +183,18 @@ def verdict(p_us: float | None, p_iv, m_us: float, m_iv, found: bool, tolerance:
     return "over" if p_us > m_us else "under"
 
 
-def timed_runs(pair: str, work: Path, reps: int, steps: int, skip: int, mode: str, log=print, record: bool = True):
+def timed_runs(pair: str, work: Path, reps: int, steps: int, skip: int, mode: str, log=print, record: bool = True,
+               tag: str = ""):
     """Per-run step times (µs) of each variant, interleaved fault, fix, fault, ..., and the load at each run.
 
     ``processes``: each run its own launch. ``alternate``: one launch holds both variants and runs them in
     alternating blocks of ``steps`` steps (on a loaded machine a launch costs far more than its steps, and
-    load that drifts between blocks hits neighbouring blocks of both variants alike)."""
+    load that drifts between blocks hits neighbouring blocks of both variants alike). ``tag``: the round's
+    suffix of the times files (``--until-decided`` adds rounds)."""
     runs: dict[str, list[float]] = {"fault": [], "fix": []}
     loads: list[float] = []
     if mode == "alternate":
-        tf = work / pair / "times_alternate.json"
+        tf = work / pair / f"times_alternate{tag}.json"
         if record:
             run_job(pair, "alternate", ["--blocks", str(reps), "--block-steps", str(steps), "--times", str(tf)])
         for b in json.loads(tf.read_text())["blocks"]:
@@ -198,7 +203,7 @@ def timed_runs(pair: str, work: Path, reps: int, steps: int, skip: int, mode: st
         return runs, loads
     for i in range(reps):
         for v in ("fault", "fix"):
-            tf = work / pair / f"times_{v}_{i}.json"
+            tf = work / pair / f"times_{v}_{i}{tag}.json"
             if record:
                 run_job(pair, v, ["--no-profile", "--steps", str(steps), "--times", str(tf)])
             t = json.loads(tf.read_text())
@@ -210,10 +215,13 @@ def timed_runs(pair: str, work: Path, reps: int, steps: int, skip: int, mode: st
 
 def calibrate_pair(pair: str, work: Path, reps: int, steps: int, skip: int, level: float,
                    tolerance: float, active: int = 6, mode: str = "alternate", log=print,
-                   stage: str = "all") -> dict:
+                   stage: str = "all", until_decided_s: float = 0.0) -> dict:
     """One pair: captures, analyses and timed runs. ``stage`` "record": the captures and the timed runs only
     (on a machine without fsdpdoctor's dependencies: a lent GPU), "analyse": the analyses of what an earlier
-    "record" left in ``work``, "all": both."""
+    "record" left in ``work``, "all": both. ``until_decided_s`` (stage "all"): while M decides nothing
+    (``undecided``: its interval holds 0 and reaches the warning band), time another round of ``reps`` runs a
+    variant and pool its paired differences with the earlier rounds', until it decides or the pair's timed
+    runs have taken this many seconds (a round already begun is finished)."""
     spec = ALL_PAIRS[pair]
     fid = spec["expect"]
     if spec.get("mode", mode) != mode:  # a pair that cannot be timed in alternating blocks (its table says why)
@@ -241,13 +249,27 @@ def calibrate_pair(pair: str, work: Path, reps: int, steps: int, skip: int, leve
                                      if g["id"] != fid],
             "findings_fix": [[g["id"], g["severity"], g["impact_us"]] for g in analyses["fix"]["findings"]]}
     out["diff_fixes"] = [x["text"] for x in diff_fixes(work / pair / "fault", work / pair / "fix")]
+    t0 = time.monotonic()
     runs, loads = (timed_runs(pair, work, reps, steps, skip, mode, log, record=stage != "analyse") if reps
                    else ({"fault": [], "fix": []}, []))
-    diffs = [a - b for a, b in zip(runs["fault"], runs["fix"])]
-    m = statistics.fmean(diffs) if diffs else None
-    m_iv = bootstrap_mean(diffs, level)
-    p = out["predicted_us"]
-    step = statistics.median(runs["fault"]) if runs["fault"] else None
+    p, rounds = out["predicted_us"], 1
+
+    def measure():
+        diffs = [a - b for a, b in zip(runs["fault"], runs["fix"])]
+        return (diffs, statistics.fmean(diffs) if diffs else None, bootstrap_mean(diffs, level),
+                statistics.median(runs["fault"]) if runs["fault"] else None)
+
+    diffs, m, m_iv, step = measure()
+    while (until_decided_s > 0 and stage == "all" and reps and undecided(m_iv, step)
+           and time.monotonic() - t0 < until_decided_s):
+        log(f"{pair}: M {_ms(m)}{_iv(m_iv)} ms undecided after {len(diffs)} pairs: round {rounds + 1}")
+        more, more_loads = timed_runs(pair, work, reps, steps, skip, mode, log, tag=f"_{rounds}")
+        for v in ("fault", "fix"):
+            runs[v] += more[v]
+        loads += more_loads
+        rounds += 1
+        diffs, m, m_iv, step = measure()
+    out["rounds"] = rounds
     out |= {"fault_step_us": runs["fault"], "fix_step_us": runs["fix"], "paired_diff_us": diffs,
             "measured_us": m, "measured_interval_us": m_iv, "level": level,
             "ratio": (p / m) if m else None,
@@ -346,6 +368,9 @@ def render(results: list[dict], meta: dict) -> str:
             f"{i} ({s}, {_ms(u)} ms)" for i, s, u in r["findings_fix"]) or "none"))
         for t in r.get("diff_fixes", []):
             lines.append(f"- `fsdpdoctor diff FAULT FIX` on the captures: {t}")
+        if r.get("rounds", 1) > 1:
+            lines.append(f"- timed in {r['rounds']} rounds of {meta['reps']} runs a variant (--until-decided: "
+                         "rounds added while M's interval held 0 and reached the warning band), pooled")
         lines.append("- timed runs (ms), fault: " + ", ".join(_ms(x) for x in r["fault_step_us"])
                      + "; fix: " + ", ".join(_ms(x) for x in r["fix_step_us"]))
         lines.append("")
@@ -397,6 +422,10 @@ def main(argv=None) -> int:
     ap.add_argument("--stage", choices=["all", "record", "analyse"], default="all",
                     help="record: captures and timed runs only, into --work (on a GPU machine without fsdpdoctor's "
                          "dependencies); analyse: the analyses and the document from a recorded --work")
+    ap.add_argument("--until-decided", type=float, default=0.0, metavar="SECONDS",
+                    help="per pair: while M is undecided (its interval holds 0 and reaches the warning band), add "
+                         "rounds of --reps timed runs a variant, pooled, until decided or the pair's timed runs "
+                         "have taken SECONDS (stage all only; default 0: one round)")
     ap.add_argument("--machine", default=None, help="the machine named in the document (default: this one's cores)")
     ap.add_argument("--note", action="append", default=[], help="a paragraph for the document (repeatable)")
     args = ap.parse_args(argv)
@@ -412,6 +441,10 @@ def main(argv=None) -> int:
     if args.doc is None:
         args.doc = "-" if args.stage == "record" else str(ROOT / "docs" / (
             "impact-cuda.md" if args.device == "cuda" else "impact.md"))
+    if args.until_decided < 0 or (args.until_decided and args.stage != "all"):
+        print("calibrate: --until-decided takes seconds >= 0 and needs --stage all (the verdict needs the analyses)",
+              file=sys.stderr)
+        return 2
     if args.stage != "all" and not args.work:
         print("calibrate: --stage record/analyse needs --work", file=sys.stderr)
         return 2
@@ -434,7 +467,7 @@ def main(argv=None) -> int:
         try:
             results.append(calibrate_pair(name, work, args.reps, args.steps, args.skip, args.level, args.tolerance,
                                           args.active, args.mode, log=lambda s: print(s, file=sys.stderr, flush=True),
-                                          stage=args.stage))
+                                          stage=args.stage, until_decided_s=args.until_decided))
         except (RuntimeError, subprocess.TimeoutExpired, OSError, ValueError) as e:
             results.append({"pair": name, "rule": table[name]["expect"], "case": table[name]["case"],
                             "error": str(e).splitlines()[0]})
@@ -447,10 +480,11 @@ def main(argv=None) -> int:
               f"{_iv(r.get('measured_interval_us'))} ms, {r.get('verdict', r.get('error'))}", flush=True)
     load1 = os.getloadavg()[0]
     defaults = {"mode": "alternate", "reps": 5, "steps": 7 if args.mode == "alternate" else 12,
-                "skip": 1 if args.mode == "alternate" else 3, "pairs": None}
-    cmd = " ".join(["python benchmarks/calibrate.py", *(f"--{k} {v}" for k, v in (
-        ("mode", args.mode), ("reps", args.reps), ("steps", args.steps), ("skip", args.skip), ("pairs", args.pairs))
-        if v != defaults[k])])
+                "skip": 1 if args.mode == "alternate" else 3, "pairs": None, "until-decided": 0.0}
+    cmd = " ".join(["python benchmarks/calibrate.py", *(f"--{k} {v:g}" if isinstance(v, float) else f"--{k} {v}"
+                                                        for k, v in (
+        ("mode", args.mode), ("reps", args.reps), ("steps", args.steps), ("skip", args.skip), ("pairs", args.pairs),
+        ("until-decided", args.until_decided)) if v != defaults[k])])
     if args.device == "cuda":
         cmd = (cmd.replace("calibrate.py", "calibrate.py --device cuda --stage record --work W") + " on the GPU "
                "machine, then `python benchmarks/calibrate.py --device cuda --stage analyse --work W` here")

@@ -95,3 +95,34 @@ def test_rerender_from_json(tmp_path):
     assert "0 of 1 predictions hold: 0 within 35 % of M, 0 on M's or both intervals (see the verdict column); " \
            "1 undecided" in text
     assert _calibrate().main(["--rerender", str(tmp_path / "missing.json"), "--doc", str(doc)]) == 2
+
+
+def test_until_decided_adds_rounds_until_m_decides(tmp_path, monkeypatch):
+    """--until-decided: a pair whose M holds 0 and reaches the warning band gets another round of timed runs,
+    pooled with the first, until M decides (here the second round's steady saving) or the budget is spent."""
+    cal = _calibrate()
+    rounds = {"fault": [[24000.0, 17000.0, 22500.0], [22000.0, 22100.0, 21900.0]],
+              "fix": [[20000.0, 20000.0, 20000.0], [20000.0, 20000.0, 20000.0]]}
+    calls = []
+
+    def fake_timed(pair, work, reps, steps, skip, mode, log=print, record=True, tag=""):
+        calls.append(tag)
+        k = min(len(calls) - 1, 1)
+        return {v: list(rounds[v][k]) for v in ("fault", "fix")}, [1.0] * 6
+
+    monkeypatch.setattr(cal, "run_job", lambda *a, **k: None)
+    monkeypatch.setattr(cal, "analyze", lambda run: {"findings": [], "mean": {"duration_us": 2e4}})
+    monkeypatch.setattr(cal, "diff_fixes", lambda *a: [])
+    monkeypatch.setattr(cal, "timed_runs", fake_timed)
+    one = cal.calibrate_pair("ddp_single_bucket", tmp_path, 3, 7, 1, 0.9, 0.35, log=lambda s: None)
+    assert one["verdict"] == "undecided" and one["rounds"] == 1 and calls == [""]
+    calls.clear()
+    r = cal.calibrate_pair("ddp_single_bucket", tmp_path, 3, 7, 1, 0.9, 0.35, log=lambda s: None,
+                           until_decided_s=600)
+    assert calls[:3] == ["", "_1", "_2"][:len(calls)] and r["rounds"] == len(calls) >= 2
+    assert len(r["paired_diff_us"]) == 3 * r["rounds"]
+    assert r["verdict"] == "missed" and r["measured_interval_us"][0] > 0  # decided: a saving, none predicted
+    text = cal.render([r], {"level": 0.9, "reps": 3, "steps": 7, "skip": 1, "mode": "alternate", "tolerance": 0.35,
+                            "command": "c", "date": "d", "machine": "m", "load": "l"})
+    assert f"timed in {r['rounds']} rounds of 3 runs a variant" in text
+    assert cal.main(["--pairs", "host_sync", "--until-decided", "60", "--stage", "analyse", "--work", "w"]) == 2
