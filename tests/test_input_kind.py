@@ -13,13 +13,18 @@ import contextlib
 import gzip
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from fsdpdoctor.cli import main
+from fsdpdoctor.diagnose.comm_rules import LOW_BUSBW_FIX
+from fsdpdoctor.diagnose.gpu_rules import CAUSE_FIX
+from fsdpdoctor.diagnose.rules import CUDA_ONLY, name_device
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.pipeline import open_analysis
+from fsdpdoctor.results import Finding
 from fsdpdoctor.trace.loader import load_file
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -334,6 +339,29 @@ def test_findings_on_another_accelerator_name_it_not_the_gpu(tmp_path):
     rc, out, _ = _cli("analyze", str(_mtia(tmp_path, busy=50.0, linked=True)))
     assert "GPU" not in out and "MTIA idle" in out
 
+
+
+CUDA_WORDS = re.compile(r"CUDA|NCCL|nccl|torch\.cuda")
+
+
+def test_fixes_on_another_accelerator_suggest_only_what_applies_to_it(tmp_path):
+    """On MTIA input the launch-bound idle's fix names no CUDA graphs; every CUDA-only piece of advice the
+    rules give (gpu-idle's fixes by cause, low-bus-bandwidth's NCCL settings) is replaced or dropped, and
+    the CUDA input keeps it word for word."""
+    a = open_analysis(_mtia(tmp_path, busy=50.0, linked=True))
+    idle = next(f for f in a.findings if f.id == "gpu-idle")
+    assert "launch overhead" in idle.title and "torch.compile(model)" in idle.fix
+    assert not CUDA_WORDS.search(idle.fix + idle.summary + idle.title)
+    texts = [*CAUSE_FIX.values(), LOW_BUSBW_FIX]
+    assert all(any(p.search(t) for t in texts) for p, _ in CUDA_ONLY)  # no rewrite outlives its text
+    fs = [Finding("x", "t", "info", 1.0, 0.0, 0.0, "s", t) for t in texts]
+    name_device(fs, a)
+    assert not [f.fix for f in fs if CUDA_WORDS.search(f.fix)]
+    assert "torch.mtia.synchronize()" in fs[1].fix and "(mtia:hccl, no Work.wait()" in fs[3].fix
+    cuda = open_analysis(next((TRACES / "cuda" / "ddp_default").glob("rank0*.json.gz")))
+    fs = [Finding("x", "t", "info", 1.0, 0.0, 0.0, "s", t) for t in texts]
+    name_device(fs, cuda)
+    assert [f.fix for f in fs] == texts
 
 def test_a_file_without_categories_or_torch_ops_is_another_tools_and_refused(tmp_path):
     """An eBPF CUDA-API monitor's Chrome file (floritange/ebpf_cuda_monitoring's shape): driver API calls
