@@ -145,11 +145,13 @@ HONEST = {
 
 
 def _mtia_read(d: dict) -> bool:
-    """Read generically, named MTIA, and its findings say MTIA, not GPU."""
+    """Read generically, named MTIA, and its findings say MTIA, not GPU, and give no CUDA-only advice (CUDA
+    graphs, torch.cuda, NCCL settings: the gpu-idle fix of the single-rank trace suggested CUDA graphs)."""
     kind = d["job"]["input_kind"]
     texts = [x for f in d["findings"] for x in (f["title"], f["summary"], f["fix"], *(e["text"] for e in f["evidence"]))]
     return (kind["device"] == "mtia" and kind["generic"] and not kind["unknown"] and d["mean"] is not None
-            and 0 < d["mean"]["compute_us"] < d["mean"]["duration_us"] and not any("GPU" in x for x in texts))
+            and 0 < d["mean"]["compute_us"] < d["mean"]["duration_us"]
+            and not any(re.search(r"\bGPU|CUDA|NCCL|nccl|torch\.cuda", x) for x in texts))
 
 
 def _severity(d: dict, fid: str) -> str | None:

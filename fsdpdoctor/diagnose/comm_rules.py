@@ -9,6 +9,10 @@ from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct, size
 
 
+# what the low-bus-bandwidth finding suggests (NCCL's own: diagnose/rules.CUDA_ONLY rewrites it on another device)
+LOW_BUSBW_FIX = ("Check NCCL_ALGO/NCCL_PROTO defaults, NIC/NVLink topology (nvidia-smi topo -m), and run nccl-tests at "
+                 "this size; rule out stragglers first")
+
 @rule(ids=("exposed-comm-high", "low-overlap"),
       thresholds=("exposed_comm_frac", "exposed_comm_frac_sync", "overlap_low_frac"),
       parts={"exposed-comm-high": "exposed_comm_us", "low-overlap": "exposed_comm_us"})
@@ -136,8 +140,7 @@ def message_sizes(ctx: RuleContext) -> list[Finding]:
                 f"{len(slow)} of {len(big)} collectives of 16 MB or more ran below "
                 f"{ctx.th['low_busbw_gbps']:.0f} GB/s (nccl-tests bus bandwidth). A kernel's time includes waiting "
                 "for the slowest peer, so a straggler or late arrival also lowers this figure.",
-                "Check NCCL_ALGO/NCCL_PROTO defaults, NIC/NVLink topology (nvidia-smi topo -m), and run "
-                "nccl-tests at this size; rule out stragglers first", confidence=0.5,
+                LOW_BUSBW_FIX, confidence=0.5,
                 samples=per_step_calls(ctx.a, slow, lambda c: c.exposed_us),
                 evidence=[Evidence(f"{c.kind} {size(c.size_bytes)} in {ms(c.duration_us, 2)}: "
                                    f"{c.busbw_gbps:.1f} GB/s", rank=c.rank, step=c.step, time_us=c.duration_us)

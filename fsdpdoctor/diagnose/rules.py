@@ -50,19 +50,42 @@ def diagnose(analysis: Analysis, thresholds: dict[str, float] | None = None) -> 
 
 
 _GPU = re.compile(r"\bGPU(s?)\b")
+# advice that holds on CUDA (and on ROCm, which keeps torch.cuda, graph capture and RCCL behind NCCL's name)
+# only: on another accelerator's input each is replaced by what applies there ({dev}: its torch module,
+# {backend}: its collective backend), or dropped. A rule text that gains CUDA-only advice adds its line here.
+CUDA_ONLY: tuple[tuple[re.Pattern, str], ...] = (
+    # CUDA graphs: mode="reduce-overhead" captures CUDA graphs, no other backend's
+    (re.compile(r', or CUDA graphs \(torch\.compile\(mode="reduce-overhead"\)\) to replay the step without '
+                r"Python launch cost"), ""),
+    (re.compile(r"torch\.cuda\.synchronize\(\)"), "torch.{dev}.synchronize()"),
+    (re.compile(r"\(NCCL, "), "({backend}, "),
+    (re.compile(r"Check NCCL_ALGO/NCCL_PROTO defaults, NIC/NVLink topology \(nvidia-smi topo -m\), and run "
+                r"nccl-tests at this size"),
+     "Check the settings of {backend} and the interconnect's topology, and run its own bandwidth test at this size"),
+)
 
 
 def name_device(findings: list[Finding], analysis: Analysis) -> None:
     """The rules' texts say "GPU"; on another accelerator's input (MTIA, XPU, NPU...) they name it instead,
-    as the report header does (``InputKind.device_word``)."""
+    as the report header does (``InputKind.device_word``), and suggest only what applies to it
+    (``CUDA_ONLY``: no CUDA graphs, no torch.cuda, no NCCL settings on MTIA)."""
     kind = analysis.job.input_kind if analysis.job is not None else None
     word = kind.device_word if kind is not None else "GPU"
     if word == "GPU":
         return
+    backend = analysis.job.backend if analysis.job.backend not in (None, "", "undefined") else None
+    fill = {"dev": word.lower(), "backend": backend or f"the {word}'s collective library"}
+
+    def say(x: str) -> str:
+        x = _GPU.sub(rf"{word}\1", x)
+        for pat, repl in CUDA_ONLY:
+            x = pat.sub(repl.format(**fill), x)
+        return x
+
     for f in findings:
-        f.title, f.summary, f.fix = (_GPU.sub(rf"{word}\1", x) for x in (f.title, f.summary, f.fix))
+        f.title, f.summary, f.fix = say(f.title), say(f.summary), say(f.fix)
         for e in f.evidence:
-            e.text = _GPU.sub(rf"{word}\1", e.text)
+            e.text = say(e.text)
 
 
 def apply_thresholds(analysis: Analysis, table: dict[str, float]) -> None:

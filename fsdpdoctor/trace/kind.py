@@ -14,10 +14,10 @@ import numpy as np
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import InputKind
 from fsdpdoctor.trace.table import (
-    ACCELERATOR, CPU_OP, DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, OTHER, PYFUNC, RUNTIME, RankTrace,
+    ACCELERATOR, ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, OTHER, PYFUNC, RUNTIME, RankTrace,
     category_code, distinct,
 )
-from fsdpdoctor.trace.vocabulary import STEP_NAME
+from fsdpdoctor.trace.vocabulary import LIBRARY_ANNOTATIONS, STEP_NAME
 
 # the legacy autograd profiler's list export (torch.autograd.profiler EventList.export_chrome_trace,
 # still what a torch build without Kineto writes): no "cat", host ops on the pid "CPU functions" (the
@@ -94,11 +94,22 @@ def _known(cat: str) -> bool:
         or cat.lower() in ("trace", "ac2g", "fwdbwd", "cpu_instant_event", "python_function")
 
 
+# the record_function ranges torch itself opens, which Kineto writes as user annotations, not ops: the
+# step marker (as an op it made the whole step compute), the optimizer's, the DataLoader's, DDP's and FSDP's
+# forward, the communication libraries' spans (gloo:all_reduce on its worker thread, nccl:all_reduce)
+_LEGACY_ANNOTATION = re.compile(rf"^(ProfilerStep#\d+$|Optimizer\.|enumerate\(DataLoader\)|DistributedDataParallel\."
+                                rf"|FullyShardedDataParallel\.|FSDP::|{'|'.join(map(re.escape, LIBRARY_ANNOTATIONS))})")
+
+
 def _read_legacy(t: RankTrace) -> None:
-    """The legacy export's events have no category: those on its host pid are host ops."""
+    """The legacy export's events have no category: those on its host pid are host ops, except the
+    ranges torch annotates (``_LEGACY_ANNOTATION``), which are annotations as Kineto writes them."""
     host = np.array([str(tr.pid).lower() == _LEGACY_PIDS[0] for tr in t.tracks], dtype=bool)
     if len(host):
-        t.cat[(t.cat == OTHER) & host[t.track]] = CPU_OP
+        annotated = np.array([_LEGACY_ANNOTATION.match(n) is not None for n in t.names], dtype=bool)
+        on_host = (t.cat == OTHER) & host[t.track]
+        t.cat[on_host] = CPU_OP
+        t.cat[on_host & annotated[t.name_id]] = ANNOTATION
     t._ids_by_cat = None
 
 
