@@ -6,6 +6,8 @@ holds, and whatever a test writes into a run folder lands in the copy, never in 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
@@ -54,3 +56,66 @@ def expectations() -> dict[Path, dict]:
     from expectations import expectations as derive
 
     return derive(TRACES)
+
+
+# ---------------------------------------------------------------- one rank step per trace and process
+# The tests that go over every bundled folder (expected findings, check's exit code, fix texts, ...)
+# analysed each folder's ranks again in each test: three quarters of an analysis is that per-rank step
+# (load, decode, summarise). Inside ``shared_rank_steps()`` a rank's step is taken once per test process
+# and its answer (the msgpack bytes a worker sends back) reused for the same files, unchanged on disk,
+# and the same options; the reduce, the rules and the invariants still run in every test, on objects
+# of its own. Tests of the engines, summaries or tables do not use it.
+_STEPS: dict = {}
+
+
+def _step_key(unit):
+    if unit.write_summary or unit.keep_tables:
+        return None
+    try:
+        stats = tuple((s.st_size, s.st_mtime_ns, s.st_ino) for s in map(os.stat, unit.files))
+    except OSError:
+        return None
+    return unit, stats
+
+
+class _SharedSteps:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def map(self, fn, units):
+        todo = []
+        for u in units:
+            key = _step_key(u)
+            if key is not None and key in _STEPS:
+                yield u, _STEPS[key]
+            else:
+                todo.append(u)
+        for u, outputs in self.engine.map(fn, todo) if todo else ():
+            key = _step_key(u)
+            if key is not None:
+                _STEPS[key] = outputs
+            yield u, outputs
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+@contextlib.contextmanager
+def shared_rank_steps():
+    """Within: every analysis in this thread reuses the rank steps this process already took."""
+    from fsdpdoctor import pipeline
+
+    real = pipeline.make_engine
+    pipeline.make_engine = lambda *a, **kw: _SharedSteps(real(*a, **kw))
+    try:
+        yield
+    finally:
+        pipeline.make_engine = real
+
+
+def analysed(path, **selection):
+    """``open_analysis(path, **selection)``, its rank steps shared (``shared_rank_steps``)."""
+    from fsdpdoctor.pipeline import open_analysis
+
+    with shared_rank_steps():
+        return open_analysis(path, **selection)

@@ -14,7 +14,7 @@ import pytest
 from fsdpdoctor.diagnose.rules import RULE_IDS
 from fsdpdoctor.pipeline import open_analysis
 from shared_data import PUBLIC, needs_public
-from bundled import TRACES, expectations  # the committed traces, in a pristine copy
+from bundled import TRACES, analysed, expectations  # the committed traces, in a pristine copy
 from conftest import error_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ SCENARIOS = sorted(p.name for p in EXPECTED if p.parent == TRACES)
 
 
 def ids(path, **kw) -> set[str]:
-    return {f.id for f in open_analysis(path, **kw).findings}
+    return {f.id for f in analysed(path, **kw).findings}
 
 
 def test_bundled_scenarios_exist():

@@ -4,6 +4,8 @@ bundled traces and (slow) freshly recorded moderate stragglers."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import json
 import math
@@ -15,6 +17,7 @@ import pytest
 
 from conftest import requires_torch
 from fsdpdoctor.analysis import stragglers
+from fsdpdoctor.cli import main
 from fsdpdoctor.analysis.context import is_user_frame
 from fsdpdoctor.diagnose.facts import straggler_verdict
 from fsdpdoctor.diagnose.framework import RuleContext, fold_consequences, severity_for
@@ -23,7 +26,7 @@ from fsdpdoctor.results import (
     Analysis, Finding, JobInfo, RankSummary, StepBreakdown, StragglerReport,
 )
 from fsdpdoctor.pipeline import open_analysis
-from bundled import TRACES, expectations  # the committed traces, in a pristine copy
+from bundled import TRACES, analysed, expectations, shared_rank_steps  # the committed traces, in a pristine copy
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = expectations()
@@ -304,7 +307,10 @@ NOT_GATING_ON_CPU = {"fsdp-forward-prefetch-off", "fsdp1-no-backward-prefetch", 
 
 
 def _gate(folder: Path) -> int:
-    return subprocess.run([sys.executable, "-m", "fsdpdoctor", "check", str(folder)], capture_output=True).returncode
+    """``fsdpdoctor check``'s exit code, in this process (a subprocess per folder spent more CPU starting
+    Python than checking; test_diagnose.py::test_check_exit_codes_and_junit runs the real command)."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), shared_rank_steps():
+        return main(["check", str(folder)])
 
 
 @needs_traces
@@ -316,14 +322,14 @@ def test_check_passes_healthy_and_fails_faults(folder):
     gating = must - NOT_GATING_ON_CPU if EXPECTED.get(folder, {}).get("gates", True) else set()
     assert _gate(folder) == (1 if gating else 0)
     if gating:
-        a = open_analysis(folder)
+        a = analysed(folder)
         assert any(f.id in gating and f.severity in ("warning", "error") for f in a.findings)
 
 
 @needs_traces
 @pytest.mark.parametrize("folder", ALL, ids=lambda p: p.name)
 def test_texts_fit_the_job(folder):
-    a = open_analysis(folder, thresholds={"exposed_comm_frac_sync": 0.05})
+    a = analysed(folder, thresholds={"exposed_comm_frac_sync": 0.05})
     wrap = a.job.wrapping_details
     for f in a.findings:
         assert "the GPU" not in f.summary + f.fix or a.job.traits.device_timeline, (f.id, f.summary, f.fix)
@@ -459,7 +465,7 @@ def test_tui_lists_effects_under_their_cause_and_marks_the_slow_rank():
 def test_single_bucket_only_where_splitting_helps(folder):
     """One DDP bucket is a fault only when the cap was raised, or gradients are large enough that
     splitting them overlaps backward; a fix never asks for the value already set."""
-    a = open_analysis(folder)
+    a = analysed(folder)
     cap = a.job.wrapping_details.get("bucket_cap_mb")
     for f in a.findings:
         if f.id != "ddp-single-bucket":
