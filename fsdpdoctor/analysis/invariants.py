@@ -29,7 +29,7 @@ import math
 import os
 from typing import Literal
 
-from fsdpdoctor.results.analysis import result
+from fsdpdoctor.results.serial import result
 from fsdpdoctor.results import Analysis, StepBreakdown
 
 Invariant = Literal["share-in-unit", "impact-within-step", "roots-within-step", "step-adds-up",

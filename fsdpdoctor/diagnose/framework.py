@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Iterator, Literal, Mapping, get_args
 
 from fsdpdoctor.diagnose.noise import EXPLICIT, SAMPLES_KEY, gate_by_noise
 from fsdpdoctor.diagnose.thresholds import BY_NAME
-from fsdpdoctor.results.analysis import result
+from fsdpdoctor.results.serial import result
 from fsdpdoctor.results import SEVERITY_RANK, Analysis, DialectTraits, Evidence, Finding
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from fsdpdoctor.results import Analysis
-from fsdpdoctor.results.analysis import dumps_indented
+from fsdpdoctor.results.serial import dumps_indented
 
 # the per-rank detail a default document holds at most: a few MB whatever the ranks (issue 32)
 DETAIL_BUDGET_BYTES = 4 * 2**20

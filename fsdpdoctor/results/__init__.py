@@ -1,7 +1,8 @@
 """The typed results, one package, one severity scale (``SEVERITIES``): what every verb computes and
 every renderer (console, JSON, JUnit, TUI) shows.
 
-``analysis``: ``Analysis`` and its parts (``analyze``, ``check``, the TUI); ``hang``: the hang report;
+``analysis``: ``Analysis`` and its parts (``analyze``, ``check``, the TUI), with ``signals`` (the per-rank
+signals it holds) and ``serial`` (``@result`` and the writers every result shares); ``hang``: the hang report;
 ``scaling``: the scaling report; ``comparison``: two runs compared (``diff``, ``check --baseline``);
 ``memory``: the memory prediction and measurement; ``check``: the CI gate's decision; ``steps``: a run's step series; ``frames``:
 pandas views of an ``Analysis``. Every result type is importable from here.
@@ -12,6 +13,8 @@ creation costs ~1 ms apiece at start-up, and a verb needs one or two of the modu
 """
 
 from fsdpdoctor.results.analysis import *  # noqa: F401,F403 - the face of the package, needed by every verb
+from fsdpdoctor.results.serial import dumps_indented, plain, result  # noqa: F401
+from fsdpdoctor.results.signals import *  # noqa: F401,F403 - the per-rank signals Analysis holds
 
 # where the other names are, in the order they are looked for; a new result module adds its name here
 # (docs/adding-a-verb.md), or `from fsdpdoctor.results import ItsType` does not find it

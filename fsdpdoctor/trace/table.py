@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fsdpdoctor.results.analysis import result
+from fsdpdoctor.results.serial import result
 from fsdpdoctor.results import InputKind, RankDataQuality
 
 # Category codes. Old (2021) traces spell them "Operator", "Kernel", "Runtime"...

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from fsdpdoctor.results.analysis import result
+from fsdpdoctor.results.serial import result
 from fsdpdoctor.results import Collective, DialectTraits
 
 if TYPE_CHECKING:
