@@ -168,6 +168,16 @@ def test_verdict_needs_consistency_materiality_and_signal_above_noise():
     lucky = _report(4, 5, 150.0, 100.0, extra=150.0)  # 4 of 5 at 2 ranks happens by chance 3 in 8
     lucky.cause_frames = weak.cause_frames
     assert straggler_verdict(_ctx(lucky)) == 0.0
+    # the culprit's own time measured as a cause (its sleep, loader or host syncs, excess over the others')
+    # is the second line of evidence as a frame is; the same work done slower is not
+    for cause, verdict in (("sleep", True), ("data loading", True), ("host sync", True),
+                           ("same work, slower", False), (None, False)):
+        r = _report(5, 5, 150.0, 100.0, extra=150.0)
+        r.cause = cause
+        assert (straggler_verdict(_ctx(r)) > 0) is verdict, cause
+    small = _report(5, 5, 150.0, 100.0, extra=60.0)   # its sleep holds under half of the wait
+    small.cause = "sleep"
+    assert straggler_verdict(_ctx(small)) == 0.0
     # one step: no noise estimate, only a wait of a quarter of the step is trusted
     assert straggler_verdict(_ctx(_report(1, 1, 100.0, 0.0))) == 0.0
     assert straggler_verdict(_ctx(_report(1, 1, 400.0, 0.0))) > 0
@@ -474,3 +484,20 @@ def test_single_bucket_only_where_splitting_helps(folder):
         grads = [c.nelems or 0 for c in a.collective_events if c.kind == "all_reduce"]
         raised = isinstance(cap, (int, float)) and cap > 25
         assert raised or max(grads) * 4 >= 1 << 20, (folder.name, f.fix)
+
+
+def test_a_sleeping_straggler_under_load_is_found_by_its_sleep():
+    """tests/data/straggler_sleep_loaded: the anomaly window of a real drift.py run (rank 1 sleeping 3
+    healthy steps a step from step 60) recorded at load 4-5, where the wait (110 ms) stood 2.9 noise
+    deviations above the run's step-to-step noise and no Python frame of rank 1's held it (the sleep is an
+    op): the straggler was dropped, no finding at all. Its sleep, measured as rank 1's excess over the
+    others, is the culprit's own time: with 6 of 6 steps last it makes the verdict."""
+    a = open_analysis(str(ROOT / "tests" / "data" / "straggler_sleep_loaded"))
+    s = a.straggler
+    assert s.straggler == 1 and s.steps_last == s.steps_total == 6 and s.cause == "sleep"
+    assert s.noise_us <= s.wait_us < 3 * s.noise_us   # under straggler_noise_z: the corroborated branch
+    assert s.extra_us >= 0.5 * s.wait_us
+    f = next(f for f in a.findings if f.id == "straggler")
+    assert f.ranks == [1] and f.severity in ("warning", "error")
+    # the saving is bounded by what the fix removes: rank 1's excess sleep, not more than the others wait
+    assert 0 < f.impact_us <= s.wait_us

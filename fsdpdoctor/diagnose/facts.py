@@ -24,14 +24,28 @@ def own_work_frame(s) -> dict | None:
     return None
 
 
+# measured causes that are the culprit's own time, read from ops only it spends that long in (not the same
+# work done slower): its sleep, its loader, its host syncs
+_OWN_TIME_CAUSES = ("sleep", "data loading", "host sync")
+
+
+def own_work(s) -> bool:
+    """The culprit's own work holds at least half of the others' wait: a frame only it spends that long in
+    (``own_work_frame``), or a measured cause of its own time (its sleep, loader or host syncs: the excess
+    over the median of the other ranks, ``extra_us``). Either is evidence independent of the arrival order."""
+    return own_work_frame(s) is not None or (
+        (s.cause or "") in _OWN_TIME_CAUSES and s.wait_us > 0 and s.extra_us >= 0.5 * s.wait_us)
+
+
 def straggler_verdict(ctx: RuleContext) -> float:
     """The confidence that the report's rank is a straggler, 0.0 when the evidence does not hold.
 
     All measured in this run: the same rank is last in most steps (``straggler_consistency``) and the
     others' wait for it is material (``straggler_min_frac`` of the step). Then either the wait stands
     ``straggler_noise_z`` robust standard deviations above the run's step-to-step noise, or two independent
-    lines of evidence agree: a consistency unlikely by chance (``straggler_chance``) and a frame of the
-    culprit's own work that holds the wait, with the wait at least above one standard deviation of noise.
+    lines of evidence agree: a consistency unlikely by chance (``straggler_chance``) and the culprit's own
+    work holding the wait (``own_work``: a frame, or its sleep, loader or host syncs), with the wait at least
+    above one standard deviation of noise.
     Confidence grows as the consistency gets unlikely by chance and as the culprit's extra time accounts
     for the wait.
     """
@@ -46,8 +60,7 @@ def _straggler_verdict(ctx: RuleContext) -> float:
         return 0.0
     if s.noise_us > 0:
         above_noise = s.wait_us >= th["straggler_noise_z"] * s.noise_us
-        corroborated = (s.chance <= th["straggler_chance"] and own_work_frame(s) is not None
-                        and s.wait_us >= s.noise_us)
+        corroborated = (s.chance <= th["straggler_chance"] and own_work(s) and s.wait_us >= s.noise_us)
         if not (above_noise or corroborated):
             return 0.0
     elif ctx.frac(s.wait_us) < th["severity_error_frac"]:
