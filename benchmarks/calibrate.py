@@ -370,7 +370,9 @@ def render(results: list[dict], meta: dict) -> str:
             lines.append(f"- `fsdpdoctor diff FAULT FIX` on the captures: {t}")
         if r.get("rounds", 1) > 1:
             lines.append(f"- timed in {r['rounds']} rounds of {meta['reps']} runs a variant (--until-decided: "
-                         "rounds added while M's interval held 0 and reached the warning band), pooled")
+                         "rounds added while M's interval held 0 and reached the warning band), pooled; a rule "
+                         "that stops once M decides favours deciding, so this interval covers less than its "
+                         "nominal level")
         lines.append("- timed runs (ms), fault: " + ", ".join(_ms(x) for x in r["fault_step_us"])
                      + "; fix: " + ", ".join(_ms(x) for x in r["fix_step_us"]))
         lines.append("")
@@ -429,8 +431,9 @@ def main(argv=None) -> int:
     ap.add_argument("--machine", default=None, help="the machine named in the document (default: this one's cores)")
     ap.add_argument("--note", action="append", default=[], help="a paragraph for the document (repeatable)")
     args = ap.parse_args(argv)
-    if args.rerender:
-        return rerender(Path(args.rerender), args.doc)
+    if args.rerender:  # the document of the device the runs were made on, unless --doc names one
+        return rerender(Path(args.rerender), args.doc or str(ROOT / "docs" / (
+            "impact-cuda.md" if args.device == "cuda" else "impact.md")))
     table = CUDA_PAIRS if args.device == "cuda" else PAIRS
     names = list(table) if not args.pairs else [p.strip() for p in args.pairs.split(",") if p.strip()]
     unknown = [n for n in names if n not in table]
