@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -97,10 +98,14 @@ def test_single_bucket_hides_all_but_the_last_bucket(traces_dir):
     a, f = finding(traces_dir / "ddp_one_bucket", "ddp-single-bucket")
     grad_ar = [c for c in a.collective_events if c.kind == "all_reduce" and (c.nelems or 0) > 1024]
     exposed = sum(c.exposed_us for c in grad_ar) / (len(a.job.steps) * len(a.ranks))
-    # bucket_cap_mb 1000 -> 25: 3.7 MB of gradients make a 1 MiB first bucket and a 2.7 MB last one
-    assert 0 < f.impact_us < 0.5 * exposed
-    assert "can start only after backward ends" in " ".join(e.text for e in f.evidence)
-    assert f.severity == "warning"  # a raised cap is a wrong configuration whose cost is beyond the noise
+    # bucket_cap_mb 1000 -> 25: 3.7 MB of gradients make a 1 MiB first bucket and a 2.7 MB last one; on a
+    # GPU the first would hide under backward, but these ranks share the host's cores (gloo): the default
+    # buckets measured slower on such a run (docs/impact.md), so nothing is promised and it is a note
+    ev = " ".join(e.text for e in f.evidence)
+    assert "can start only after backward ends" in ev
+    gpu = float(re.search(r"would hide up to ([\d.]+) ms", ev).group(1)) * 1e3
+    assert 0 < gpu < 0.5 * exposed
+    assert f.impact_us == 0 and f.severity == "info"
 
 
 def test_bucket_sizes_follow_ddp():

@@ -306,14 +306,10 @@ def test_straggler_wait_is_located_and_never_counted_as_prefetch_cost():
     assert all(0 < p["mean_wait_us"] <= p["imbalance_us"] for p in mine)
 
 
-# injected faults whose rule has no measurable cost on a CPU trace, so severity (cost) keeps them at info:
-# FSDP prefetch settings (on gloo a prefetch only moves a blocking wait: the fault/fix pairs of issue 28
-# measured no saving, so none is predicted); a host sync has no device queue to drain on CPU
-NOT_GATING_ON_CPU = {"fsdp-forward-prefetch-off", "fsdp1-no-backward-prefetch", "fsdp1-backward-post",
-                     "fsdp2-backward-prefetch-ineffective", "host-sync",
-                     # activation checkpointing is a chosen memory/compute trade, reported with its cost
-                     # (a warning only beyond what recomputing the whole forward costs)
-                     "activation-recompute"}
+# injected faults whose rule has no measurable cost on a CPU trace, so severity (cost) keeps them at info
+# (the scorecard's list, with why)
+sys.path.insert(0, str(ROOT / "reference_jobs"))
+from scorecard import NOT_GATING_ON_CPU  # noqa: E402
 
 
 def _gate(folder: Path) -> int:
