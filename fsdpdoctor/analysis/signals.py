@@ -179,7 +179,7 @@ def _unused_host(ctx: RankContext) -> float:
     with stacks, the outputs found, flattened, wrapped in _DDPSink and rebuilt (each flatten to its rebuild;
     without stacks the _DDPSink op alone), and _DDPSink's backward. Each kind of call at its median (less
     the profiler's cost of the frames inside): a call the loaded host descheduled (one of three took 14.7 ms
-    against 0.6 in the bundled ddp_find_unused) is the host's time, not what the flag costs."""
+    against 0.6 in the bundled ddp_find_unused) is the host's time, not what the flag costs (``_at_median``)."""
     t = ctx.t
     kinds = [ctx.set_of(t.rows_named(lambda n: n.endswith(": _DDPSinkBackward"), cat=CPU_OP))]
     flat = _ddp_frames(ctx, _UNUSED_FORWARD_FRAMES[1]) if t.has_stacks else np.empty(0, dtype=np.int64)
@@ -192,13 +192,18 @@ def _unused_host(ctx: RankContext) -> float:
         kinds.append(ctx.set_of(_ddp_frames(ctx, _UNUSED_FORWARD_FRAMES[0])))
     else:
         kinds.append(ctx.set_of(t.rows_named(lambda n: n == "_DDPSink", cat=CPU_OP)))
-    total = 0.0
-    for spans in kinds:
-        if len(spans):
-            net = [max(e - s - starts_inside(ctx.stack_starts, np.array([[s, e]])) * STACK_EVENT_COST_US, 0.0)
-                   for s, e in spans.tolist()]
-            total += len(net) * float(np.median(net))
-    return total
+    return sum(_at_median(ctx, spans) for spans in kinds)
+
+
+def _at_median(ctx: RankContext, spans: np.ndarray) -> float:
+    """The calls of one kind (``spans``), each priced at the kind's median less the profiler's cost of the
+    Python frames recorded inside it: a call the loaded host descheduled (one of three took 14.7 ms
+    against 0.6 in the bundled ddp_find_unused) is the host's time, not what the call costs."""
+    if not len(spans):
+        return 0.0
+    net = [max(e - s - starts_inside(ctx.stack_starts, np.array([[s, e]])) * STACK_EVENT_COST_US, 0.0)
+           for s, e in spans.tolist()]
+    return len(net) * float(np.median(net))
 
 
 def ddp_counts(ctx: RankContext, colls: list[Collective], backward_end: dict[int, float],
@@ -215,11 +220,8 @@ def ddp_counts(ctx: RankContext, colls: list[Collective], backward_end: dict[int
                                                            cat=CPU_OP))),
                     bucket_copies=int(len(ctx.rows_prefix("torch.distributed.ddp.reducer::copy_bucket_to_grad",
                                                           CPU_OP))))
-    # each call at the median of its kind: a call the loaded host descheduled (one of three took 14.7 ms
-    # against 0.6 in the bundled ddp_find_unused) is the host's time, not what the flag costs
     for name in ("_DDPSink", "autograd::engine::evaluate_function: _DDPSinkBackward"):
-        rows = t.rows_named(lambda n, name=name: n == name, cat=CPU_OP)
-        out.sink_us += float(len(rows) * np.median(t.dur[rows])) if len(rows) else 0.0
+        out.sink_us += _at_median(ctx, ctx.set_of(t.rows_named(lambda n, name=name: n == name, cat=CPU_OP)))
     if len(fwd_rows) or len(reducer):
         out.own_host_by_step = _per_window(ctx, _ddp_own_host(ctx, fwd_rows, reducer), windows)
     if len(search_rows):
