@@ -24,9 +24,13 @@ def own_work_frame(s) -> dict | None:
     return None
 
 
-# measured causes that are the culprit's own time, read from ops only it spends that long in (not the same
-# work done slower): its sleep, its loader, its host syncs
+# The straggler's measured causes, in two sets that answer two questions:
+# - own time (evidence the lateness is the culprit's: ops only it spends that long in, not the same work done
+#   slower): its sleep, its loader, its host syncs;
+# - outside the backend (no backend or wrapper fix removes it): those, more work in its steps (a longer
+#   sequence, a bigger shard: more work, not its own time beyond the others') and idle time of its own.
 _OWN_TIME_CAUSES = ("sleep", "data loading", "host sync")
+_NOT_BACKEND_CAUSES = _OWN_TIME_CAUSES + ("more work", "idle")
 
 
 def own_work(s) -> bool:
@@ -104,8 +108,7 @@ def straggler_in_own_frames(ctx: RuleContext) -> bool:
     s = ctx.a.straggler
     if not straggler_verdict(ctx):
         return False
-    return own_work_frame(s) is not None or (s.cause or "") in ("more work", "sleep", "data loading", "host sync",
-                                                                 "idle")
+    return own_work_frame(s) is not None or (s.cause or "") in _NOT_BACKEND_CAUSES
 
 
 # ------------------------------------------------------------------ what idles the GPU
