@@ -48,8 +48,10 @@ VERBS: tuple[tuple[str, str], ...] = (
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The command line's parser; with ``only``, the flags of that verb alone are declared (every verb
-    is still listed, with its line of help)."""
+    """The command line's parser; with ``only``, a verb's name, that verb alone is declared (its
+    subparser and flags: what its command line can reach, ~2 ms of CPU less than twelve subparsers
+    with their help actions); with another word, or none, every verb is listed with its line of help
+    (``--help``, and the choices a misspelt verb is told)."""
     from importlib import import_module
 
     parser = argparse.ArgumentParser(
@@ -58,7 +60,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fsdpdoctor {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND")
+    named = only is not None and any(name == only for name, _ in VERBS)
     for name, line in VERBS:
+        if named and name != only:
+            continue
         p = sub.add_parser(name, help=line)
         if only is None or name == only:
             import_module(f"fsdpdoctor.commands.{name}").register(p)

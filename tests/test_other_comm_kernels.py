@@ -109,3 +109,15 @@ def test_kernel_names_of_other_libraries(name, strength, kind):
 
     assert other_library_comm(name) == strength
     assert kind_from_kernel(name) == kind
+
+
+def test_lowered_search_answers_as_the_case_insensitive_one():
+    """The names are searched lower-cased (ASCII) or as written (other text): the same answers as re.I."""
+    from fsdpdoctor.analysis import collectives as c
+
+    names = [DEEPEP, VLLM, TRTLLM, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "sm90_XMMA_GEMM_AllGather_epilogue",
+             "EP::Internode::Combine", "K_ALL_TO_ALL", "\u017f_all_reduce", "\u0130_MULTIMEM_ALL_REDUCE",
+             "\u212a_reduce_scatter_conv", "cutlass_80_tensorop_s1688gemm", ""]
+    for pattern, found in ((c._LIBRARY_COMM, c._library_comm), (c._COLLECTIVE_WORD, c._collective_word),
+                           (c._FLOP_HEAVY, c._flop_heavy)):
+        assert [found(n) for n in names] == [pattern.search(n) is not None for n in names], pattern.pattern

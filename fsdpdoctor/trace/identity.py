@@ -18,13 +18,13 @@ What each field can tell (measured on the bundled, CUDA and public traces):
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 
+from fsdpdoctor.digest import blake2b
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.table import RankTrace
 
@@ -70,7 +70,7 @@ def window_us(t: RankTrace) -> tuple[float, float] | None:
 
 
 def _digest(t: RankTrace) -> str:
-    h = hashlib.blake2b(digest_size=16)
+    h = blake2b(digest_size=16)
     h.update(str(t.n_events).encode())
     h.update("\0".join(t.names).encode("utf-8", "surrogatepass"))
     for col in (t.ts, t.dur, t.name_id):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 import zlib
 from contextlib import contextmanager
@@ -210,6 +209,8 @@ def write_atomic(path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
     path = Path(path)
     if path.is_dir():
         raise InputError(path, "is a folder: name a file to write")
+    import secrets  # here: it loads OpenSSL (hmac), ~10 ms of every start
+
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(tmp, flags, 0o666)  # the umask decides the mode, as for any new file

@@ -9,7 +9,6 @@ import re
 import stat
 from array import array
 from itertools import count
-from operator import attrgetter
 from pathlib import Path
 from typing import Callable
 
@@ -163,7 +162,6 @@ _KEPT_PHASES = frozenset(("M", "i", "I"))
 PROCESS_TID = "\x00process"
 _NEEDS_CORR = np.array([KERNEL, RUNTIME, MEMCPY, MEMSET], dtype=np.int8)
 _corr_list_decoder = msgspec.json.Decoder(list[CorrArgs])
-_KEY = attrgetter("name", "cat", "pid", "tid")
 
 
 def _non_complete(e, thread_names: dict, memory_events: list) -> None:
@@ -219,8 +217,10 @@ def _columns_fast(events: list):
         # which names, tracks and categories are numbered in order of first appearance (as if each
         # had its own pass, ~1.7 ms less on 27 k events)
         # (``map`` in C, each event given the position of the first event of its key, renumbered densely)
+        # (the keys built by a comprehension: ~25 % less than ``map(attrgetter(4 fields))``, v100 pieces)
         ki: dict = {}
-        first = np.fromiter(map(ki.setdefault, map(_KEY, xs), count()), dtype=np.int64, count=n)
+        first = np.fromiter(map(ki.setdefault, [(e.name, e.cat, e.pid, e.tid) for e in xs], count()),
+                            dtype=np.int64, count=n)
         dense = np.empty(n, dtype=np.int32)
         dense[np.fromiter(ki.values(), dtype=np.int64, count=len(ki))] = np.arange(len(ki), dtype=np.int32)
         kid = dense[first]
@@ -255,10 +255,13 @@ def _columns_fast(events: list):
     # correlation ids of device and runtime rows: one decode of all their args at once
     dev = np.nonzero(in_set(cat, _NEEDS_CORR, len(CATEGORY_NAMES)) & ~keep_name[nid])[0] if n else \
         np.empty(0, np.int64)
-    dev = [r for r in dev.tolist() if xs[r].args]
+    dev = dev.tolist()
+    raws = [xs[r].args for r in dev]
+    if not all(raws):  # rows without args have no id to read
+        dev, raws = [r for r, a in zip(dev, raws) if a], [a for a in raws if a]
     if dev:
         try:
-            parsed = _corr_list_decoder.decode(b"[" + b",".join([xs[r].args for r in dev]) + b"]")
+            parsed = _corr_list_decoder.decode(b"".join((b"[", b",".join(raws), b"]")))
         except msgspec.MsgspecError:
             return None
         values = [ca.correlation for ca in parsed]
