@@ -83,3 +83,33 @@ _PROGRESS = re.compile(r"^fsdpdoctor: \d+/\d+ ranks analysed ")
 def error_lines(stderr: str) -> list[str]:
     """stderr's lines without the progress lines a slow machine adds (one-line errors: ``== 1``)."""
     return [line for line in stderr.strip().splitlines() if not _PROGRESS.match(line)]
+
+
+def _one_process_analyses():
+    """The analyses a test runs in its own process take their ranks one at a time, in that process.
+    By default an analysis forks a worker per core (``engines.local``): under pytest-xdist every core
+    already runs a test process, so each fork only added its own cost (tests/test_diagnose.py: 37 CPU s
+    forking, 32 s not, mostly the kernel's time to copy a test process of a few hundred MB). A test
+    that names ``--jobs`` or ``workers`` still gets those workers; tests/test_forked_map.py and
+    tests/test_split.py test the forked map and the pieces (``machine_cores`` gives a test the cores
+    back); the CLI subprocesses the tests start run as a user's would, one worker per core."""
+    from fsdpdoctor import engines
+    from fsdpdoctor.engines import local
+
+    real = local.cpu_count
+    engines.cpu_count = local.cpu_count = lambda: 1
+    return real
+
+
+_REAL_CPU_COUNT = _one_process_analyses()
+
+
+@pytest.fixture
+def machine_cores(monkeypatch):
+    """This machine's cores as the engines count them (the default of an analysis outside the tests)."""
+    from fsdpdoctor import engines
+    from fsdpdoctor.engines import local
+
+    monkeypatch.setattr(engines, "cpu_count", _REAL_CPU_COUNT)
+    monkeypatch.setattr(local, "cpu_count", _REAL_CPU_COUNT)
+    return _REAL_CPU_COUNT()
