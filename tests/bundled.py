@@ -79,21 +79,21 @@ def _step_key(unit):
 
 
 class _SharedSteps:
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engine, store: dict):
+        self.engine, self.store = engine, store
 
     def map(self, fn, units):
         todo = []
         for u in units:
             key = _step_key(u)
-            if key is not None and key in _STEPS:
-                yield u, _STEPS[key]
+            if key is not None and key in self.store:
+                yield u, self.store[key]
             else:
                 todo.append(u)
         for u, outputs in self.engine.map(fn, todo) if todo else ():
             key = _step_key(u)
             if key is not None:
-                _STEPS[key] = outputs
+                self.store[key] = outputs
             yield u, outputs
 
     def close(self) -> None:
@@ -101,12 +101,15 @@ class _SharedSteps:
 
 
 @contextlib.contextmanager
-def shared_rank_steps():
-    """Within: every analysis in this thread reuses the rank steps this process already took."""
+def shared_rank_steps(store: dict | None = None):
+    """Within: every analysis in this thread reuses the rank steps this process already took (or, given
+    ``store``, those taken within this block: for files written and removed again, whose inode, size and
+    time a later file may have too)."""
     from fsdpdoctor import pipeline
 
     real = pipeline.make_engine
-    pipeline.make_engine = lambda *a, **kw: _SharedSteps(real(*a, **kw))
+    store = _STEPS if store is None else store
+    pipeline.make_engine = lambda *a, **kw: _SharedSteps(real(*a, **kw), store)
     try:
         yield
     finally:

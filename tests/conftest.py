@@ -47,25 +47,17 @@ def dask_address():
 
 
 def _shared_bytecode() -> None:
-    """Compile each module once per test run, not once per process. Where PYTHONDONTWRITEBYTECODE is
-    set (this machine's shell), every xdist worker and every ``python -m fsdpdoctor`` a test starts
-    compiled the package and rewrote the test modules again: ~4.6 CPU s of each worker's 8 s
-    collection, ~0.3 s of each CLI subprocess. The bytecode goes to a folder of the temp dir made once
-    per run (the workers and subprocesses inherit it), never into the clone, and is removed at exit."""
-    if os.environ.get("FSDPDOCTOR_TEST_PYCACHE"):
-        prefix = os.environ["FSDPDOCTOR_TEST_PYCACHE"]
-    else:
-        import atexit
-        import shutil
-        import tempfile
-
-        prefix = tempfile.mkdtemp(prefix="fsdpdoctor-pyc-")
-        atexit.register(shutil.rmtree, prefix, ignore_errors=True)
-        os.environ["FSDPDOCTOR_TEST_PYCACHE"] = prefix
+    """Compile each module once, not once per process. Where PYTHONDONTWRITEBYTECODE is set (this
+    machine's shell), every xdist worker and every ``python -m fsdpdoctor`` a test starts compiled the
+    package and rewrote the test modules again: ~4.6 CPU s of each worker's 8 s collection, ~0.3 s of
+    each CLI subprocess. The bytecode is written where Python writes it by default, ``__pycache__``
+    beside each source (ignored by git), so the workers and subprocesses read it. A folder of the temp
+    dir per run (PYTHONPYCACHEPREFIX, the earlier way) also hid the bytecode pip wrote for every
+    installed package: each run compiled numpy, textual, torch, transformers and Lightning again, in
+    every process that imported one before another had written it (torch: 4.6 CPU s cold, 2.8 s warm;
+    transformers and Lightning: 17.2 s cold, 9.0 s warm)."""
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    os.environ["PYTHONPYCACHEPREFIX"] = prefix
     sys.dont_write_bytecode = False
-    sys.pycache_prefix = prefix
 
 
 _shared_bytecode()
@@ -83,3 +75,33 @@ _PROGRESS = re.compile(r"^fsdpdoctor: \d+/\d+ ranks analysed ")
 def error_lines(stderr: str) -> list[str]:
     """stderr's lines without the progress lines a slow machine adds (one-line errors: ``== 1``)."""
     return [line for line in stderr.strip().splitlines() if not _PROGRESS.match(line)]
+
+
+def _one_process_analyses():
+    """The analyses a test runs in its own process take their ranks one at a time, in that process.
+    By default an analysis forks a worker per core (``engines.local``): under pytest-xdist every core
+    already runs a test process, so each fork only added its own cost (tests/test_diagnose.py: 37 CPU s
+    forking, 32 s not, mostly the kernel's time to copy a test process of a few hundred MB). A test
+    that names ``--jobs`` or ``workers`` still gets those workers; tests/test_forked_map.py and
+    tests/test_split.py test the forked map and the pieces (``machine_cores`` gives a test the cores
+    back); the CLI subprocesses the tests start run as a user's would, one worker per core."""
+    from fsdpdoctor import engines
+    from fsdpdoctor.engines import local
+
+    real = local.cpu_count
+    engines.cpu_count = local.cpu_count = lambda: 1
+    return real
+
+
+_REAL_CPU_COUNT = _one_process_analyses()
+
+
+@pytest.fixture
+def machine_cores(monkeypatch):
+    """This machine's cores as the engines count them (the default of an analysis outside the tests)."""
+    from fsdpdoctor import engines
+    from fsdpdoctor.engines import local
+
+    monkeypatch.setattr(engines, "cpu_count", _REAL_CPU_COUNT)
+    monkeypatch.setattr(local, "cpu_count", _REAL_CPU_COUNT)
+    return _REAL_CPU_COUNT()

@@ -242,6 +242,8 @@ def check_ok(proc):
         raise AssertionError(f"torchrun rc {proc.returncode}\n" + "\n".join(lines)[-6000:])
 
 
+# The tests of one job share it on one xdist worker (the README's slow half runs ``--dist loadgroup``):
+# spread over both, each worker ran the module's fixture, so each job twice (~30 CPU s of torchrun)
 @pytest.fixture(scope="module")
 def ddp_job(tmp_path_factory):
     """One torchrun job, three DDP captures in turn: every rank profiled, only rank 1, and a run folder
@@ -261,6 +263,7 @@ def fsdp_job(tmp_path_factory):
 
 @requires_torch
 @pytest.mark.slow
+@pytest.mark.xdist_group("ddp_job")
 def test_torchrun_ddp_all_ranks(ddp_job):
     tmp_path, proc = ddp_job
     out = tmp_path / "ddp"
@@ -287,6 +290,7 @@ def test_torchrun_ddp_all_ranks(ddp_job):
 
 @requires_torch
 @pytest.mark.slow
+@pytest.mark.xdist_group("ddp_job")
 def test_torchrun_only_rank1_profiled(ddp_job):
     tmp_path, proc = ddp_job
     out = tmp_path / "r1"
@@ -302,6 +306,7 @@ def test_torchrun_only_rank1_profiled(ddp_job):
 
 @requires_torch
 @pytest.mark.slow
+@pytest.mark.xdist_group("fsdp_job")
 def test_torchrun_fsdp1_manifest(fsdp_job):
     tmp_path, proc = fsdp_job
     out = tmp_path / "f1"
@@ -316,6 +321,7 @@ def test_torchrun_fsdp1_manifest(fsdp_job):
 
 @requires_torch
 @pytest.mark.slow
+@pytest.mark.xdist_group("fsdp_job")
 def test_torchrun_fsdp2_manifest(fsdp_job):
     tmp_path, proc = fsdp_job
     out = tmp_path / "f2"
@@ -334,6 +340,7 @@ def test_torchrun_fsdp2_manifest(fsdp_job):
 
 @requires_torch
 @pytest.mark.slow
+@pytest.mark.xdist_group("ddp_job")
 def test_torchrun_export_failure_does_not_stop_training(ddp_job):
     tmp_path, proc = ddp_job
     check_ok(proc)

@@ -40,7 +40,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from fsdpdoctor.cli import main
-from bundled import TRACES  # the committed traces, in a pristine copy
+from bundled import TRACES, shared_rank_steps  # the committed traces, in a pristine copy
 
 SCENARIO = TRACES / "ddp_default"
 EXAMPLES = int(os.environ.get("FSDPDOCTOR_FUZZ_EXAMPLES", "0"))
@@ -336,27 +336,36 @@ def check_contract(target: Path, gate: bool = True) -> dict[str, int]:
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
     codes = {}
     err = ""
-    for verb in (["analyze", "--json"], ["check"]) if gate else (["analyze", "--json"],):
-        if codes.get("analyze") == 2:
-            # the same input is refused by the same loader: check's answer is analyze's (saves half the time)
-            rc, out, err = run_cli("check", "--no-progress", str(target)) if FULL_CHECK else (2, "", err)
-        else:
-            rc, out, err = run_cli(*verb, "--no-progress", str(target))
-        codes[verb[0]] = rc
-        assert rc in ((0, 2) if verb[0] == "analyze" else (0, 1, 2)), (verb, rc, err)
-        assert "Traceback" not in err and "internal error" not in err, err
-        if rc == 2:
-            lines = err.strip().splitlines()
-            assert len(lines) == 1 and lines[0].startswith("fsdpdoctor: error: "), err
-        elif verb[0] == "analyze":
-            bad = list(bad_numbers(json.loads(out)))
-            assert not bad, bad[:5]
-        for stream in (out, err):  # text from the file is shown, never obeyed
-            raw = RAW_CONTROL.search(stream)
-            assert raw is None, (verb, stream[max(0, raw.start() - 80):raw.end() + 20])
+    # check reads each rank as analyze did (the same files, unchanged, and options): it takes analyze's
+    # per-rank answer (bundled.shared_rank_steps, within this example only) and runs its own reduce,
+    # rules, invariants and gate on it; a rank analyze refused is read again
+    with shared_rank_steps({}):
+        for verb in (["analyze", "--json"], ["check"]) if gate else (["analyze", "--json"],):
+            codes[verb[0]], err = _one_verb(verb, target, codes, err)
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
     assert after == before, "input modified"
     return codes
+
+
+def _one_verb(verb: list[str], target: Path, codes: dict[str, int], err: str) -> tuple[int, str]:
+    """One verb of the contract on ``target``: its exit code and stderr."""
+    if codes.get("analyze") == 2:
+        # the same input is refused by the same loader: check's answer is analyze's (saves half the time)
+        rc, out, err = run_cli("check", "--no-progress", str(target)) if FULL_CHECK else (2, "", err)
+    else:
+        rc, out, err = run_cli(*verb, "--no-progress", str(target))
+    assert rc in ((0, 2) if verb[0] == "analyze" else (0, 1, 2)), (verb, rc, err)
+    assert "Traceback" not in err and "internal error" not in err, err
+    if rc == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("fsdpdoctor: error: "), err
+    elif verb[0] == "analyze":
+        bad = list(bad_numbers(json.loads(out)))
+        assert not bad, bad[:5]
+    for stream in (out, err):  # text from the file is shown, never obeyed
+        raw = RAW_CONTROL.search(stream)
+        assert raw is None, (verb, stream[max(0, raw.start() - 80):raw.end() + 20])
+    return rc, err
 
 
 HISTOGRAM: dict[str, dict[int, int]] = {"analyze": {}, "check": {}}

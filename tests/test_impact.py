@@ -150,8 +150,7 @@ JOB = textwrap.dedent('''
     import sys, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     from fsdpdoctor.capture import capture
-    out, aux = sys.argv[1], sys.argv[2] == "aux"
-    dist.init_process_group("gloo", init_method="file://" + out + ".store", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[1] + ".store", rank=0, world_size=1)
     class M(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -160,18 +159,21 @@ JOB = textwrap.dedent('''
         def forward(self, x):
             h = self.body(x)
             return h, self.aux(h)
-    model = DDP(M(), find_unused_parameters=True)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with capture(out, model=model, optimizer=opt, wait=1, warmup=1, active=3) as cap:
-        for _ in range(6):
-            h, a = model(torch.randn(8, 16))
-            loss = h.pow(2).mean() + (a.sum() * 0 if not aux else 0)  # aux: the head never gets a gradient
-            if not aux:
-                loss = loss + a.pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            cap.step()
+    # one capture per "OUT VARIANT" pair, in turn: the variants share the process's start-up (torch import)
+    for out, variant in zip(sys.argv[1::2], sys.argv[2::2]):
+        aux = variant == "aux"
+        model = DDP(M(), find_unused_parameters=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with capture(out, model=model, optimizer=opt, wait=1, warmup=1, active=3) as cap:
+            for _ in range(6):
+                h, a = model(torch.randn(8, 16))
+                loss = h.pow(2).mean() + (a.sum() * 0 if not aux else 0)  # aux: the head never gets a gradient
+                if not aux:
+                    loss = loss + a.pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                cap.step()
     dist.destroy_process_group()
 ''')
 
@@ -180,10 +182,11 @@ JOB = textwrap.dedent('''
 def test_capture_records_which_parameters_get_a_gradient(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    for variant in ("aux", "all"):
+    variants = ("aux", "all")
+    subprocess.run([sys.executable, str(script), *(str(a) for v in variants for a in (tmp_path / v, v))],
+                   check=True, timeout=240, capture_output=True)
+    for variant in variants:
         out = tmp_path / variant
-        subprocess.run([sys.executable, str(script), str(out), variant], check=True, timeout=240,
-                       capture_output=True)
         gp = json.loads((out / "manifest.json").read_text())["grad_presence"]
         assert gp["steps"] == 3 and gp["parameters"] == 4
         if variant == "aux":
