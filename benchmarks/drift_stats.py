@@ -1,7 +1,7 @@
 """The measured saving's interval on a machine whose load drifts, and the A/A check that it covers.
 
 Used by benchmarks/calibrate.py. Why this interval (the recorded runs of three full calibrations, 19:06,
-01:16 and 04:45 UTC, 46 launches, are the evidence; ``python benchmarks/calibrate.py --aa JSON...`` redoes it):
+01:16 and 04:45 UTC, are the evidence; ``python benchmarks/calibrate.py --aa JSON...`` redoes it):
 
 - Within one launch, fault and fix run in adjacent blocks whose order alternates (ABBA), and M rests on the
   block differences of each adjacent pair. Their lag-1 autocorrelation averages -0.15 over the 44 launches
