@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import socket
 import statistics
 import subprocess
@@ -54,7 +53,7 @@ sys.path.insert(0, str(JOBS))
 sys.path.insert(1, str(ROOT))
 sys.path.insert(2, str(ROOT / "benchmarks"))
 
-from drift_stats import AA_NOTE, aa_rates, abba, bootstrap_mean, drift_interval, look_level  # noqa: E402
+from drift_stats import AA_NOTE, aa_rates, abba, drift_interval, look_level  # noqa: E402
 from pair_table import ALL_PAIRS, CUDA_PAIRS, PAIRS  # noqa: E402
 
 TOLERANCE = 0.35
