@@ -14,10 +14,18 @@ For each pair:
    ``--steps`` steps a run; a run's step time is the median of its steps after the first ``--skip``
    (``--mode alternate``, the default: one launch holds both variants and runs them in alternating blocks;
    ``--mode processes``: a launch per run);
-   the measured saving M is the mean of the paired differences (fault run i minus fix run i, which
-   cancels load that drifts between pairs of runs), with a bootstrap ``--level`` interval over the pairs;
+   the pairs of runs alternate which variant goes first (ABBA), so that a steady drift does not always
+   land on one of them; the measured saving M is the mean of the paired differences (fault run i minus
+   fix run i, which cancels load that drifts between pairs of runs), with a Student-t ``--level`` interval
+   whose sample size is the effective one under the differences' lag-1 autocorrelation, the launch the
+   unit where launches scatter more than their pairs (benchmarks/drift_stats.py says why, from the recorded
+   runs: the percentile bootstrap over 5 pairs covered about 78 % at a nominal 90 %);
    with ``--until-decided SECONDS`` a pair whose M decides nothing (``undecided``) gets further rounds of
-   ``--reps`` runs a variant, pooled, until M decides or its timed runs have taken SECONDS.
+   ``--reps`` runs a variant, pooled, until M decides, ``--max-rounds`` K rounds are done or its timed runs
+   have taken SECONDS; every look is then at level 1 - (1 - L) / K (Bonferroni), so that stopping once M
+   decides does not raise the chance of a false decision above 1 - L.
+3. ``--aa JSON...``: the A/A check of the interval on earlier ``--json`` files (pseudo-A/A comparisons of
+   blocks of one variant, nearest in time: the true saving is 0), old rule against this one.
 
 Verdict (``basis``): where M's interval holds 0 the fix saves nothing measurable here, and P holds only
 inside M's interval (or with no finding); otherwise "holds" when P is within ``--tolerance`` (35 %) of M, inside
@@ -31,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import socket
 import statistics
 import subprocess
@@ -44,7 +51,9 @@ ROOT = Path(__file__).resolve().parents[1]
 JOBS = ROOT / "reference_jobs"
 sys.path.insert(0, str(JOBS))
 sys.path.insert(1, str(ROOT))
+sys.path.insert(2, str(ROOT / "benchmarks"))
 
+from drift_stats import AA_NOTE, aa_rates, abba, drift_interval, look_level  # noqa: E402
 from pair_table import ALL_PAIRS, CUDA_PAIRS, PAIRS  # noqa: E402
 
 TOLERANCE = 0.35
@@ -121,16 +130,6 @@ def finding(a: dict, fid: str) -> dict | None:
     return next((f for f in a.get("findings", []) if f["id"] == fid), None)
 
 
-def bootstrap_mean(xs: list[float], level: float, n: int = 10000, seed: int = 0) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of the mean of ``xs`` (None with fewer than 2 values)."""
-    if len(xs) < 2:
-        return None
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(xs, k=len(xs))) for _ in range(n))
-    a = (1 - level) / 2
-    return means[int(a * (n - 1))], means[int((1 - a) * (n - 1))]
-
-
 def run_step_s(times: dict, skip: int) -> float:
     steps = times["step_s"][skip:] or times["step_s"]
     return statistics.median(steps)
@@ -202,7 +201,7 @@ def timed_runs(pair: str, work: Path, reps: int, steps: int, skip: int, mode: st
             loads.append(b["loadavg"][0])
         return runs, loads
     for i in range(reps):
-        for v in ("fault", "fix"):
+        for v in abba(i):
             tf = work / pair / f"times_{v}_{i}{tag}.json"
             if record:
                 run_job(pair, v, ["--no-profile", "--steps", str(steps), "--times", str(tf)])
@@ -215,13 +214,14 @@ def timed_runs(pair: str, work: Path, reps: int, steps: int, skip: int, mode: st
 
 def calibrate_pair(pair: str, work: Path, reps: int, steps: int, skip: int, level: float,
                    tolerance: float, active: int = 6, mode: str = "alternate", log=print,
-                   stage: str = "all", until_decided_s: float = 0.0) -> dict:
+                   stage: str = "all", until_decided_s: float = 0.0, max_rounds: int = 4) -> dict:
     """One pair: captures, analyses and timed runs. ``stage`` "record": the captures and the timed runs only
     (on a machine without fsdpdoctor's dependencies: a lent GPU), "analyse": the analyses of what an earlier
     "record" left in ``work``, "all": both. ``until_decided_s`` (stage "all"): while M decides nothing
     (``undecided``: its interval holds 0 and reaches the warning band), time another round of ``reps`` runs a
     variant and pool its paired differences with the earlier rounds', until it decides or the pair's timed
-    runs have taken this many seconds (a round already begun is finished)."""
+    runs have taken this many seconds (a round already begun is finished), at most ``max_rounds`` rounds,
+    every look at the Bonferroni level over them (``look_level``)."""
     spec = ALL_PAIRS[pair]
     fid = spec["expect"]
     if spec.get("mode", mode) != mode:  # a pair that cannot be timed in alternating blocks (its table says why)
@@ -252,15 +252,17 @@ def calibrate_pair(pair: str, work: Path, reps: int, steps: int, skip: int, leve
     t0 = time.monotonic()
     runs, loads = (timed_runs(pair, work, reps, steps, skip, mode, log, record=stage != "analyse") if reps
                    else ({"fault": [], "fix": []}, []))
-    p, rounds = out["predicted_us"], 1
+    p, rounds, per_round = out["predicted_us"], 1, [len(runs["fault"])]
+    sequential = until_decided_s > 0 and stage == "all" and bool(reps)
+    lvl = look_level(level, max_rounds) if sequential else level
 
     def measure():
         diffs = [a - b for a, b in zip(runs["fault"], runs["fix"])]
-        return (diffs, statistics.fmean(diffs) if diffs else None, bootstrap_mean(diffs, level),
+        return (diffs, statistics.fmean(diffs) if diffs else None, drift_interval(diffs, lvl, per_round),
                 statistics.median(runs["fault"]) if runs["fault"] else None)
 
     diffs, m, m_iv, step = measure()
-    while (until_decided_s > 0 and stage == "all" and reps and undecided(m_iv, step)
+    while (sequential and rounds < max_rounds and undecided(m_iv, step)
            and time.monotonic() - t0 < until_decided_s):
         log(f"{pair}: M {_ms(m)}{_iv(m_iv)} ms undecided after {len(diffs)} pairs: round {rounds + 1}")
         more, more_loads = timed_runs(pair, work, reps, steps, skip, mode, log, tag=f"_{rounds}")
@@ -268,8 +270,10 @@ def calibrate_pair(pair: str, work: Path, reps: int, steps: int, skip: int, leve
             runs[v] += more[v]
         loads += more_loads
         rounds += 1
+        per_round.append(len(more["fault"]))
         diffs, m, m_iv, step = measure()
-    out["rounds"] = rounds
+    out |= {"rounds": rounds, "round_pairs": per_round, "max_rounds": max_rounds if sequential else 1,
+            "interval": "t-drift", "interval_level": lvl}
     out |= {"fault_step_us": runs["fault"], "fix_step_us": runs["fix"], "paired_diff_us": diffs,
             "measured_us": m, "measured_interval_us": m_iv, "level": level,
             "ratio": (p / m) if m else None,
@@ -301,9 +305,19 @@ def render(results: list[dict], meta: dict) -> str:
         f"then run bare, interleaved, {meta['reps']} times each, {meta['steps']} steps a run (a run's step time: the",
         f"median of its steps after the first {meta['skip']}; " + (
             "the runs are alternating blocks of one launch that holds both variants, in ABBA order" if meta["mode"] == "alternate"
-            else "each run its own launch") + "); the measured saving **M** is the mean of the paired",
-        f"differences (fault run i minus fix run i) with a bootstrap {lvl} % interval. P's interval is the finding's",
-        "own (`impact_interval_us`: the t-interval of the per-step values its saving rests on).",
+            else "each run its own launch, pairs in ABBA order") + "); the measured saving **M** is the mean of the paired",
+        "differences (fault run i minus fix run i) with " + (
+            f"a bootstrap {lvl} % interval (this file's runs predate the drift-aware interval)"
+            if meta.get("interval") != "t-drift" else
+            f"a Student-t {lvl} % interval whose sample size is the effective one under the differences' lag-1 "
+            "autocorrelation (taken as 0 when negative), over the launch means instead where launches scatter more "
+            "than their pairs (`benchmarks/drift_stats.py`). " + AA_NOTE
+            + (f" With --until-decided every look at M (after each round, at most {meta['max_rounds']}) is at level "
+               f"{look_level(meta['level'], meta['max_rounds']) * 100:.1f} % (Bonferroni: 1 - (1 - {meta['level']:g}) / "
+               f"{meta['max_rounds']}), so that stopping once M decides keeps the chance of any false decision "
+               f"within {round((1 - meta['level']) * 100)} %; the intervals shown are at that level."
+               if meta.get("max_rounds", 1) > 1 else "")) + ".",
+        "P's interval is the finding's own (`impact_interval_us`: the t-interval of the per-step values its saving rests on).",
         "",
         "Verdict. Where M's interval holds 0 the fix saves nothing measurable at this machine's noise: the",
         "prediction *holds* only if it promises no more than that (P inside M's interval, or no finding).",
@@ -370,22 +384,40 @@ def render(results: list[dict], meta: dict) -> str:
             lines.append(f"- `fsdpdoctor diff FAULT FIX` on the captures: {t}")
         if r.get("rounds", 1) > 1:
             lines.append(f"- timed in {r['rounds']} rounds of {meta['reps']} runs a variant (--until-decided: "
-                         "rounds added while M's interval held 0 and reached the warning band), pooled; a rule "
-                         "that stops once M decides favours deciding, so this interval covers less than its "
-                         "nominal level")
+                         "rounds added while M's interval held 0 and reached the warning band), pooled, "
+                         + (f"every look at {r['interval_level'] * 100:.1f} % (Bonferroni over "
+                            f"{r.get('max_rounds')} rounds)" if r.get("max_rounds", 1) > 1 else
+                            "without a per-look correction (these runs predate it): a rule that stops once M "
+                            "decides favours deciding, so this interval covers less than its nominal level"))
         lines.append("- timed runs (ms), fault: " + ", ".join(_ms(x) for x in r["fault_step_us"])
                      + "; fix: " + ", ".join(_ms(x) for x in r["fix_step_us"]))
         lines.append("")
     return "\n".join(lines) + "\n"
 
 
-def rerender(path: Path, doc: str) -> int:
+def reinterval(data: dict) -> None:
+    """M's interval of an earlier --json again by the current rule (one look at the file's level, its
+    rounds of ``reps`` pairs as launches), for runs timed before it."""
+    meta = data["meta"]
+    for r in data["pairs"]:
+        if r.get("measured_us") is None or r.get("interval") == "t-drift":
+            continue
+        diffs = [a - b for a, b in zip(r["fault_step_us"], r["fix_step_us"])]
+        k = meta["reps"] if len(diffs) % meta["reps"] == 0 else len(diffs)
+        r["measured_interval_us"] = drift_interval(diffs, meta["level"], [k] * (len(diffs) // k))
+        r |= {"interval": "t-drift", "interval_level": meta["level"]}
+    meta["interval"] = "t-drift"
+
+
+def rerender(path: Path, doc: str, again: bool = False) -> int:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         print(f"calibrate: {path}: {e}", file=sys.stderr)
         return 2
     tol = data["meta"]["tolerance"]
+    if again:
+        reinterval(data)
     for r in data["pairs"]:
         if "diff_fixes" not in r and "fault_run" in r and Path(r["fault_run"]).is_dir():
             r["diff_fixes"] = [x["text"] for x in diff_fixes(Path(r["fault_run"]), Path(r["fix_run"]))]
@@ -419,6 +451,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rerender", default=None, metavar="JSON",
                     help="write the document again from an earlier --json (adding the diff lines of runs kept with "
                          "--work when it lacks them, the verdicts by the current rule), running nothing else")
+    ap.add_argument("--reinterval", action="store_true",
+                    help="with --rerender: M's interval again by the current rule (for files timed before it)")
+    ap.add_argument("--aa", nargs="+", default=None, metavar="JSON",
+                    help="the A/A check on earlier --json files: how often the old and the current interval exclude "
+                         "0 on pseudo-A/A pairs (blocks of one variant nearest in time), running nothing else")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="the pair set: cpu (gloo, 2 processes) or cuda (one GPU, NCCL; where a GPU is lent)")
     ap.add_argument("--stage", choices=["all", "record", "analyse"], default="all",
@@ -428,12 +465,24 @@ def main(argv=None) -> int:
                     help="per pair: while M is undecided (its interval holds 0 and reaches the warning band), add "
                          "rounds of --reps timed runs a variant, pooled, until decided or the pair's timed runs "
                          "have taken SECONDS (stage all only; default 0: one round)")
+    ap.add_argument("--max-rounds", type=int, default=4,
+                    help="--until-decided: at most this many rounds K, every look at level 1 - (1 - level) / K")
     ap.add_argument("--machine", default=None, help="the machine named in the document (default: this one's cores)")
     ap.add_argument("--note", action="append", default=[], help="a paragraph for the document (repeatable)")
     args = ap.parse_args(argv)
+    if args.aa:
+        try:
+            res = aa_rates([Path(p) for p in args.aa], args.level)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"calibrate: --aa: {e}", file=sys.stderr)
+            return 2
+        print(f"{res['cases']} launches, {res['pairs']} pseudo-A/A pairs; {round(args.level * 100)} % intervals "
+              "excluding 0 (truth 0): " + "; ".join(f"{k}: old (bootstrap) {v['old']}, new (t-drift) {v['new']}"
+                                                    for k, v in res["rates"].items()))
+        return 0
     if args.rerender:  # the document of the device the runs were made on, unless --doc names one
         return rerender(Path(args.rerender), args.doc or str(ROOT / "docs" / (
-            "impact-cuda.md" if args.device == "cuda" else "impact.md")))
+            "impact-cuda.md" if args.device == "cuda" else "impact.md")), args.reinterval)
     table = CUDA_PAIRS if args.device == "cuda" else PAIRS
     names = list(table) if not args.pairs else [p.strip() for p in args.pairs.split(",") if p.strip()]
     unknown = [n for n in names if n not in table]
@@ -444,7 +493,7 @@ def main(argv=None) -> int:
     if args.doc is None:
         args.doc = "-" if args.stage == "record" else str(ROOT / "docs" / (
             "impact-cuda.md" if args.device == "cuda" else "impact.md"))
-    if args.until_decided < 0 or (args.until_decided and args.stage != "all"):
+    if args.until_decided < 0 or (args.until_decided and args.stage != "all") or args.max_rounds < 1:
         print("calibrate: --until-decided takes seconds >= 0 and needs --stage all (the verdict needs the analyses)",
               file=sys.stderr)
         return 2
@@ -470,7 +519,8 @@ def main(argv=None) -> int:
         try:
             results.append(calibrate_pair(name, work, args.reps, args.steps, args.skip, args.level, args.tolerance,
                                           args.active, args.mode, log=lambda s: print(s, file=sys.stderr, flush=True),
-                                          stage=args.stage, until_decided_s=args.until_decided))
+                                          stage=args.stage, until_decided_s=args.until_decided,
+                                          max_rounds=args.max_rounds))
         except (RuntimeError, subprocess.TimeoutExpired, OSError, ValueError) as e:
             results.append({"pair": name, "rule": table[name]["expect"], "case": table[name]["case"],
                             "error": str(e).splitlines()[0]})
@@ -483,11 +533,12 @@ def main(argv=None) -> int:
               f"{_iv(r.get('measured_interval_us'))} ms, {r.get('verdict', r.get('error'))}", flush=True)
     load1 = os.getloadavg()[0]
     defaults = {"mode": "alternate", "reps": 5, "steps": 7 if args.mode == "alternate" else 12,
-                "skip": 1 if args.mode == "alternate" else 3, "pairs": None, "until-decided": 0.0}
+                "skip": 1 if args.mode == "alternate" else 3, "pairs": None, "until-decided": 0.0,
+                "max-rounds": 4 if args.until_decided else args.max_rounds}
     cmd = " ".join(["python benchmarks/calibrate.py", *(f"--{k} {v:g}" if isinstance(v, float) else f"--{k} {v}"
                                                         for k, v in (
         ("mode", args.mode), ("reps", args.reps), ("steps", args.steps), ("skip", args.skip), ("pairs", args.pairs),
-        ("until-decided", args.until_decided)) if v != defaults[k])])
+        ("until-decided", args.until_decided), ("max-rounds", args.max_rounds)) if v != defaults[k])])
     if args.device == "cuda":
         cmd = (cmd.replace("calibrate.py", "calibrate.py --device cuda --stage record --work W") + " on the GPU "
                "machine, then `python benchmarks/calibrate.py --device cuda --stage analyse --work W` here")
@@ -497,7 +548,8 @@ def main(argv=None) -> int:
     meta = {"mode": args.mode, "reps": args.reps, "steps": args.steps, "skip": args.skip, "level": args.level,
             "tolerance": args.tolerance, "command": cmd, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": args.machine or f"{os.cpu_count()} CPU cores, gloo, torch CPU", "load": load,
-            "device": args.device, "stage": args.stage, "notes": args.note}
+            "device": args.device, "stage": args.stage, "notes": args.note, "interval": "t-drift",
+            "max_rounds": args.max_rounds if args.until_decided else 1}
     if args.doc != "-":
         Path(args.doc).write_text(render(results, meta))
     if args.json:

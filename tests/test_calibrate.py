@@ -126,3 +126,141 @@ def test_until_decided_adds_rounds_until_m_decides(tmp_path, monkeypatch):
                             "command": "c", "date": "d", "machine": "m", "load": "l"})
     assert f"timed in {r['rounds']} rounds of 3 runs a variant" in text
     assert cal.main(["--pairs", "host_sync", "--until-decided", "60", "--stage", "analyse", "--work", "w"]) == 2
+
+
+# --------------------------------------------------------------------------- the interval under drift
+def _drift_stats():
+    import sys
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import drift_stats
+    return drift_stats
+
+
+def _aa_launch(rng, pairs: int, order: str, trend: float) -> list[float]:
+    """One synthetic launch of an A/A pair (both variants the same job, true saving 0): a 100 ms step whose
+    load drifts slowly (a random walk plus a steady trend per block) under block noise; the pair differences
+    (variant A minus variant B) of adjacent blocks, A first in every pair ("fixed") or alternately ("abba")."""
+    level, out = 100e3, []
+    for i in range(pairs):
+        blocks = []
+        for _ in range(2):
+            level += trend + rng.gauss(0, 1.5e3)
+            blocks.append(level + rng.gauss(0, 2e3))
+        a, b = blocks if order == "fixed" or i % 2 == 0 else blocks[::-1]
+        out.append(a - b)
+    return out
+
+
+def test_the_drift_interval_covers_where_the_bootstrap_did_not():
+    """Truth 0, slow drift, 5 ABBA pairs a launch: the old percentile bootstrap excludes 0 far more often than
+    its 10 %; the t-interval with the effective sample size stays within it (deterministic seeds)."""
+    ds = _drift_stats()
+    old = new = 0
+    for seed in range(300):
+        d = _aa_launch(__import__("random").Random(seed), 5, "abba", 300.0)
+        lo, hi = ds.bootstrap_mean(d, 0.9, n=1000, seed=seed)
+        old += not lo <= 0 <= hi
+        lo, hi = ds.drift_interval(d, 0.9)
+        new += not lo <= 0 <= hi
+    assert old / 300 >= 0.2 and new / 300 <= 0.13, (old, new)
+
+
+def test_counterbalanced_order_cancels_a_steady_drift():
+    """A steady drift between the two blocks of a pair biases every difference one way when the same variant
+    always leads: the interval then excludes the true 0 most of the time; ABBA order cancels it."""
+    ds = _drift_stats()
+    rng = __import__("random").Random(7)
+    miss = {"fixed": 0, "abba": 0}
+    for _ in range(100):
+        for order in miss:
+            lo, hi = ds.drift_interval(_aa_launch(rng, 6, order, 3e3), 0.9)
+            miss[order] += not lo <= 0 <= hi
+    assert miss["fixed"] > 50 and miss["abba"] <= 12, miss
+    assert [ds.abba(i) for i in range(4)] == [("fault", "fix"), ("fix", "fault"), ("fault", "fix"), ("fix", "fault")]
+
+
+def test_dependence_widens_the_interval():
+    ds = _drift_stats()
+    smooth = [float(x) for x in (1, 2, 3, 4, 5, 6, 7, 8)]  # strongly autocorrelated: fewer independent values
+    shuffled = [float(x) for x in (4, 8, 1, 6, 3, 7, 2, 5)]  # the same values in an order with none
+    assert ds.lag1(smooth) > 0.5 >= ds.lag1(shuffled)
+    w = lambda iv: iv[1] - iv[0]  # noqa: E731
+    assert w(ds.drift_interval(smooth, 0.9)) > 1.5 * w(ds.drift_interval(shuffled, 0.9))
+    # launches whose means disagree beyond what their pairs show: the launch becomes the unit
+    two = [1.0, 1.2, 0.8, 1.1, 0.9, 9.0, 9.2, 8.8, 9.1, 8.9]
+    import statistics
+    plain = 2 * ds.t_quantile(0.95, 9) * statistics.stdev(two) / 10 ** 0.5  # ten independent values
+    assert ds.lag1(two, [5, 5]) <= 0  # within each launch the pairs look independent
+    assert w(ds.drift_interval(two, 0.9, [5, 5])) > 3 * plain
+
+
+def test_bonferroni_looks_keep_optional_stopping_honest():
+    """--until-decided looks after each round and stops once M's interval excludes 0: at the plain level the
+    chance of a false decision (truth 0) grows with the looks; at 1 - (1 - level) / K it stays within 10 %."""
+    ds = _drift_stats()
+    K, n_sims = 4, 200
+    false = {0.9: 0, ds.look_level(0.9, K): 0}
+    for seed in range(n_sims):
+        rng = __import__("random").Random(1000 + seed)
+        launches = [_aa_launch(rng, 5, "abba", 0.0) for _ in range(K)]
+        for lvl in false:
+            for k in range(1, K + 1):
+                lo, hi = ds.drift_interval([x for la in launches[:k] for x in la], lvl, [5] * k)
+                if not lo <= 0 <= hi:
+                    false[lvl] += 1
+                    break
+    assert ds.look_level(0.9, 4) == pytest.approx(0.975)
+    assert false[0.9] / n_sims > 0.15 and false[ds.look_level(0.9, K)] / n_sims <= 0.10, false
+
+
+def test_aa_pairs_take_same_variant_blocks_nearest_in_time():
+    ds = _drift_stats()
+    f, x = ["F0", "F1", "F2", "F3", "F4"], ["X0", "X1", "X2", "X3", "X4"]
+    # ABBA: F X X F F X X F F X -> the adjacent same-variant blocks
+    assert ds.aa_pairs(f, x, True) == [("X0", "X1"), ("F1", "F2"), ("X2", "X3"), ("F3", "F4")]
+    assert ds.aa_pairs(f, x, False) == [("F0", "F1"), ("X0", "X1"), ("F2", "F3"), ("X2", "X3")]
+
+
+def test_processes_mode_runs_pairs_in_abba_order(tmp_path, monkeypatch):
+    cal = _calibrate()
+    order = []
+
+    def fake_run(pair, variant, extra, timeout=600):
+        order.append(variant)
+        Path(extra[-1]).parent.mkdir(parents=True, exist_ok=True)
+        Path(extra[-1]).write_text(json.dumps({"step_s": [0.1, 0.1], "loadavg": [1.0, 1.0, 1.0]}))
+
+    monkeypatch.setattr(cal, "run_job", fake_run)
+    runs, _ = cal.timed_runs("host_sync", tmp_path, 4, 2, 0, "processes", log=lambda s: None)
+    assert order == ["fault", "fix", "fix", "fault", "fault", "fix", "fix", "fault"]
+    assert len(runs["fault"]) == len(runs["fix"]) == 4
+
+
+def test_aa_check_and_reinterval_on_an_earlier_json(tmp_path, capsys):
+    """--aa counts exclusions of 0 on pseudo-A/A pairs of a recorded file; --rerender --reinterval puts M's
+    interval again by the current rule and the document says which rule it used."""
+    cal = _calibrate()
+    rng = __import__("random").Random(3)
+    f = [1e5 + rng.gauss(0, 2e3) for _ in range(10)]
+    x = [1e5 + rng.gauss(0, 2e3) for _ in range(10)]
+    r = {"pair": "host_sync", "rule": "host-sync", "case": "c", "model": "mlp", "world": 2, "mode": "alternate",
+         "found_on_fault": True, "found_on_fix": False, "captured_step_us": 1e5, "captured_fix_step_us": 1e5,
+         "predicted_us": 0.0, "predicted_interval_us": None, "severity": "info", "evidence": [],
+         "other_findings_fault": [], "findings_fix": [], "fault_step_us": f, "fix_step_us": x, "rounds": 2,
+         "measured_us": sum(a - b for a, b in zip(f, x)) / 10, "measured_interval_us": [1.0, 2.0], "ratio": 0.0,
+         "verdict": "over", "load_runs": [1.0]}
+    meta = {"mode": "alternate", "reps": 5, "steps": 7, "skip": 1, "level": 0.9, "tolerance": 0.35,
+            "command": "c", "date": "d", "machine": "m", "load": "l"}
+    src, doc = tmp_path / "r.json", tmp_path / "impact.md"
+    src.write_text(json.dumps({"meta": meta, "pairs": [r]}))
+    assert cal.main(["--aa", str(src)]) == 0
+    assert "1 launches, 8 pseudo-A/A pairs" in capsys.readouterr().out
+    assert cal.main(["--rerender", str(src), "--doc", str(doc)]) == 0
+    assert "bootstrap 90 % interval" in doc.read_text()  # an old file keeps its own interval and says so
+    assert cal.main(["--rerender", str(src), "--reinterval", "--doc", str(doc)]) == 0
+    (r2,) = json.loads(src.read_text())["pairs"]
+    ds = _drift_stats()
+    want = ds.drift_interval([a - b for a, b in zip(f, x)], 0.9, [5, 5])
+    assert r2["measured_interval_us"] == pytest.approx(list(want)) and r2["interval"] == "t-drift"
+    text = doc.read_text()
+    assert "Student-t 90 % interval" in text and "A/A check" in text and "without a per-look correction" in text
