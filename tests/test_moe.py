@@ -92,10 +92,13 @@ def check_routing_skew(a, manifest: dict) -> None:
     # balancing brings the step to the balanced time, half the excess at two ranks (issue 28): a warning,
     # unless the recording says the host's cores were so contended that the moved half would run at least
     # half as fast beside the other rank (k = alone / beside speed >= N - its saving E (1 - k/N) shrinks
-    # towards nothing, and the finding with it: seen once in a fresh-clone CI run)
+    # towards nothing, and the finding with it: seen once in a fresh-clone CI run), or unless its own steps
+    # spread too much for 4 of them to clear the warning band: then it says how many more would decide it
+    # (diagnose/noise.py; seen in a quiet fresh-clone CI run: 52.9 ms at info, cores at k = 1.498)
     contended = bool(s.alone_speed and s.beside_speed and s.alone_speed / s.beside_speed >= 1.5)
+    undecided = f is not None and f.impact_us > 0 and "would decide it" in f.summary
     if f is None or f.severity not in ("warning", "error"):
-        assert contended, (s.alone_speed, s.beside_speed, f and (f.severity, f.impact_us))
+        assert contended or undecided, (s.alone_speed, s.beside_speed, f and (f.severity, f.impact_us, f.summary))
     else:
         assert f.ranks == [slow] and "(more work)" in f.title
     assert s.exchange_kind == "all_to_all" and skew * 0.9 < s.exchange_ratio < skew * 1.1
