@@ -25,18 +25,19 @@ def own_work_frame(s) -> dict | None:
 
 
 # The straggler's measured causes, in two sets that answer two questions:
-# - own time (evidence the lateness is the culprit's: ops only it spends that long in, not the same work done
-#   slower): its sleep, its loader, its host syncs;
-# - outside the backend (no backend or wrapper fix removes it): those, more work in its steps (a longer
-#   sequence, a bigger shard: more work, not its own time beyond the others') and idle time of its own.
-_OWN_TIME_CAUSES = ("sleep", "data loading", "host sync")
-_NOT_BACKEND_CAUSES = _OWN_TIME_CAUSES + ("more work", "idle")
+# - its own time (evidence independent of the arrival order: ops or work only it has that much of, not the
+#   same work done slower): its sleep, its loader, its host syncs, and more work in its steps (a longer
+#   sequence, more routed tokens: counted from its ops and input sizes, equal on ranks given equal work);
+# - outside the backend (no backend or wrapper fix removes it): those, and idle time of its own.
+_OWN_TIME_CAUSES = ("sleep", "data loading", "host sync", "more work")
+_NOT_BACKEND_CAUSES = _OWN_TIME_CAUSES + ("idle",)
 
 
 def own_work(s) -> bool:
     """The culprit's own work holds at least half of the others' wait: a frame only it spends that long in
-    (``own_work_frame``), or a measured cause of its own time (its sleep, loader or host syncs: the excess
-    over the median of the other ranks, ``extra_us``). Either is evidence independent of the arrival order."""
+    (``own_work_frame``), or a measured cause of its own time (its sleep, loader, host syncs or more work: the
+    excess over the median of the other ranks, ``extra_us``). Either is evidence independent of the arrival
+    order."""
     return own_work_frame(s) is not None or (
         (s.cause or "") in _OWN_TIME_CAUSES and s.wait_us > 0 and s.extra_us >= 0.5 * s.wait_us)
 
@@ -48,7 +49,7 @@ def straggler_verdict(ctx: RuleContext) -> float:
     others' wait for it is material (``straggler_min_frac`` of the step). Then either the wait stands
     ``straggler_noise_z`` robust standard deviations above the run's step-to-step noise, or two independent
     lines of evidence agree: a consistency unlikely by chance (``straggler_chance``) and the culprit's own
-    work holding the wait (``own_work``: a frame, or its sleep, loader or host syncs), with the wait at least
+    work holding the wait (``own_work``: a frame, or its sleep, loader, host syncs or more work), with the wait at least
     above one standard deviation of noise.
     Confidence grows as the consistency gets unlikely by chance and as the culprit's extra time accounts
     for the wait.

@@ -70,7 +70,7 @@ THRESHOLDS: list[Threshold] = [
     Threshold("straggler_chance", 0.25, "probability",
               "a wait between one and straggler_noise_z noise deviations still makes a straggler when the "
               "same rank is last this unlikely by chance and its own work holds the wait (a frame only it runs, "
-              "or its excess sleep, loader or host-sync time: facts.own_work)",
+              "or its excess sleep, loader, host-sync time or more work: facts.own_work)",
               "two independent lines of evidence; 0.25 admits 3 of 3 steps at 2 ranks (the README's active=3 "
               "schedule), not 4 of 5 (0.38); docs/noise-study.md: none of 26 healthy runs has an own-work frame "
               "(the own-time causes were added after that study: no bundled, CUDA or public run changed)"),
