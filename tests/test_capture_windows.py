@@ -193,6 +193,41 @@ def test_second_sigint_inside_the_export_still_writes_the_trace(tmp_path, monkey
     assert not list(tmp_path.glob(".*partial*"))
 
 
+@requires_torch
+def test_ctrl_c_inside_the_capture_bookkeeping_is_held_and_points_at_the_job(tmp_path, monkeypatch):
+    """A Ctrl-C landing while the capture polls its folder (file work between two steps) is held until
+    that work is whole, then raised as the job's own interrupt: the manifest is written and the
+    traceback ends at the job's ``cap.step()`` line, not inside the capture's files."""
+    import traceback
+
+    import torch
+
+    from fsdpdoctor.capture import capture
+    from fsdpdoctor.capture.coordinator import WindowCoordinator
+
+    real, calls = WindowCoordinator._poll, []
+
+    def interrupted_poll(self, now):
+        calls.append(now)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # lands inside the poll
+        return real(self, now)
+
+    monkeypatch.setattr(WindowCoordinator, "_poll", interrupted_poll)
+    monkeypatch.setattr("fsdpdoctor.capture.coordinator._POLL_NS", 0)   # a poll at every step
+    _, _, train_step = tiny_training(torch)
+    with pytest.raises(KeyboardInterrupt) as info:
+        with capture(tmp_path, wait=1, warmup=1, active=6) as cap:
+            for _ in range(8):
+                train_step()
+                cap.step()
+    assert len(calls) == 2   # raised at the end of the step whose poll it landed in, not later
+    files = [f.filename for f in traceback.extract_tb(info.value.__traceback__)]
+    assert files and not any(os.sep + "capture" + os.sep in f and "fsdpdoctor" in f for f in files), files
+    assert files[-1] == __file__
+    assert json.loads((tmp_path / "manifest.json").read_text())["partial_steps"]
+
+
 # ------------------------------------------------------------------ two jobs, one folder (#25 item 6)
 JOB_A = """
 import sys, time

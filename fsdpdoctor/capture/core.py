@@ -42,7 +42,7 @@ from fsdpdoctor.capture.coordinator import FOLDER_WAIT_S, MAX_WINDOW_BYTES, Wind
 from fsdpdoctor.capture.manifest import track_fsdp2_prefetch_calls
 from fsdpdoctor.capture.manifest_writer import HOST_WAIT_S, ManifestWriter, _rank_world
 from fsdpdoctor.capture.profiling import ProfilingSchedule
-from fsdpdoctor.capture.safety import _sigint_held, _warn
+from fsdpdoctor.capture.safety import _drop_own_frames, _sigint_held, _warn
 from fsdpdoctor.capture.watch import Watch as _Watch
 
 __all__ = ["Capture", "capture", "track_fsdp2_prefetch_calls", "HOST_WAIT_S", "FOLDER_WAIT_S", "MAX_WINDOW_BYTES"]
@@ -192,10 +192,15 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
             self._fixed_step()
         if self._wprof is not None:
             self._window_step()
-        if now >= self._next_poll:
-            self._poll(now)
-        if self.step_num == self._window_at:
-            self._open_window()
+        if now >= self._next_poll or self.step_num == self._window_at:
+            # file work and window starts hold a Ctrl-C: it is raised once the step's bookkeeping is whole
+            with _sigint_held() as held:
+                if now >= self._next_poll:
+                    self._poll(now)
+                if self.step_num == self._window_at:
+                    self._open_window()
+            self._interrupt_held |= bool(held)
+            self._raise_held_interrupt()
 
     def batches(self, iterable):
         """Yield from ``iterable``, recording the time each step waits for its batch in the step series."""
@@ -247,9 +252,14 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
     def __exit__(self, exc_type, exc, tb) -> bool:
         # an exception is already ending the job: a second Ctrl-C during the export is not raised again
         self._exiting = exc_type is not None
-        if self._watch is not None:
-            self._watch.__exit__(exc_type, exc, tb)  # an aborting job dumps too
-        self.close()
+        with _sigint_held() as held:   # torchrun's second Ctrl-C waits for the last files
+            if self._watch is not None:
+                self._watch.__exit__(exc_type, exc, tb)  # an aborting job dumps too
+            self.close()
+        self._interrupt_held |= bool(held)
+        if isinstance(exc, KeyboardInterrupt):
+            _drop_own_frames(tb)
+        self._raise_held_interrupt()
         return False
 
     def __call__(self, fn: Callable) -> Callable:

@@ -5,6 +5,7 @@ causes is silenced while it runs."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import warnings
@@ -34,6 +35,22 @@ def _sigint_held():
             except (ValueError, OSError, TypeError):
                 pass
 
+
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _drop_own_frames(tb) -> None:
+    """Cut a Ctrl-C's traceback where it enters the capture's bookkeeping: the interrupt is the user's,
+    held or landed while the capture noted the step, and its traceback ends at the job's own line
+    (``cap.step()``) instead of running through the capture's files. The decorator's wrapper is never
+    cut (the job's code runs inside it)."""
+    prev = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if prev is not None and code.co_filename.startswith(_OWN_DIR) and code.co_name != "wrapper":
+            prev.tb_next = None
+            return
+        prev, tb = tb, tb.tb_next
 
 
 # With with_stack=True, torch.profiler's Python tracer reads ``.grad`` of the parameters
