@@ -201,8 +201,10 @@ def _at_median(ctx: RankContext, spans: np.ndarray) -> float:
     against 0.6 in the bundled ddp_find_unused) is the host's time, not what the call costs."""
     if not len(spans):
         return 0.0
-    net = [max(e - s - starts_inside(ctx.stack_starts, np.array([[s, e]])) * STACK_EVENT_COST_US, 0.0)
-           for s, e in spans.tolist()]
+    starts = ctx.stack_starts
+    frames = (np.searchsorted(starts, spans[:, 1], side="left") - np.searchsorted(starts, spans[:, 0], side="left")
+              if len(starts) else 0)  # each call's recorded frames, as starts_inside counts them
+    net = np.maximum(spans[:, 1] - spans[:, 0] - frames * STACK_EVENT_COST_US, 0.0)
     return len(net) * float(np.median(net))
 
 

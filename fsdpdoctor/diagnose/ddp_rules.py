@@ -65,8 +65,8 @@ def _bucket_saving(ctx: RuleContext, grad_ar: list, sizes: list[float]) -> tuple
         return 0.0, [0.0] * len(vals), (
             f"no saving predicted on this CPU/gloo run: the ranks share the host's cores, so a bucket reduced "
             f"during backward takes a core from backward's compute (docs/impact.md: on such a run the fix made "
-            f"the step 1.7-4.6 ms slower in three interleaved runs); with the all-reduce on its own stream (GPU) it would hide up to "
-            f"{ms(hidden)} of the {ms(mean_exposed)} exposed: {why}")
+            f"the step 1.7-4.6 ms slower in three interleaved runs); with the all-reduce on its own stream (GPU) "
+            f"it would hide up to {ms(hidden)} of the {ms(mean_exposed)} exposed: {why}")
     return hidden, vals, f"predicted saving {ms(hidden)} of the {ms(mean_exposed)} exposed: {why}"
 
 
@@ -94,7 +94,8 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
     exposed_ar = sum(c.exposed_us for c in grad_ar) / nrs
     # one bucket is a claim about gradient all-reduces overlapping backward: it needs gradient all-reduces
     # in the trace, and peers to reduce with (at world size 1 there is nothing to overlap: wrapper-world-size-1)
-    if grad_ar and ctx.a.job.world_size != 1 and per_backward <= 1.01 and (d.overlap_frac or 0.0) < ctx.th["ddp_single_bucket_overlap"]:
+    if (grad_ar and ctx.a.job.world_size != 1 and per_backward <= 1.01
+            and (d.overlap_frac or 0.0) < ctx.th["ddp_single_bucket_overlap"]):
         biggest = max((c.nelems or 0 for c in grad_ar), default=0)
         ev = [Evidence(f"{per_backward:.0f} gradient all-reduce per backward pass, overlap {pct(d.overlap_frac)}"),
               Evidence(f"exposed all-reduce {ms(exposed_ar)} per step", time_us=exposed_ar)]
@@ -104,13 +105,16 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             ev.append(Evidence(f"manifest: bucket_cap_mb={cap}"))
         grad_bytes = biggest * _grad_dtype_bytes(ctx)
         raised = isinstance(cap, (int, float)) and cap > DDP_DEFAULT_BUCKET_MB
+        # where the ranks share the host's cores (CPU/gloo) a bucket reduced during backward takes a core from
+        # backward's compute: the fix is not expected to save time there, so it is at most info
+        shared = ctx.traits.shared_host_cores
+        floor = "warning" if raised and not shared else "info"
         new_cap = None
         if raised or not grad_bytes:
             # a cap raised above the default is the cause: the known-wrong setting gets a warning floor
             fix = (f"DDP(model, bucket_cap_mb={DDP_DEFAULT_BUCKET_MB})  # now {cap}" if raised else
                    f"DDP(model, bucket_cap_mb={DDP_DEFAULT_BUCKET_MB}) (the default); do not raise it above the "
                    "model's gradient size")
-            floor = "warning" if raised else "info"
         elif grad_bytes < ctx.th["small_message_bytes"]:
             fix = None  # every gradient fits one latency-bound message: more buckets add latency, not overlap
         else:
@@ -120,7 +124,6 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             new_cap = target
             fix = (f"DDP(model, bucket_cap_mb={target:g})  # now {cap if cap is not None else 'the default'}: all "
                    f"{size(grad_bytes)} of gradients fit one bucket, so the all-reduce waits for the whole backward")
-            floor = "info"
         if fix is not None:
             sizes = bucket_sizes(grad_bytes, (new_cap or DDP_DEFAULT_BUCKET_MB) * MIB)
             saving, samples, note = _bucket_saving(ctx, grad_ar, sizes)
@@ -128,18 +131,18 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             out.append(ctx.finding(
                 "ddp-single-bucket", "DDP all-reduces all gradients in one bucket after backward", saving,
                 "With a single bucket the all-reduce can start only when the last gradient is ready, so none of it "
-                f"overlaps backward compute. With the fix's {len(sizes)} bucket{'s' if len(sizes) > 1 else ''} all but the "
-                f"last ({size(sizes[-1])} of {size(grad_bytes)}) could run beside backward: "
-                + (f"about {ms(saving)} per step." if not ctx.traits.shared_host_cores else
+                f"overlaps backward compute. With the fix's {len(sizes)} bucket{'s' if len(sizes) > 1 else ''} all "
+                f"but the last ({size(sizes[-1])} of {size(grad_bytes)}) could run beside backward: "
+                + (f"about {ms(saving)} per step." if not shared else
                  "that needs a core or stream of its own: on this CPU/gloo run the ranks share the host's cores, so "
                  "the fix is not expected to save time here (docs/impact.md)."), fix,
                 confidence=sync_confidence(ctx, 0.9), evidence=ev,
-                floor="info" if ctx.traits.shared_host_cores else floor, source=wrap_site(ctx),
-                samples=samples))
+                floor=floor, source=wrap_site(ctx), samples=samples))
     mean_nelems = (sum(c.nelems or 0 for c in grad_ar) / len(grad_ar)) if grad_ar else 0
     db = 4 if (ctx.a.job.manifest or {}).get("model", {}).get("param_dtype", "float32") in ("float32", None) else 2
     mean_bytes = mean_nelems * db
-    if per_backward >= ctx.th["ddp_tiny_buckets_per_backward"] and mean_bytes and mean_bytes < ctx.th["ddp_tiny_bucket_bytes"]:
+    if (per_backward >= ctx.th["ddp_tiny_buckets_per_backward"] and mean_bytes
+            and mean_bytes < ctx.th["ddp_tiny_bucket_bytes"]):
         busy = sum(c.duration_us for c in grad_ar) / nrs
         out.append(ctx.finding(
             "ddp-tiny-buckets", f"DDP uses {per_backward:.0f} tiny buckets per backward", exposed_ar,
