@@ -152,43 +152,52 @@ def sanitize(events: list, drops: Drops) -> list:
     for e in events:
         ph = e.ph
         if not isinstance(ph, str):
-            drops.event("missing ph" if ph is None else "ph not text", e)
-            continue
-        if ph != "X":
-            if ph == "M" or ph in ("i", "I"):
-                if not isinstance(e.name, str):
-                    drops.event("name not text", e)
-                    continue
-                bad = _args_ok(e.args) if e.name in ("thread_name", "[memory]") else None
-                if bad:
-                    drops.event(bad, e)
-                    continue
-                if not isinstance(e.pid, _SCALARS + (type(None),)) or not isinstance(e.tid, _SCALARS + (type(None),)):
-                    drops.event("pid/tid not a number or text", e)
-                    continue
-            out.append(e)
-            continue
-        if e.ts is None:
-            drops.event("missing ts", e)
-        elif e.name is None:
-            drops.event("null name", e)
-        elif not isinstance(e.name, str):
-            drops.event("name not text", e)
-        elif _num(e.ts) is None and not _huge(e.ts):
-            drops.event("ts not a number", e)
-        elif e.dur is not None and _num(e.dur) is None and not _huge(e.dur):
-            drops.event("dur not a number", e)
-        elif _huge(e.ts) or (e.dur is not None and _huge(e.dur)):
-            drops.event("time beyond any clock", e)
-        elif not isinstance(e.pid, _SCALARS + (type(None),)) or not isinstance(e.tid, _SCALARS + (type(None),)):
-            drops.event("pid/tid not a number or text", e)
-        elif e.cat is not None and not isinstance(e.cat, str):
-            drops.event("cat not text", e)
-        elif reads_args(e.name, e.cat) and (bad := _args_ok(e.args)):
+            bad = "missing ph" if ph is None else "ph not text"
+        else:
+            bad = _span_problem(e) if ph == "X" else _other_problem(e)
+        if bad:
             drops.event(bad, e)
         else:
             out.append(e)
     return out
+
+
+def _ids_ok(e) -> bool:
+    return isinstance(e.pid, _SCALARS + (type(None),)) and isinstance(e.tid, _SCALARS + (type(None),))
+
+
+def _other_problem(e) -> str | None:
+    """Why a non-span event cannot be read: metadata and instants need a text name, readable args where
+    the loader reads them (thread names, memory records) and ids; other phases pass as they are."""
+    if not (e.ph == "M" or e.ph in ("i", "I")):
+        return None
+    if not isinstance(e.name, str):
+        return "name not text"
+    bad = _args_ok(e.args) if e.name in ("thread_name", "[memory]") else None
+    if bad:
+        return bad
+    return None if _ids_ok(e) else "pid/tid not a number or text"
+
+
+def _span_problem(e) -> str | None:
+    """Why a complete event (``ph`` X) cannot be read, the first reason in the loader's order of reading."""
+    if e.ts is None:
+        return "missing ts"
+    if e.name is None:
+        return "null name"
+    if not isinstance(e.name, str):
+        return "name not text"
+    if _num(e.ts) is None and not _huge(e.ts):
+        return "ts not a number"
+    if e.dur is not None and _num(e.dur) is None and not _huge(e.dur):
+        return "dur not a number"
+    if _huge(e.ts) or (e.dur is not None and _huge(e.dur)):
+        return "time beyond any clock"
+    if not _ids_ok(e):
+        return "pid/tid not a number or text"
+    if e.cat is not None and not isinstance(e.cat, str):
+        return "cat not text"
+    return (reads_args(e.name, e.cat) and _args_ok(e.args)) or None
 
 
 def _huge(v: Any) -> bool:
