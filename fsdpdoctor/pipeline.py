@@ -277,25 +277,12 @@ def _names(files: list[Path], most: int = 3) -> str:
 
 def _rank_results(path: Path, opts: Options, *, write_summaries, summary_dir, param_dtype, keep_tables,
                   dq: DataQuality, used: list[Path]) -> tuple[dict | None, list[RankResult], list[RankTrace]]:
-    ranks, steps, use_summaries = opts.ranks, opts.steps, opts.use_summaries
     if path.is_dir() and not _trace_files(path, []) and not write_summaries:
-        summaries = sorted(p for p in path.glob("*" + rankresult.SUMMARY_SUFFIX) if not p.name.startswith("."))
-        if summaries:  # summaries copied away from their traces: nothing to check them against
-            if steps is not None:
-                raise InputError(path, "--steps needs the traces: this folder holds only per-rank summaries "
-                                       "(made for all steps)")
-            if keep_tables:
-                raise InputError(path, "this folder holds only per-rank summaries: the trace events are not in it")
-            manifest, dq.manifest = read_manifest(path)
-            return (*_only_summaries(path, summaries, ranks, manifest, dq, opts.dask), [])
-    manifest, groups = find_inputs(path, ranks, dq)
-    asked = steps
-    steps, cut_note = without_partial(steps, manifest)
-    if asked is not None and not steps:  # an empty set would read as "no selection": every step
-        raise InputError(path, f"--steps {step_spec(sorted(asked))} matches no complete profiled step"
-                               + (f" ({cut_note})" if cut_note else ""))
-    if cut_note:
-        dq.notes.append(cut_note)
+        only = _from_summaries_alone(path, opts, keep_tables, dq)
+        if only is not None:
+            return only
+    manifest, groups = find_inputs(path, opts.ranks, dq)
+    steps = _complete_steps(path, opts.steps, manifest, dq)
     if write_summaries:
         _check_writable(groups, summary_dir)
     dtype = param_dtype or model_dtype(manifest)
@@ -303,16 +290,12 @@ def _rank_results(path: Path, opts: Options, *, write_summaries, summary_dir, pa
     todo: list[RankUnit] = []
     given: dict[str, str] = {}  # absolute path sent to a worker -> the path as given here
     for files in groups:
-        if use_summaries and steps is None and len(files) == 1 and not write_summaries:
-            r, why = rankresult.read_current(files[0])
-            if r is not None and r.param_dtype == dtype:
-                r.summary.file = shown(files[0])  # the path as given now, as a re-read would report it
+        if opts.use_summaries and steps is None and len(files) == 1 and not write_summaries:
+            r = _current_summary(files[0], dtype, dq)
+            if r is not None:
                 results.append(r)
                 used.append(rankresult.summary_path(files[0]))
                 continue
-            if why:
-                dq.notes.append(f"{shown(rankresult.summary_path(files[0]).name)} not used ({why}): rank figures "
-                                f"re-derived from {shown(files[0].name)}")
         if opts.dask:  # a worker's working folder is not ours
             given.update({shown(os.path.abspath(f)): shown(f) for f in files})
             files = [Path(os.path.abspath(f)) for f in files]
@@ -322,31 +305,76 @@ def _rank_results(path: Path, opts: Options, *, write_summaries, summary_dir, pa
                              summary_dir=str(summary_dir) if summary_dir else None,
                              cycle_files=_cycle_files(manifest, files) if len(files) > 1 else None,
                              keep_tables=keep_tables))
-    tables: dict[int, RankTrace] = {}  # id(result) -> its tables
-    if todo:
-        total = sum(Path(f).stat().st_size for u in todo for f in u.files)
-        engine = make_engine(opts.dask, opts.workers, total, len(todo))
-        report = _Reporter(opts.progress, len(groups), len(results))
-        try:
-            for unit, outputs in engine.map(rank_step, todo):
-                for r, t in _checked(unit, outputs, given):
-                    results.append(r)
-                    if t is not None:
-                        tables[id(r)] = t
-                report(Path(unit.files[0]).name)
-        finally:
-            engine.close()
-        report.done()
+    tables = _run_units(todo, opts, len(groups), results, given) if todo else {}
     if used:
         dq.notes.append(f"figures of {len(used)} rank(s) read from {_names(used)}, made from these very traces "
                         "(--no-summaries re-reads the traces)")
     try:
-        manifest, results = _one_job(path, results, ranks, manifest, dq, "trace")
+        manifest, results = _one_job(path, results, opts.ranks, manifest, dq, "trace")
     except InputError as exc:
         if not used:
             raise
         raise _SummariesDisagree(exc.problem if exc.path == str(path) else str(exc)) from None
     return manifest, results, [tables[id(r)] for r in results if id(r) in tables]
+
+
+def _from_summaries_alone(path: Path, opts: Options, keep_tables, dq: DataQuality):
+    """A folder of per-rank summaries copied away from their traces: the job from them alone (nothing to
+    check them against), or None when the folder holds none."""
+    summaries = sorted(p for p in path.glob("*" + rankresult.SUMMARY_SUFFIX) if not p.name.startswith("."))
+    if not summaries:
+        return None
+    if opts.steps is not None:
+        raise InputError(path, "--steps needs the traces: this folder holds only per-rank summaries "
+                               "(made for all steps)")
+    if keep_tables:
+        raise InputError(path, "this folder holds only per-rank summaries: the trace events are not in it")
+    manifest, dq.manifest = read_manifest(path)
+    return (*_only_summaries(path, summaries, opts.ranks, manifest, dq, opts.dask), [])
+
+
+def _complete_steps(path: Path, asked, manifest, dq: DataQuality):
+    """The asked steps less those the manifest names partial (a cut step is not a step's time)."""
+    steps, cut_note = without_partial(asked, manifest)
+    if asked is not None and not steps:  # an empty set would read as "no selection": every step
+        raise InputError(path, f"--steps {step_spec(sorted(asked))} matches no complete profiled step"
+                               + (f" ({cut_note})" if cut_note else ""))
+    if cut_note:
+        dq.notes.append(cut_note)
+    return steps
+
+
+def _current_summary(file: Path, dtype, dq: DataQuality) -> RankResult | None:
+    """The rank's summary beside its trace when it is current and made for the same parameter dtype;
+    a note says why one present was not used."""
+    r, why = rankresult.read_current(file)
+    if r is not None and r.param_dtype == dtype:
+        r.summary.file = shown(file)  # the path as given now, as a re-read would report it
+        return r
+    if why:
+        dq.notes.append(f"{shown(rankresult.summary_path(file).name)} not used ({why}): rank figures "
+                        f"re-derived from {shown(file.name)}")
+    return None
+
+
+def _run_units(todo: list[RankUnit], opts: Options, n_groups: int, results: list[RankResult],
+               given: dict[str, str]) -> dict[int, RankTrace]:
+    """Each rank's analysis on the engine, its results appended to ``results``; id(result) -> its tables."""
+    tables: dict[int, RankTrace] = {}
+    total = sum(Path(f).stat().st_size for u in todo for f in u.files)
+    engine = make_engine(opts.dask, opts.workers, total, len(todo))
+    report = _Reporter(opts.progress, n_groups, len(results))
+    try:
+        for unit, outputs in engine.map(rank_step, todo):
+            for r, t in _checked(unit, outputs, given):
+                results.append(r)
+                if t is not None:
+                    tables[id(r)] = t
+            report(Path(unit.files[0]).name)
+    finally:
+        engine.close()
+    report.done()
+    return tables
 
 
 def _checked(unit: RankUnit, outputs, given: dict[str, str]) -> list[tuple[RankResult, RankTrace | None]]:
