@@ -10,7 +10,8 @@ without them rests on the step time's own noise around its estimate.
 After the rules (and after ``bound_impacts`` cut what roots explain twice), ``gate_by_noise``:
 
 - gives every finding an interval of its saving, the ``impact_confidence`` t-interval of the mean of
-  its per-step values (scaled to the impact as bounded), or says the window is too short for one;
+  its per-step values (scaled to the impact as bounded), or says the window is too short for one (one
+  step shows no noise: a saving alone then earns at most info);
 - keeps a warning or an error only where the interval's lower end earns it: the severity scale read at
   the lower end (a wrong configuration's warning floor needs a lower end above zero); otherwise the
   finding drops, at most to info, and says how many more steps at this spread would decide it.
@@ -31,12 +32,22 @@ SAMPLES_KEY = "finding_samples"   # RuleContext cache: id(finding) -> (per-step 
 
 
 def per_step(a: Analysis, value: Callable[[StepBreakdown], float]) -> list[float]:
-    """One value per analysed step: ``value`` of each rank's breakdown of that step, averaged over ranks."""
+    """One value per analysed step: ``value`` of each rank's breakdown of that step, averaged over ranks.
+    A window of one step gives its ranks' values instead (``one_step_units``)."""
     by_step: dict = {}
     for r in a.ranks:
         for s in r.steps:
             by_step.setdefault(s.step, []).append(float(value(s)))
+    if len(by_step) == 1:
+        return one_step_units(next(iter(by_step.values())))
     return [sum(v) / len(v) for _, v in sorted(by_step.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
+
+
+def one_step_units(by_rank: list[float]) -> list[float]:
+    """The samples of a window of one step: its ranks' values. Ranks of one step are coupled by their
+    collectives, so their spread is a floor of the noise, not the step-to-step noise itself; one rank's one
+    step is one value, no spread at all (``gate_by_noise`` then keeps nothing above info)."""
+    return list(by_rank) if len(by_rank) >= 2 else [sum(by_rank) / len(by_rank)] if by_rank else []
 
 
 def per_step_calls(a: Analysis, calls: Iterable, value: Callable[[object], float]) -> list[float]:
@@ -47,6 +58,8 @@ def per_step_calls(a: Analysis, calls: Iterable, value: Callable[[object], float
     tot: dict = {}
     for c in calls:
         tot[(c.rank, c.step)] = tot.get((c.rank, c.step), 0.0) + float(value(c))
+    if len(steps) == 1:
+        return one_step_units([tot.get((r, steps[0]), 0.0) for r in ranks])
     return [sum(tot.get((r, s), 0.0) for r in ranks) / len(ranks) for s in steps]
 
 
@@ -70,6 +83,20 @@ def _steps_to_decide(mean: float, sd: float, n: int, bar: float, level: float) -
                        cap=10_000)
 
 
+def _one_step(f: Finding, floor: str) -> None:
+    """One step of one rank shows no noise, so no saving in it is shown beyond the noise: a warning or error
+    drops to info (a configuration's warning floor too: it needs a saving whose lower end is above zero),
+    unless a rule set the severity from structure; the finding says what would decide it."""
+    f.evidence.append(Evidence("no interval for this saving: the window holds one step; profile more steps "
+                               "(active=5 or more) to judge it against the run's noise"))
+    kept = "info"
+    if floor == EXPLICIT or SEVERITY_RANK.get(f.severity, 0) <= SEVERITY_RANK[kept]:
+        return
+    f.summary += (f" {kept.capitalize()}, not {f.severity}: one profiled step shows no step-to-step noise to judge "
+                  "its saving against; profile more steps to decide it.")
+    f.severity = kept
+
+
 def gate_by_noise(findings: list[Finding], a: Analysis, table: Mapping[str, float],
                   samples_of: Mapping[int, tuple], severity_for) -> None:
     """Give each finding its interval and keep warning/error only where the interval's lower end earns it."""
@@ -78,6 +105,7 @@ def gate_by_noise(findings: list[Finding], a: Analysis, table: Mapping[str, floa
         return
     level = table["impact_confidence"]
     step_series = per_step(a, lambda s: s.duration_us)
+    one_step = len({s.step for r in a.ranks for s in r.steps}) == 1   # the samples are its ranks
     for f in findings:
         raw, floor = samples_of.get(id(f), (None, "info"))
         if raw is None and f.impact_us <= 0:
@@ -86,19 +114,19 @@ def gate_by_noise(findings: list[Finding], a: Analysis, table: Mapping[str, floa
             x = np.asarray(raw, dtype=float)
             if float(x.mean()) > 0:
                 x = x * (f.impact_us / float(x.mean()))  # scaled to the impact as bounded
-            basis = "its per-step values"
+            basis = "its ranks' values in the one step" if one_step else "its per-step values"
         elif len(step_series) >= 2:
             x = f.impact_us + (np.asarray(step_series) - float(np.mean(step_series)))
-            basis = "the step time's noise around it"
+            basis = "the step time's spread over its ranks" if one_step else "the step time's noise around it"
         else:
             x = np.asarray([f.impact_us])
         iv = interval(list(x), level)
         if iv is None:
             if f.impact_us > 0:
-                f.evidence.append(Evidence("no interval for this saving: the window holds one step; profile "
-                                           "more steps (active=5 or more) to judge it against the run's noise"))
+                _one_step(f, floor)
             continue
         mean, lo, hi, sd = iv
+        unit = "ranks of one step" if one_step else "steps"
         f.impact_interval_us = [max(lo, 0.0), min(max(hi, 0.0), step)]
         shown = f"{f.impact_interval_us[0] / 1e3:.1f} to {f.impact_interval_us[1] / 1e3:.1f} ms"
         if f.impact_us <= 0 or floor == EXPLICIT or SEVERITY_RANK.get(f.severity, 0) <= SEVERITY_RANK["info"]:
@@ -115,18 +143,21 @@ def gate_by_noise(findings: list[Finding], a: Analysis, table: Mapping[str, floa
             continue
         band = table["severity_error_frac" if f.severity == "error" else "severity_warning_frac"]
         bar = 0.0 if floored and f.severity == floor else band * step / w if w > 0 else math.inf
-        more = _steps_to_decide(mean, sd, len(x), bar, level)
+        # the ranks of one step are no series of steps: more steps decide it, how many is not known
+        more = None if one_step else _steps_to_decide(mean, sd, len(x), bar, level)
         what = ("nothing (its configuration's warning needs a saving beyond the noise)" if bar == 0.0 else
                 f"the {f.severity} band ({band:.0%} of the step{', weighted by the confidence' if w < 1 else ''})")
         decide = (f"about {more} more step{'s' if more != 1 else ''} at this spread would decide it" if more else
                   f"no number of steps would make it {f.severity}: the estimate itself is below that band"
-                  if mean <= bar else "more steps would decide it")
+                  if mean <= bar else "profiling more steps (active=5 or more) would decide it" if one_step
+                  else "more steps would decide it")
         f.evidence.append(Evidence(
-            f"{kept} rather than {f.severity}: the saving's {level:.0%} interval over {len(x)} steps "
+            f"{kept} rather than {f.severity}: the saving's {level:.0%} interval over {len(x)} {unit} "
             f"({basis}) is {shown}, and its lower end does not clear {what}; "
             f"{decide}"))
-        f.summary += (f" {kept.capitalize()}, not {f.severity}: within this run's step-to-step noise its saving may "
+        noise = "noise over its ranks" if one_step else "step-to-step noise"
+        f.summary += (f" {kept.capitalize()}, not {f.severity}: within this run's {noise} its saving may "
                       f"be {'nothing' if bar == 0.0 else f'below the {f.severity} band'} ({level:.0%} interval {shown} over "
-                      f"{len(x)} steps)"
+                      f"{len(x)} {unit})"
                       + (f"; about {more} more step{'s' if more != 1 else ''} would decide it." if more else "."))
         f.severity = kept
