@@ -154,6 +154,22 @@ def test_launches_without_kernel_events_name_the_missing_timeline(tmp_path):
     assert "ProfilerActivity.CUDA" in header and "idle" not in header
 
 
+def test_gpu_only_host_ops_without_device_events_name_the_missing_timeline(tmp_path):
+    # a GPU forward profiled with the CPU activity only (the public SpikingConvNN trace's shape): the
+    # convolution ran through cuDNN, no runtime call or kernel was recorded
+    ev = [_x("aten::conv2d", 100.0, 300), _x("aten::convolution", 105.0, 290),
+          _x("aten::cudnn_convolution", 110.0, 250), _x("aten::relu", 420.0, 20), _x("aten::addmm", 450.0, 40)]
+    path = _write(tmp_path / "trace.json", ev)
+    rc, out, _ = _cli("analyze", str(path), "--json")
+    kind = json.loads(out)["job"]["input_kind"]
+    assert kind["device"] == "missing"
+    assert "1 host op(s) that run only on a GPU (aten::cudnn_convolution" in kind["unknown"][0]
+    assert json.loads(out)["mean"] is None  # device figures withheld, not a CPU trace's breakdown
+    # the same ops on a CPU (mkldnn) are a host-only recording
+    cpu = _write(tmp_path / "cpu.json", [dict(e, name=e["name"].replace("cudnn", "mkldnn")) for e in ev])
+    assert load_file(cpu).kind.device == "none"
+
+
 def _mtia(tmp_path, device_pid=17, busy=400.0, linked=False) -> Path:
     """An MTIA recording to the plug-in's shape (HTA's mtia traces): per step a 400 us pe_exe, a 100 us
     dma_request and a 300 us event_wait on the device's stream tracks, runFunction calls on the host."""

@@ -160,7 +160,28 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
         unknown.append("device timeline missing: NCCL collectives ran on a GPU, and the legacy autograd-profiler "
                        "export writes no device events (record with torch.profiler and ProfilerActivity.CUDA)")
         return
+    gpu_ops = _gpu_only_ops(t)
+    if gpu_ops:
+        n, name = gpu_ops
+        kind.device = "missing"
+        unknown.append(f"device timeline missing: {n} host op(s) that run only on a GPU ({name}...), no device "
+                       "events (was the profiler started with ProfilerActivity.CUDA?)")
+        return
     kind.device = "none"
+
+
+# host ops that exist only on a GPU (cuDNN, MIOpen): a recording that holds them ran on one, whatever the
+# profiler was asked to record of its device
+_GPU_ONLY_OP = re.compile(r"^aten::_?(cudnn|miopen)_")
+
+
+def _gpu_only_ops(t: RankTrace) -> tuple[int, str] | None:
+    """(count, first name) of the host ops in ``t`` that run only on a GPU, or None."""
+    ids = [i for i, n in enumerate(t.names) if _GPU_ONLY_OP.match(n)]
+    if not ids:
+        return None
+    n = int(np.isin(t.name_id[t.cat == CPU_OP], ids).sum())
+    return (n, t.names[ids[0]]) if n else None
 
 
 # an accelerator's device span by its name: a copy (DMA, memcpy), or a queue waiting on / recording an
