@@ -366,6 +366,30 @@ def test_an_ascend_trace_view_is_named_npu_not_a_cpu_trace():
     assert out.split("\n")[1].split()[1] == "NPU" and "CPU trace" not in out
 
 
+def test_uncategorised_tasks_on_ascend_hardware_are_read_generically_as_the_npu(tmp_path):
+    """torch_npu's trace_view.json (the shape of Ascend mstt's advisor fixture): the device's tasks are
+    complete events without a category on the "Ascend Hardware" process's "Stream N" thread. Read by
+    shape as the NPU's spans (work, copies by name), not withheld and not called a CPU trace."""
+    ev = _host_steps()
+    ev += [{"ph": "M", "name": "process_name", "pid": 800, "tid": 0, "args": {"name": "Ascend Hardware"}},
+           {"ph": "M", "name": "process_labels", "pid": 800, "tid": 0, "args": {"labels": "NPU"}},
+           {"ph": "M", "name": "thread_name", "pid": 800, "tid": 3, "args": {"name": "Stream 3"}}]
+    for s in range(3):
+        t0 = s * 1000.0
+        ev += [{"ph": "X", "name": "aclnnMatmul_MatMulV2_MatMulV2", "pid": 800, "tid": 3, "ts": t0 + 50 + k * 100,
+                "dur": 60, "args": {"Task Type": "AI_CORE"}} for k in range(8)]
+        ev.append({"ph": "X", "name": "MEMCPY_ASYNC", "pid": 800, "tid": 3, "ts": t0 + 880, "dur": 40, "args": {}})
+    path = _write(tmp_path / "trace_view.json", ev)
+    k = load_file(path).kind
+    assert (k.device, k.generic) == ("npu", True) and not k.unknown
+    assert "24 device spans as work, 3 as copies" in " ".join(k.evidence)
+    rc, out, _ = _cli("analyze", str(path), "--json")
+    doc = json.loads(out)
+    assert doc["mean"] is not None and doc["mean"]["compute_us"] > 0  # read, not withheld
+    rc, out, _ = _cli("analyze", str(path))
+    assert out.split("\n")[1].split()[1] == "NPU" and "CPU trace" not in out
+
+
 def test_kernels_on_an_npu_stream_are_the_npus_not_cuda(tmp_path):
     """torch_npu's Kineto-shaped export: a process named "NPU" (label "Ascend NPU") and its "NPU stream N"
     threads hold the device's kernels: named NPU and read as a device timeline, not called CUDA."""

@@ -147,8 +147,13 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
         n, where = named[name]
         kind.device = name
         ev.append(f"{n} event(s) on {where!r}")
-        unknown.append(f"{name.upper()} device events are not analysed ({n} event(s) on {where!r}, in no device "
-                       "category): device figures (compute, idle, overlap) are unknown")
+        why = _read_named(t, name)
+        if why is None:
+            kind.generic = True
+            ev.append(f"{name.upper()} read generically: {_generic_counts(t)}")
+        else:
+            unknown.append(f"{name.upper()} device events are not analysed ({n} event(s) on {where!r}, in no device "
+                           f"category: {why}): device figures (compute, idle, overlap) are unknown")
         return
     if launches:
         kind.device = "missing"
@@ -262,6 +267,27 @@ def _named_devices(t: RankTrace) -> dict[str, tuple[int, str]]:
                 out[name] = (n + (int(counts[i]) if len(counts) and counts[i] else tr.n_events), where)
                 break
     return out
+
+
+# a device timeline read from a named process needs more than a stray span: at least this many spans
+# (torch_npu writes one per task on each "Stream N" of "Ascend Hardware")
+MIN_NAMED_SPANS = 2
+
+
+def _read_named(t: RankTrace, name: str) -> str | None:
+    """The uncategorised complete events on the tracks of the process or stream named as device ``name``
+    (torch_npu's "Ascend Hardware" tasks) are that device's spans, read by shape like any accelerator's
+    (``read_accelerator``). Returns why they cannot be read, or None once read."""
+    tracks = [i for i, tr in enumerate(t.tracks)
+              if any((m := _DEVICE_PROCESS.match(label)) is not None
+                     and _ACCELERATOR_NAMES.get((m.group(1) or "ascend").lower(), (m.group(1) or "").lower()) == name
+                     for label in [p.strip() for p in tr.process.split("|")] + [tr.name])]
+    rows = np.nonzero(np.isin(t.track, tracks) & (t.cat == OTHER) & (t.dur > 0))[0]
+    if len(rows) < MIN_NAMED_SPANS:
+        return f"{len(rows)} span(s) with a duration, too few to read as a timeline"
+    t.cat[rows] = KERNEL
+    t._ids_by_cat = None
+    return read_accelerator(t)
 
 
 def _device_name(meta: dict):
