@@ -369,7 +369,8 @@ def test_an_ascend_trace_view_is_named_npu_not_a_cpu_trace():
 def test_uncategorised_tasks_on_ascend_hardware_are_read_generically_as_the_npu(tmp_path):
     """torch_npu's trace_view.json (the shape of Ascend mstt's advisor fixture): the device's tasks are
     complete events without a category on the "Ascend Hardware" process's "Stream N" thread. Read by
-    shape as the NPU's spans (work, copies by name), not withheld and not called a CPU trace."""
+    shape as the NPU's spans (work, copies by name), not withheld and not called a CPU trace; the
+    "Overlap Analysis" summary beside them (also labelled NPU) is not read as device work."""
     ev = _host_steps()
     ev += [{"ph": "M", "name": "process_name", "pid": 800, "tid": 0, "args": {"name": "Ascend Hardware"}},
            {"ph": "M", "name": "process_labels", "pid": 800, "tid": 0, "args": {"labels": "NPU"}},
@@ -379,6 +380,11 @@ def test_uncategorised_tasks_on_ascend_hardware_are_read_generically_as_the_npu(
         ev += [{"ph": "X", "name": "aclnnMatmul_MatMulV2_MatMulV2", "pid": 800, "tid": 3, "ts": t0 + 50 + k * 100,
                 "dur": 60, "args": {"Task Type": "AI_CORE"}} for k in range(8)]
         ev.append({"ph": "X", "name": "MEMCPY_ASYNC", "pid": 800, "tid": 3, "ts": t0 + 880, "dur": 40, "args": {}})
+        # torch_npu's derived "Overlap Analysis" process, labelled NPU too: its Free spans are no device work
+        ev += [{"ph": "X", "name": n, "pid": 900, "tid": tid, "ts": t0 + 40, "dur": 900, "args": {}}
+               for n, tid in (("Computing", 1), ("Free", 2))]
+    ev += [{"ph": "M", "name": "process_name", "pid": 900, "tid": 0, "args": {"name": "Overlap Analysis"}},
+           {"ph": "M", "name": "process_labels", "pid": 900, "tid": 0, "args": {"labels": "NPU"}}]
     path = _write(tmp_path / "trace_view.json", ev)
     k = load_file(path).kind
     assert (k.device, k.generic) == ("npu", True) and not k.unknown

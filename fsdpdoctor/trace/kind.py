@@ -253,19 +253,29 @@ _DEVICE_PROCESS = re.compile(r"^(?:ascend hardware|(?:ascend )?(npu|hpu|xpu|mtia
                              re.I)
 
 
+def _track_device(tr, labels: bool = True) -> tuple[str, str] | None:
+    """(device, the label that names it) where a track's process or thread is named as another
+    accelerator's, else None. ``labels=False`` leaves out the process's labels: torch_npu labels its
+    derived "Overlap Analysis" process "NPU" too, whose Computing/Free spans are no device stream's."""
+    names = [p.strip() for p in tr.process.split("|")]
+    for label in (names if labels else names[:1]) + [tr.name]:
+        m = _DEVICE_PROCESS.match(label)
+        if m:
+            return _ACCELERATOR_NAMES.get((m.group(1) or "ascend").lower(), (m.group(1) or "").lower()), label
+    return None
+
+
 def _named_devices(t: RankTrace) -> dict[str, tuple[int, str]]:
     """Complete events on the tracks of a process or stream named as another accelerator's, by device:
     (events, the name that says so). Kernels there are that device's, not CUDA's."""
     counts = np.bincount(t.track[np.isin(t.cat, DEVICE_CATEGORIES)], minlength=len(t.tracks)) if t.n_events else []
     out: dict[str, tuple[int, str]] = {}
     for i, tr in enumerate(t.tracks):
-        for label in [p.strip() for p in tr.process.split("|")] + [tr.name]:
-            m = _DEVICE_PROCESS.match(label)
-            if m and tr.n_events:
-                name = _ACCELERATOR_NAMES.get((m.group(1) or "ascend").lower(), (m.group(1) or "").lower())
-                n, where = out.get(name, (0, label))
-                out[name] = (n + (int(counts[i]) if len(counts) and counts[i] else tr.n_events), where)
-                break
+        named = _track_device(tr) if tr.n_events else None
+        if named:
+            name, label = named
+            n, where = out.get(name, (0, label))
+            out[name] = (n + (int(counts[i]) if len(counts) and counts[i] else tr.n_events), where)
     return out
 
 
@@ -278,10 +288,7 @@ def _read_named(t: RankTrace, name: str) -> str | None:
     """The uncategorised complete events on the tracks of the process or stream named as device ``name``
     (torch_npu's "Ascend Hardware" tasks) are that device's spans, read by shape like any accelerator's
     (``read_accelerator``). Returns why they cannot be read, or None once read."""
-    tracks = [i for i, tr in enumerate(t.tracks)
-              if any((m := _DEVICE_PROCESS.match(label)) is not None
-                     and _ACCELERATOR_NAMES.get((m.group(1) or "ascend").lower(), (m.group(1) or "").lower()) == name
-                     for label in [p.strip() for p in tr.process.split("|")] + [tr.name])]
+    tracks = [i for i, tr in enumerate(t.tracks) if (_track_device(tr, labels=False) or ("",))[0] == name]
     rows = np.nonzero(np.isin(t.track, tracks) & (t.cat == OTHER) & (t.dur > 0))[0]
     if len(rows) < MIN_NAMED_SPANS:
         return f"{len(rows)} span(s) with a duration, too few to read as a timeline"
