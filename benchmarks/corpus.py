@@ -351,7 +351,7 @@ def device_activity(path: Path) -> list[str]:
 
 
 _DEVICE_PROCESS = re.compile(r"ascend hardware|^(ascend )?(npu|hpu|xpu|mtia|gaudi)\b", re.I)
-_GPU_ONLY_OP = re.compile(r"^aten::_?(cudnn|miopen)_")
+_GPU_ONLY_OP = re.compile(r"^aten::_?(cudnn|miopen)_(?!is_acceptable)")
 
 
 _PRODUCER = {"kineto": "Kineto", "legacy-autograd": "legacy list export", "unknown": "unknown writer"}

@@ -176,8 +176,8 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
 
 
 # host ops that exist only on a GPU (cuDNN, MIOpen): a recording that holds them ran on one, whatever the
-# profiler was asked to record of its device
-_GPU_ONLY_OP = re.compile(r"^aten::_?(cudnn|miopen)_")
+# profiler was asked to record of its device; not aten::cudnn_is_acceptable, the check a CPU GRU/LSTM runs too
+_GPU_ONLY_OP = re.compile(r"^aten::_?(cudnn|miopen)_(?!is_acceptable)")
 
 
 def _gpu_only_ops(t: RankTrace) -> tuple[int, str] | None:
