@@ -343,12 +343,15 @@ def device_activity(path: Path) -> list[str]:
                  and _DEVICE_PROCESS.search(str(e["args"].get("name", e["args"].get("labels", ""))))}
         dev += sum(1 for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("pid") in named
                    and str(e.get("cat", "")).lower() not in _DEVICE_CAT)
+        # host ops that run only on a GPU (cuDNN, MIOpen): a device ran, recorded or not
+        dev += sum(1 for e in events if isinstance(e, dict) and _GPU_ONLY_OP.match(str(e.get("name", ""))))
         if dev or launches:
             out.append(f"classified host-only, but {f.name} holds {dev} device event(s) and {launches} launch(es)")
     return out
 
 
 _DEVICE_PROCESS = re.compile(r"ascend hardware|^(ascend )?(npu|hpu|xpu|mtia|gaudi)\b", re.I)
+_GPU_ONLY_OP = re.compile(r"^aten::_?(cudnn|miopen)_(?!is_acceptable)")
 
 
 _PRODUCER = {"kineto": "Kineto", "legacy-autograd": "legacy list export", "unknown": "unknown writer"}

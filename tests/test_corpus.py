@@ -131,6 +131,19 @@ HONEST = {
     "msinsight-npu-trace-view-heatmap": lambda d: (d["job"]["input_kind"]["device"] == "npu" and d["mean"] is None
                                                    and "NPU device events are not analysed"
                                                    in d["job"]["input_kind"]["unknown"][0]),
+    # the real torch_npu trace_view.json (Ascend mstt): its uncategorised tasks on "Ascend Hardware" are read
+    # as the NPU's spans, a breakdown shown and named NPU, never GPU
+    "mstt-npu-advisor-trace-view": lambda d: (d["job"]["input_kind"]["device"] == "npu"
+                                              and d["job"]["input_kind"]["generic"] and d["mean"] is not None
+                                              and all("GPU" not in f["title"] for f in d["findings"])),
+    # a B200 / CUDA 13 driver recording whose kernels start before their launches: the offset is named
+    "aiperf-b200-tiny-gpt2-step-skewed": lambda d: ((d["job"]["input_kind"]["clock_offset_us"] or 0) > 0
+                                                    and d["job"]["input_kind"]["backward_links"] == 113),
+    # cuDNN ops without a device event (CPU activity only; a legacy list export): the GPU's timeline is
+    # missing, the breakdown withheld, not a CPU trace's
+    "spikingconvnn-cudnn-cpu-activity": lambda d: d["job"]["input_kind"]["device"] == "missing" and d["mean"] is None,
+    "luxmea-votenet-legacy-cudnn": lambda d: (d["job"]["input_kind"]["producer"] == "legacy-autograd"
+                                              and d["job"]["input_kind"]["device"] == "missing" and d["mean"] is None),
     # a first forward (cuDNN/cuBLAS set-up): its idle is start-up, nothing above info, warm up first
     "py4ai-resnet18-first-forward": lambda d: (not _at_least(d, "warning") and any(
         "start-up" in f["title"] and "Warm up" in f["fix"] for f in d["findings"] if f["id"] == "gpu-idle")),

@@ -154,6 +154,23 @@ def test_launches_without_kernel_events_name_the_missing_timeline(tmp_path):
     assert "ProfilerActivity.CUDA" in header and "idle" not in header
 
 
+def test_gpu_only_host_ops_without_device_events_name_the_missing_timeline(tmp_path):
+    # a GPU forward profiled with the CPU activity only (the public SpikingConvNN trace's shape): the
+    # convolution ran through cuDNN, no runtime call or kernel was recorded
+    ev = [_x("aten::conv2d", 100.0, 300), _x("aten::convolution", 105.0, 290),
+          _x("aten::cudnn_convolution", 110.0, 250), _x("aten::relu", 420.0, 20), _x("aten::addmm", 450.0, 40)]
+    path = _write(tmp_path / "trace.json", ev)
+    rc, out, _ = _cli("analyze", str(path), "--json")
+    kind = json.loads(out)["job"]["input_kind"]
+    assert kind["device"] == "missing"
+    assert "1 host op(s) that run only on a GPU (aten::cudnn_convolution" in kind["unknown"][0]
+    assert json.loads(out)["mean"] is None  # device figures withheld, not a CPU trace's breakdown
+    # the same ops on a CPU (mkldnn) are a host-only recording, and so is a CPU GRU's cuDNN check
+    cpu = _write(tmp_path / "cpu.json", [dict(e, name=e["name"].replace("cudnn", "mkldnn")) for e in ev]
+                 + [_x("aten::cudnn_is_acceptable", 600.0, 1)])
+    assert load_file(cpu).kind.device == "none"
+
+
 def _mtia(tmp_path, device_pid=17, busy=400.0, linked=False) -> Path:
     """An MTIA recording to the plug-in's shape (HTA's mtia traces): per step a 400 us pe_exe, a 100 us
     dma_request and a 300 us event_wait on the device's stream tracks, runFunction calls on the host."""
@@ -346,6 +363,36 @@ def test_an_ascend_trace_view_is_named_npu_not_a_cpu_trace():
     assert "NPU device events are not analysed (1 event(s) on 'Ascend Hardware'" in k.unknown[0]
     rc, out, _ = _cli("analyze", str(path), "--json")
     assert rc == 0 and json.loads(out)["job"]["input_kind"]["device"] == "npu"
+    rc, out, _ = _cli("analyze", str(path))
+    assert out.split("\n")[1].split()[1] == "NPU" and "CPU trace" not in out
+
+
+def test_uncategorised_tasks_on_ascend_hardware_are_read_generically_as_the_npu(tmp_path):
+    """torch_npu's trace_view.json (the shape of Ascend mstt's advisor fixture): the device's tasks are
+    complete events without a category on the "Ascend Hardware" process's "Stream N" thread. Read by
+    shape as the NPU's spans (work, copies by name), not withheld and not called a CPU trace; the
+    "Overlap Analysis" summary beside them (also labelled NPU) is not read as device work."""
+    ev = _host_steps()
+    ev += [{"ph": "M", "name": "process_name", "pid": 800, "tid": 0, "args": {"name": "Ascend Hardware"}},
+           {"ph": "M", "name": "process_labels", "pid": 800, "tid": 0, "args": {"labels": "NPU"}},
+           {"ph": "M", "name": "thread_name", "pid": 800, "tid": 3, "args": {"name": "Stream 3"}}]
+    for s in range(3):
+        t0 = s * 1000.0
+        ev += [{"ph": "X", "name": "aclnnMatmul_MatMulV2_MatMulV2", "pid": 800, "tid": 3, "ts": t0 + 50 + k * 100,
+                "dur": 60, "args": {"Task Type": "AI_CORE"}} for k in range(8)]
+        ev.append({"ph": "X", "name": "MEMCPY_ASYNC", "pid": 800, "tid": 3, "ts": t0 + 880, "dur": 40, "args": {}})
+        # torch_npu's derived "Overlap Analysis" process, labelled NPU too: its Free spans are no device work
+        ev += [{"ph": "X", "name": n, "pid": 900, "tid": tid, "ts": t0 + 40, "dur": 900, "args": {}}
+               for n, tid in (("Computing", 1), ("Free", 2))]
+    ev += [{"ph": "M", "name": "process_name", "pid": 900, "tid": 0, "args": {"name": "Overlap Analysis"}},
+           {"ph": "M", "name": "process_labels", "pid": 900, "tid": 0, "args": {"labels": "NPU"}}]
+    path = _write(tmp_path / "trace_view.json", ev)
+    k = load_file(path).kind
+    assert (k.device, k.generic) == ("npu", True) and not k.unknown
+    assert "24 device spans as work, 3 as copies" in " ".join(k.evidence)
+    rc, out, _ = _cli("analyze", str(path), "--json")
+    doc = json.loads(out)
+    assert doc["mean"] is not None and doc["mean"]["compute_us"] > 0  # read, not withheld
     rc, out, _ = _cli("analyze", str(path))
     assert out.split("\n")[1].split()[1] == "NPU" and "CPU trace" not in out
 

@@ -147,8 +147,13 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
         n, where = named[name]
         kind.device = name
         ev.append(f"{n} event(s) on {where!r}")
-        unknown.append(f"{name.upper()} device events are not analysed ({n} event(s) on {where!r}, in no device "
-                       "category): device figures (compute, idle, overlap) are unknown")
+        why = _read_named(t, name)
+        if why is None:
+            kind.generic = True
+            ev.append(f"{name.upper()} read generically: {_generic_counts(t)}")
+        else:
+            unknown.append(f"{name.upper()} device events are not analysed ({n} event(s) on {where!r}, in no device "
+                           f"category: {why}): device figures (compute, idle, overlap) are unknown")
         return
     if launches:
         kind.device = "missing"
@@ -160,7 +165,28 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
         unknown.append("device timeline missing: NCCL collectives ran on a GPU, and the legacy autograd-profiler "
                        "export writes no device events (record with torch.profiler and ProfilerActivity.CUDA)")
         return
+    gpu_ops = _gpu_only_ops(t)
+    if gpu_ops:
+        n, name = gpu_ops
+        kind.device = "missing"
+        unknown.append(f"device timeline missing: {n} host op(s) that run only on a GPU ({name}...), no device "
+                       "events (was the profiler started with ProfilerActivity.CUDA?)")
+        return
     kind.device = "none"
+
+
+# host ops that exist only on a GPU (cuDNN, MIOpen): a recording that holds them ran on one, whatever the
+# profiler was asked to record of its device; not aten::cudnn_is_acceptable, the check a CPU GRU/LSTM runs too
+_GPU_ONLY_OP = re.compile(r"^aten::_?(cudnn|miopen)_(?!is_acceptable)")
+
+
+def _gpu_only_ops(t: RankTrace) -> tuple[int, str] | None:
+    """(count, first name) of the host ops in ``t`` that run only on a GPU, or None."""
+    ids = [i for i, n in enumerate(t.names) if _GPU_ONLY_OP.match(n)]
+    if not ids:
+        return None
+    n = int(np.isin(t.name_id[t.cat == CPU_OP], ids).sum())
+    return (n, t.names[ids[0]]) if n else None
 
 
 # an accelerator's device span by its name: a copy (DMA, memcpy), or a queue waiting on / recording an
@@ -227,20 +253,48 @@ _DEVICE_PROCESS = re.compile(r"^(?:ascend hardware|(?:ascend )?(npu|hpu|xpu|mtia
                              re.I)
 
 
+def _track_device(tr, labels: bool = True) -> tuple[str, str] | None:
+    """(device, the label that names it) where a track's process or thread is named as another
+    accelerator's, else None. ``labels=False`` leaves out the process's labels: torch_npu labels its
+    derived "Overlap Analysis" process "NPU" too, whose Computing/Free spans are no device stream's."""
+    names = [p.strip() for p in tr.process.split("|")]
+    for label in (names if labels else names[:1]) + [tr.name]:
+        m = _DEVICE_PROCESS.match(label)
+        if m:
+            return _ACCELERATOR_NAMES.get((m.group(1) or "ascend").lower(), (m.group(1) or "").lower()), label
+    return None
+
+
 def _named_devices(t: RankTrace) -> dict[str, tuple[int, str]]:
     """Complete events on the tracks of a process or stream named as another accelerator's, by device:
     (events, the name that says so). Kernels there are that device's, not CUDA's."""
     counts = np.bincount(t.track[np.isin(t.cat, DEVICE_CATEGORIES)], minlength=len(t.tracks)) if t.n_events else []
     out: dict[str, tuple[int, str]] = {}
     for i, tr in enumerate(t.tracks):
-        for label in [p.strip() for p in tr.process.split("|")] + [tr.name]:
-            m = _DEVICE_PROCESS.match(label)
-            if m and tr.n_events:
-                name = _ACCELERATOR_NAMES.get((m.group(1) or "ascend").lower(), (m.group(1) or "").lower())
-                n, where = out.get(name, (0, label))
-                out[name] = (n + (int(counts[i]) if len(counts) and counts[i] else tr.n_events), where)
-                break
+        named = _track_device(tr) if tr.n_events else None
+        if named:
+            name, label = named
+            n, where = out.get(name, (0, label))
+            out[name] = (n + (int(counts[i]) if len(counts) and counts[i] else tr.n_events), where)
     return out
+
+
+# a device timeline read from a named process needs more than a stray span: at least this many spans
+# (torch_npu writes one per task on each "Stream N" of "Ascend Hardware")
+MIN_NAMED_SPANS = 2
+
+
+def _read_named(t: RankTrace, name: str) -> str | None:
+    """The uncategorised complete events on the tracks of the process or stream named as device ``name``
+    (torch_npu's "Ascend Hardware" tasks) are that device's spans, read by shape like any accelerator's
+    (``read_accelerator``). Returns why they cannot be read, or None once read."""
+    tracks = [i for i, tr in enumerate(t.tracks) if (_track_device(tr, labels=False) or ("",))[0] == name]
+    rows = np.nonzero(np.isin(t.track, tracks) & (t.cat == OTHER) & (t.dur > 0))[0]
+    if len(rows) < MIN_NAMED_SPANS:
+        return f"{len(rows)} span(s) with a duration, too few to read as a timeline"
+    t.cat[rows] = KERNEL
+    t._ids_by_cat = None
+    return read_accelerator(t)
 
 
 def _device_name(meta: dict):
