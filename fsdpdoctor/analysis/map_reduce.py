@@ -55,15 +55,9 @@ def marker_windows(windows: list[StepWindow]) -> list[StepWindow]:
     return out
 
 
-# ----------------------------------------------------------------------------- map
-def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Path] | None = None,
-                 param_dtype: str | None = None) -> RankResult:
-    """Everything about one rank that cross-rank work needs, from its tables.
-
-    ``param_dtype``: the model's dtype (manifest), assumed for collectives recorded without one."""
-    dialect = detect(trace)
-    ctx = RankContext(trace, dialect)
-    notes = []
+def _step_windows(trace: RankTrace, dialect, ctx: RankContext, notes: list[str]) -> list[StepWindow]:
+    """The rank's steps as the dialect marks them, less the markers that hold no work (each named in a
+    note, as is a trace without step annotations)."""
     windows = dialect.step_windows(ctx)
     if not len(ctx.step_rows):
         notes.append(f"rank {trace.rank}: no ProfilerStep annotations; the whole trace is treated as one step")
@@ -74,6 +68,73 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
                                                         for w in markers[:3])
                      + f"{' ...' if len(markers) > 3 else ''}, under {MARKER_STEP_FRAC:.0%} of the rank's other "
                      "steps: a step marker with no work in it, not counted as a step")
+    return windows
+
+
+def _in_steps(ctx: RankContext, records: list, windows: list[StepWindow]) -> list:
+    """The collectives issued inside the analysed steps, each given its step and phase from its host
+    issue time (its start where the launch is not recorded)."""
+    in_steps = []
+    for rec in records:
+        c = rec.coll
+        t0 = c.issue_us if c.issue_us is not None else c.start_us
+        w = next((w for w in windows if w.start <= t0 < w.end), None)
+        if w is None:
+            continue  # issued outside the analysed steps
+        c.step = w.step
+        # a kernel with no launch record was issued before the trace began: phase unknown
+        c.phase = ctx.phase_at(t0, w.end) if rec.launch_known else "other"
+        in_steps.append(rec)
+    return in_steps
+
+
+def _overlap_and_bandwidth(ctx: RankContext, records: list, windows: list[StepWindow], tl,
+                           shares: CommShares) -> None:
+    """Each collective's time hidden under compute, its share of communication and of exposed time
+    within the steps, its bandwidths and (with stacks) the source line that issued it."""
+    hidden = iv.overlap_each(shares.starts, shares.ends, tl.compute)
+    # shares inside the analysed steps only, so the Collectives table adds up to the steps' figures
+    busy, exposed = np.zeros(len(records)), np.zeros(len(records))
+    for w in windows:
+        b, e = shares.within(w.start, w.end)
+        busy, exposed = busy + b, exposed + e
+    for rec, h, b, e in zip(records, hidden, busy, exposed):
+        c = rec.coll
+        c.hidden_us = float(h)
+        c.comm_share_us = float(b)
+        c.exposed_us = float(e)
+        c.algbw_gbps, c.busbw_gbps = coll_mod.bus_bandwidth(c.kind, c.size_bytes, c.group_size, c.duration_us)
+        if rec.issue_track is not None and c.issue_us is not None and ctx.t.has_stacks:
+            c.source = ctx.source_line(rec.issue_track, c.issue_us)
+
+
+def _backward_ends(ctx: RankContext, windows: list[StepWindow], tl) -> dict[int | None, float]:
+    """Per step, when its backward's compute ends: the last compute before the first optimizer update
+    that follows the step's last backward op (None: a window without a step number)."""
+    backward_end: dict[int | None, float] = {}
+    for w in windows:
+        # the first update after the step's last backward op (inside optimizer.step(closure) the
+        # closure's backward runs after the step span began), else the first optimizer step
+        opt = iv.clip(ctx.optimizer_set, w.start, w.end)
+        bwd = iv.clip(ctx.backward_set, w.start, w.end)
+        after = opt[opt[:, 0] >= bwd[-1, 1]] if len(bwd) and len(opt) else opt
+        stop = after[0, 0] if len(after) else opt[0, 0] if len(opt) else w.end
+        comp = iv.clip(iv.subtract(tl.compute, tl.optimizer), w.start, stop)
+        if len(comp):
+            backward_end[w.step] = float(comp[-1, 1])
+    return backward_end
+
+
+# ----------------------------------------------------------------------------- map
+def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Path] | None = None,
+                 param_dtype: str | None = None) -> RankResult:
+    """Everything about one rank that cross-rank work needs, from its tables.
+
+    ``param_dtype``: the model's dtype (manifest), assumed for collectives recorded without one."""
+    dialect = detect(trace)
+    ctx = RankContext(trace, dialect)
+    notes = []
+    windows = _step_windows(trace, dialect, ctx, notes)
     stamps = [TraceStamp.of(Path(f)) for f in (files or [trace.path]) if Path(f).is_file()]
     res = RankResult(
         rank=trace.rank, rank_source=trace.rank_source, files=stamps, dialect=dialect.name, family=dialect.family,
@@ -94,19 +155,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
             return res
     records = coll_mod.extract_records(ctx)
     notes.extend(ctx.notes)
-    # step and phase of each collective, from its host issue time
-    in_steps = []
-    for rec in records:
-        c = rec.coll
-        t0 = c.issue_us if c.issue_us is not None else c.start_us
-        w = next((w for w in windows if w.start <= t0 < w.end), None)
-        if w is None:
-            continue  # issued outside the analysed steps
-        c.step = w.step
-        # a kernel with no launch record was issued before the trace began: phase unknown
-        c.phase = ctx.phase_at(t0, w.end) if rec.launch_known else "other"
-        in_steps.append(rec)
-    records = in_steps
+    records = _in_steps(ctx, records, windows)
     colls = [r.coll for r in records]
     _assume_dtype(colls, param_dtype)
     orphans = sum(1 for r in records if not r.launch_known)
@@ -117,36 +166,13 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     tl = dialect.timelines(ctx, records)
     shares = CommShares(colls, tl.compute)
     if colls:
-        hidden = iv.overlap_each(shares.starts, shares.ends, tl.compute)
-        # shares inside the analysed steps only, so the Collectives table adds up to the steps' figures
-        busy, exposed = np.zeros(len(colls)), np.zeros(len(colls))
-        for w in windows:
-            b, e = shares.within(w.start, w.end)
-            busy, exposed = busy + b, exposed + e
-        for rec, h, b, e in zip(records, hidden, busy, exposed):
-            c = rec.coll
-            c.hidden_us = float(h)
-            c.comm_share_us = float(b)
-            c.exposed_us = float(e)
-            c.algbw_gbps, c.busbw_gbps = coll_mod.bus_bandwidth(c.kind, c.size_bytes, c.group_size, c.duration_us)
-            if rec.issue_track is not None and c.issue_us is not None and trace.has_stacks:
-                c.source = ctx.source_line(rec.issue_track, c.issue_us)
+        _overlap_and_bandwidth(ctx, records, windows, tl, shares)
         issuers_mod.annotate(ctx, records)
     by_step = defaultdict(list)
     for c in colls:
         by_step[c.step].append(c)
     bds = [breakdown_step(ctx, w, tl, by_step.get(w.step, []), shares) for w in windows]
-    backward_end: dict[int | None, float] = {}  # None: a window without a step number (no ProfilerStep)
-    for w in windows:
-        # the first update after the step's last backward op (inside optimizer.step(closure) the
-        # closure's backward runs after the step span began), else the first optimizer step
-        opt = iv.clip(ctx.optimizer_set, w.start, w.end)
-        bwd = iv.clip(ctx.backward_set, w.start, w.end)
-        after = opt[opt[:, 0] >= bwd[-1, 1]] if len(bwd) and len(opt) else opt
-        stop = after[0, 0] if len(after) else opt[0, 0] if len(opt) else w.end
-        comp = iv.clip(iv.subtract(tl.compute, tl.optimizer), w.start, stop)
-        if len(comp):
-            backward_end[w.step] = float(comp[-1, 1])
+    backward_end = _backward_ends(ctx, windows, tl)
     # the summary's keys are step numbers (msgpack keys are typed)
     res.backward_end = {st: end for st, end in backward_end.items() if st is not None}
     res.windows = [Window(w.step, w.start, w.end) for w in windows]

@@ -208,6 +208,66 @@ def estimate_activations(spec: ActivationSpec, dtype: str = "bf16", mixed_precis
                               heads=a, formula=formula, notes=notes)
 
 
+def _accounting_explanation(cfg: MemoryConfig, bpp: BytesPerParam, D: int) -> list[str]:
+    """The explanation's first lines: what each byte per parameter holds and what the strategy shards."""
+    N, T = cfg.parameters, cfg.trainable_parameters
+    states, opt_desc = OPTIMIZERS[cfg.optimizer]
+    state_dtype = "fp32" if (cfg.mixed_precision or cfg.optimizer_state_dtype == "fp32") else cfg.dtype
+    explanation = [
+        f"{N:,} parameters ({T:,} trainable); weights {bpp.weights:g} B ({cfg.dtype}), "
+        f"gradients {bpp.gradients:g} B ({cfg.dtype}), optimizer {bpp.optimizer_states:g} B "
+        f"({opt_desc}; {states:g} x {state_dtype}), master weights {bpp.master_weights:g} B"
+        f" = {bpp.total:g} bytes/param before sharding."]
+    if cfg.mixed_precision:
+        explanation.append(f"mixed precision: {cfg.dtype} working weights and gradients, fp32 master weights and "
+                           f"fp32 optimizer states (ZeRO paper 2+2+K accounting).")
+    elif cfg.dtype != "fp32" and state_dtype == "fp32":
+        explanation.append(f"{cfg.dtype} weights and gradients with fp32 optimizer states, no fp32 master copy. "
+                           f"(torch.optim keeps states in the param dtype: use --optimizer-state-dtype param "
+                           f"for pure {cfg.dtype} torch.optim.{'AdamW' if cfg.optimizer == 'adamw' else cfg.optimizer}.)")
+    if cfg.strategy == "ddp":
+        explanation.append("every rank holds a full replica of weights, gradients and optimizer states.")
+    else:
+        pieces = [n for n, s in zip(("weights", "gradients", "optimizer states", "master weights"),
+                                    _SHARDS[cfg.strategy]) if s and (n != "master weights" or cfg.mixed_precision)]
+        scope = (f"within each node of {D} ranks, replicated across {max(1, math.ceil(cfg.world_size / D))} nodes"
+                 if cfg.strategy.startswith("hybrid") else f"across {D} ranks")
+        explanation.append(f"{STRATEGY_LABELS[cfg.strategy]}: {', '.join(pieces)} sharded {scope}.")
+        if cfg.strategy.startswith("hybrid") and cfg.gpus_per_node is None:
+            explanation.append("GPUs per node not given: shard group = world size (same as FULL_SHARD).")
+    if cfg.strategy == "zero2":
+        explanation.append("SHARD_GRAD_OP keeps full parameters from forward through backward, so peak memory "
+                           "holds unsharded weights like ZeRO-2 (they are resharded after backward).")
+    return explanation
+
+
+def _peak_transient(cfg: MemoryConfig, bpp: BytesPerParam, D: int, explanation: list[str],
+                    not_included: list[str]) -> tuple[int | None, bool]:
+    """(bytes, applicable): FSDP's transient unsharded memory for the largest unit, with a line saying
+    what it holds; where it applies but the unit is not given, it is named as not included."""
+    applicable = cfg.strategy in ("zero2", "zero3", "hybrid_shard", "hybrid_shard_zero2") and D > 1
+    if not applicable:
+        return None, applicable
+    U = cfg.largest_unit_params
+    if not U:
+        not_included.append("peak transient unsharded parameters/gradients of the largest FSDP unit "
+                            "(pass --largest-unit-params)")
+        return None, applicable
+    if _SHARDS[cfg.strategy][0]:   # sharded weights: the unit is all-gathered, then its gradients produced
+        tw = U * bpp.weights * (1 - 1 / D) if not cfg.cpu_offload else U * bpp.weights
+        transient = int(round(tw + U * bpp.gradients))
+        explanation.append(
+            f"peak transient: the largest unit ({U:,} params) is all-gathered to full "
+            f"{cfg.dtype} parameters and produces full gradients before reduce-scatter "
+            f"(+{transient / GB:.2f} GB; backward prefetch can hold a second unit).")
+    else:
+        transient = int(round(U * bpp.gradients))
+        explanation.append(
+            f"peak transient: the largest unit's ({U:,} params) unsharded gradients before "
+            f"reduce-scatter (+{transient / GB:.2f} GB).")
+    return transient, applicable
+
+
 def estimate(cfg: MemoryConfig) -> MemoryEstimate:
     """Per-rank device (and host) memory for one configuration."""
     cfg = _validate(cfg)
@@ -226,36 +286,9 @@ def estimate(cfg: MemoryConfig) -> MemoryEstimate:
     opt = part(T, bpp.optimizer_states, sh_o)
     master = part(T, bpp.master_weights, sh_m)
 
-    explanation: list[str] = []
+    explanation = _accounting_explanation(cfg, bpp, D)
     not_included: list[str] = []
     label = STRATEGY_LABELS[cfg.strategy]
-    states, opt_desc = OPTIMIZERS[cfg.optimizer]
-    state_dtype = "fp32" if (cfg.mixed_precision or cfg.optimizer_state_dtype == "fp32") else cfg.dtype
-    explanation.append(
-        f"{N:,} parameters ({T:,} trainable); weights {bpp.weights:g} B ({cfg.dtype}), "
-        f"gradients {bpp.gradients:g} B ({cfg.dtype}), optimizer {bpp.optimizer_states:g} B "
-        f"({opt_desc}; {states:g} x {state_dtype}), master weights {bpp.master_weights:g} B"
-        f" = {bpp.total:g} bytes/param before sharding.")
-    if cfg.mixed_precision:
-        explanation.append(f"mixed precision: {cfg.dtype} working weights and gradients, fp32 master weights and "
-                           f"fp32 optimizer states (ZeRO paper 2+2+K accounting).")
-    elif cfg.dtype != "fp32" and state_dtype == "fp32":
-        explanation.append(f"{cfg.dtype} weights and gradients with fp32 optimizer states, no fp32 master copy. "
-                           f"(torch.optim keeps states in the param dtype: use --optimizer-state-dtype param "
-                           f"for pure {cfg.dtype} torch.optim.{'AdamW' if cfg.optimizer == 'adamw' else cfg.optimizer}.)")
-    if cfg.strategy == "ddp":
-        explanation.append("every rank holds a full replica of weights, gradients and optimizer states.")
-    else:
-        pieces = [n for n, s in zip(("weights", "gradients", "optimizer states", "master weights"),
-                                    (sh_w, sh_g, sh_o, sh_m)) if s and (n != "master weights" or cfg.mixed_precision)]
-        scope = (f"within each node of {D} ranks, replicated across {max(1, math.ceil(cfg.world_size / D))} nodes"
-                 if cfg.strategy.startswith("hybrid") else f"across {D} ranks")
-        explanation.append(f"{label}: {', '.join(pieces)} sharded {scope}.")
-        if cfg.strategy.startswith("hybrid") and cfg.gpus_per_node is None:
-            explanation.append("GPUs per node not given: shard group = world size (same as FULL_SHARD).")
-    if cfg.strategy == "zero2":
-        explanation.append("SHARD_GRAD_OP keeps full parameters from forward through backward, so peak memory "
-                           "holds unsharded weights like ZeRO-2 (they are resharded after backward).")
 
     host = HostMemory()
     if cfg.cpu_offload:
@@ -272,29 +305,7 @@ def estimate(cfg: MemoryConfig) -> MemoryEstimate:
         if not offload_w:
             explanation.append("weights stay on device: this strategy needs the full parameters for compute.")
 
-    # FSDP transient unsharded memory
-    transient: int | None = None
-    applicable = cfg.strategy in ("zero2", "zero3", "hybrid_shard", "hybrid_shard_zero2") and D > 1
-    if cfg.cpu_offload and cfg.strategy == "ddp" and cfg.largest_unit_params:
-        applicable = False
-    if applicable:
-        if cfg.largest_unit_params:
-            U = cfg.largest_unit_params
-            if sh_w:
-                tw = U * bpp.weights * (1 - 1 / D) if not cfg.cpu_offload else U * bpp.weights
-                transient = int(round(tw + U * bpp.gradients))
-                explanation.append(
-                    f"peak transient: the largest unit ({U:,} params) is all-gathered to full "
-                    f"{cfg.dtype} parameters and produces full gradients before reduce-scatter "
-                    f"(+{transient / GB:.2f} GB; backward prefetch can hold a second unit).")
-            else:
-                transient = int(round(U * bpp.gradients))
-                explanation.append(
-                    f"peak transient: the largest unit's ({U:,} params) unsharded gradients before "
-                    f"reduce-scatter (+{transient / GB:.2f} GB).")
-        else:
-            not_included.append("peak transient unsharded parameters/gradients of the largest FSDP unit "
-                                "(pass --largest-unit-params)")
+    transient, applicable = _peak_transient(cfg, bpp, D, explanation, not_included)
     if cfg.strategy == "ddp" and cfg.world_size > 1:
         not_included.append("DDP gradient buckets (an extra copy of the gradients unless gradient_as_bucket_view=True)")
 
@@ -389,11 +400,9 @@ class ManifestConfig:
     devices: dict[str, str]
 
 
-def config_from_manifest(manifest: dict, *, optimizer: str | None = None) -> ManifestConfig:
-    """Map a run-folder manifest (docs/manifest.md) onto a MemoryConfig. Raises ValueError
-    naming the manifest key when something needed is missing (caller may override)."""
-    notes: list[str] = []
-    model = manifest.get("model") or {}
+def _manifest_model(model: dict, optimizer: str | None, notes: list[str]) -> tuple[int, int | None, str, str]:
+    """The model section: parameter counts, dtype and optimizer, each an error naming its key when the
+    prediction cannot do without it (``optimizer`` given on the command line skips the manifest's)."""
     n = model.get("parameters")
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
         raise ValueError(f"model.parameters is {n!r}; pass --params")
@@ -412,61 +421,88 @@ def config_from_manifest(manifest: dict, *, optimizer: str | None = None) -> Man
         optimizer = _MANIFEST_OPTIMIZERS[key]
         if optimizer == "sgd":
             notes.append("manifest says SGD: counted without momentum (pass --optimizer sgd-momentum if momentum was set)")
-    ws = manifest.get("world_size")
-    if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
-        raise ValueError(f"world_size is {ws!r}")
-    hosts = manifest.get("hosts") or {}
-    gpn = None
-    if isinstance(hosts, dict) and hosts:
-        per_host: dict[str, int] = {}
-        for h in hosts.values():
-            per_host[str(h)] = per_host.get(str(h), 0) + 1
-        gpn = max(per_host.values())
-    wrapping = manifest.get("wrapping") or {}
-    kind = str(wrapping.get("kind") or "none").lower()
-    mixed = False
-    offload = False
+    return n, trainable, dtype, optimizer
+
+
+def _ranks_per_host(hosts) -> int | None:
+    """The most ranks on one host: GPUs per node, HYBRID_SHARD's shard group (None without hosts)."""
+    if not isinstance(hosts, dict) or not hosts:
+        return None
+    per_host: dict[str, int] = {}
+    for h in hosts.values():
+        per_host[str(h)] = per_host.get(str(h), 0) + 1
+    return max(per_host.values())
+
+
+def _fsdp2_strategy(wrapping: dict, gpn: int | None, notes: list[str]) -> tuple[str, int | None]:
+    """FSDP2's strategy from its mesh and reshard_after_forward: a 2-D mesh is HSDP whose last dim is
+    the shard group; never resharding after forward is ZeRO-2."""
+    mesh = wrapping.get("mesh") or {}
+    shape = mesh.get("shape") if isinstance(mesh, dict) else None
+    raf = wrapping.get("reshard_after_forward") or {}
+    vals = list(raf.values()) if isinstance(raf, dict) else [raf]
+    no_reshard = bool(vals) and all(v is False for v in vals)
+    if any(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        notes.append("reshard_after_forward=int: parameters are resharded to a smaller group between forward "
+                     "and backward; counted as fully sharded at rest")
+    if isinstance(shape, list) and len(shape) == 2:
+        gpn = int(shape[-1])
+        notes.append(f"FSDP2 2-D mesh {shape}: replicate x shard (HSDP), shard group {gpn}")
+        return ("hybrid_shard_zero2" if no_reshard else "hybrid_shard"), gpn
+    return ("zero2" if no_reshard else "zero3"), gpn
+
+
+def _wrapping_strategy(kind: str, wrapping: dict, n: int, gpn: int | None,
+                       notes: list[str]) -> tuple[str, bool, int | None]:
+    """(strategy, CPU offload, shard group per node) from the manifest's wrapping section."""
     if kind in ("none", "ddp"):
-        strategy = "ddp"
         if kind == "ddp" and wrapping.get("gradient_as_bucket_view") is False:
             notes.append("DDP with gradient_as_bucket_view=False keeps gradient buckets besides .grad: "
                          "expect about one more gradient copy than predicted")
-    elif kind == "fsdp1":
-        raw = wrapping.get("sharding_strategy") or "FULL_SHARD"
-        strategy = normalize_strategy(raw)
+        return "ddp", False, gpn
+    if kind == "fsdp1":
+        strategy = normalize_strategy(wrapping.get("sharding_strategy") or "FULL_SHARD")
         co = wrapping.get("cpu_offload")
         offload = bool(co.get("offload_params")) if isinstance(co, dict) else bool(co)
         units = wrapping.get("units")
         if isinstance(units, int) and units > 0 and strategy != "ddp":
             notes.append(f"{units} FSDP units: average unit {n / units:,.0f} params; the largest unit is not in the "
                          f"manifest (pass --largest-unit-params for the transient peak)")
-    elif kind == "fsdp2":
-        mesh = wrapping.get("mesh") or {}
-        shape = mesh.get("shape") if isinstance(mesh, dict) else None
-        raf = wrapping.get("reshard_after_forward") or {}
-        vals = list(raf.values()) if isinstance(raf, dict) else [raf]
-        no_reshard = bool(vals) and all(v is False for v in vals)
-        if any(isinstance(v, int) and not isinstance(v, bool) for v in vals):
-            notes.append("reshard_after_forward=int: parameters are resharded to a smaller group between forward "
-                         "and backward; counted as fully sharded at rest")
-        if isinstance(shape, list) and len(shape) == 2:
-            strategy = "hybrid_shard_zero2" if no_reshard else "hybrid_shard"
-            gpn = int(shape[-1])
-            notes.append(f"FSDP2 2-D mesh {shape}: replicate x shard (HSDP), shard group {gpn}")
-        else:
-            strategy = "zero2" if no_reshard else "zero3"
-        offload = bool(wrapping.get("offload"))
-    else:
-        raise ValueError(f"wrapping.kind is {kind!r}, not one of none, ddp, fsdp1, fsdp2")
-    if kind in ("fsdp1", "fsdp2"):
-        mp = wrapping.get("mixed_precision")
-        if isinstance(mp, dict) and mp.get("param_dtype"):
-            mp_dtype = normalize_dtype(mp["param_dtype"])
-            if mp_dtype != "fp32" and dtype == "fp32":
-                mixed, dtype = True, mp_dtype
-                notes.append(f"{'FSDP' if kind == 'fsdp1' else 'FSDP2'} mixed precision: fp32 sharded parameters "
-                             f"act as master weights, {mp_dtype} unsharded copies for compute "
-                             "(same 16 B/param total)")
+        return strategy, offload, gpn
+    if kind == "fsdp2":
+        strategy, gpn = _fsdp2_strategy(wrapping, gpn, notes)
+        return strategy, bool(wrapping.get("offload")), gpn
+    raise ValueError(f"wrapping.kind is {kind!r}, not one of none, ddp, fsdp1, fsdp2")
+
+
+def _fsdp_mixed_precision(kind: str, wrapping: dict, dtype: str, notes: list[str]) -> tuple[bool, str]:
+    """(mixed precision, training dtype): FSDP's 16-bit param_dtype over fp32 parameters keeps the fp32
+    shards as master weights, which is mixed precision in the ZeRO accounting."""
+    mp = wrapping.get("mixed_precision") if kind in ("fsdp1", "fsdp2") else None
+    if not (isinstance(mp, dict) and mp.get("param_dtype")):
+        return False, dtype
+    mp_dtype = normalize_dtype(mp["param_dtype"])
+    if mp_dtype == "fp32" or dtype != "fp32":
+        return False, dtype
+    notes.append(f"{'FSDP' if kind == 'fsdp1' else 'FSDP2'} mixed precision: fp32 sharded parameters "
+                 f"act as master weights, {mp_dtype} unsharded copies for compute "
+                 "(same 16 B/param total)")
+    return True, mp_dtype
+
+
+def config_from_manifest(manifest: dict, *, optimizer: str | None = None) -> ManifestConfig:
+    """Map a run-folder manifest (docs/manifest.md) onto a MemoryConfig. Raises ValueError
+    naming the manifest key when something needed is missing (caller may override)."""
+    notes: list[str] = []
+    n, trainable, dtype, optimizer = _manifest_model(manifest.get("model") or {}, optimizer, notes)
+    ws = manifest.get("world_size")
+    if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
+        raise ValueError(f"world_size is {ws!r}")
+    wrapping = manifest.get("wrapping") or {}
+    kind = str(wrapping.get("kind") or "none").lower()
+    strategy, offload, gpn = _wrapping_strategy(kind, wrapping, n, _ranks_per_host(manifest.get("hosts") or {}),
+                                                notes)
+    mixed, dtype = _fsdp_mixed_precision(kind, wrapping, dtype, notes)
     if kind == "none" and ws > 1:
         notes.append("wrapping.kind is none: every rank holds a full replica")
     notes.append("optimizer states counted in the parameter dtype, as torch.optim allocates them")

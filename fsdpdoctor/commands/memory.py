@@ -129,26 +129,30 @@ def _read_manifest(folder: Path) -> tuple[dict, list[str]]:
 
 # ----------------------------------------------------------------- run
 
-def build_config(args) -> tuple[MemoryConfig, list[str], Path | None, dict | None, dict[str, str]]:
+def _base_config(args, optimizer: str | None) -> tuple[MemoryConfig, list[str], Path | None, dict | None,
+                                                       dict[str, str]]:
+    """The configuration before the command-line overrides: the run folder's manifest, or --params
+    with the defaults (fp32, AdamW, DDP, one rank)."""
     from fsdpdoctor.analysis import memory as mem
     from fsdpdoctor.results.memory import MemoryConfig
-    notes: list[str] = []
-    folder = manifest = None
-    devices: dict[str, str] = {}
-    optimizer = _norm("--optimizer", mem.normalize_optimizer, args.optimizer) if args.optimizer else None
-    if args.run_folder:
-        folder = Path(args.run_folder)
-        manifest, manifest_notes = _read_manifest(folder)
-        try:
-            mc = mem.config_from_manifest(manifest, optimizer=optimizer)
-        except ValueError as exc:
-            raise InputError(folder / "manifest.json", str(exc)) from None
-        cfg, notes, devices = mc.config, manifest_notes + list(mc.notes), mc.devices
-    else:
+    if not args.run_folder:
         if args.params is None:
             raise InputError(None, "give --params (e.g. --params 7B) or a RUN_FOLDER")
-        cfg = MemoryConfig(parameters=_count("--params", args.params), dtype="fp32",
-                               optimizer=optimizer or "adamw")
+        cfg = MemoryConfig(parameters=_count("--params", args.params), dtype="fp32", optimizer=optimizer or "adamw")
+        return cfg, [], None, None, {}
+    folder = Path(args.run_folder)
+    manifest, manifest_notes = _read_manifest(folder)
+    try:
+        mc = mem.config_from_manifest(manifest, optimizer=optimizer)
+    except ValueError as exc:
+        raise InputError(folder / "manifest.json", str(exc)) from None
+    return mc.config, manifest_notes + list(mc.notes), folder, manifest, mc.devices
+
+
+def _overrides(args, optimizer: str | None) -> dict:
+    """The MemoryConfig fields the command line sets (they win over the manifest's), each flag read
+    into a one-line error when it is bad."""
+    from fsdpdoctor.analysis import memory as mem
     over: dict = {}
     if args.params is not None:
         over["parameters"] = _count("--params", args.params)
@@ -175,6 +179,14 @@ def build_config(args) -> tuple[MemoryConfig, list[str], Path | None, dict | Non
     act = _activations(args)
     if act is not None:
         over["activations"] = act
+    return over
+
+
+def build_config(args) -> tuple[MemoryConfig, list[str], Path | None, dict | None, dict[str, str]]:
+    from fsdpdoctor.analysis import memory as mem
+    optimizer = _norm("--optimizer", mem.normalize_optimizer, args.optimizer) if args.optimizer else None
+    cfg, notes, folder, manifest, devices = _base_config(args, optimizer)
+    over = _overrides(args, optimizer)
     if folder is not None and over:
         notes.append("overridden from the command line: " + ", ".join(sorted(k for k in over if k != "activations")))
     from dataclasses import replace   # loaded when the verb runs, not by every start

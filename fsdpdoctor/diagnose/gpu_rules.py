@@ -81,19 +81,9 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
                            f"{QUEUE_EMPTY_US:.0f} us of their launch (queue empty)"))
     ev += [Evidence(f"rank {g.rank}: idle {pct(g.idle_frac)} of the step, {ms(g.by_cause.get(cause, 0.0))} "
                     f"{SHORT[cause]}", rank=g.rank, time_us=g.idle_us) for g in idles[:8]]
-    srcs = [s for g in idles for s in g.sources.get(cause, [])]
-    srcs.sort(key=lambda s: -s[1])
-    for frame, us in srcs[:3]:
-        ev.append(Evidence(f"host at {frame} during at least {ms(us)} of idle per step (longest gaps)",
-                           source=frame, time_us=us))
+    srcs = _where_the_host_was(ev, idles, cause)
+    fix = _fix_for(ctx, m, cause, ctx.th["gpu_idle_frac"])
     profiled = [g for g in idles if g.with_stack]
-    fix = CAUSE_FIX[cause]
-    if cause == "launch" and ctx.a.job.wrapping in ("fsdp1", "fsdp2"):
-        # FSDP's hooks do host work per unit (and FSDP2 per parameter) in every forward and backward
-        fix += "; with FSDP, fewer and larger units (wrap blocks, not single layers) cut the per-unit hook work"
-    second = sorted((c for c in FIXABLE if c != cause), key=lambda c: -m[c])[0]
-    if ctx.frac(m[second]) >= ctx.th["gpu_idle_frac"]:
-        fix += f"; then for {CAUSE_LABEL[second].split(' (')[0]}: {CAUSE_FIX[second]}"
     if profiled and cause != "profiler" and m["profiler"] >= 0.01 * ctx.step_us:
         ev.append(Evidence(f"with_stack=True: about {ms(m['profiler'])} of the idle is the profiler's own cost "
                            f"({profiled[0].stack_events_per_step:.0f} Python frames recorded per step)"))
@@ -154,16 +144,48 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
         # so is a step that is mostly start-up
         severity="info" if (captured or (startup and startup >= 0.5 * m[cause])) and not input_bound else None,
         samples=_idle_per_step(idles, ("data_loading",) if input_bound else FIXABLE))
-    if input_bound:
-        f.caused_by = "input-bound"
-    elif offloaded and ctx.frac(f.impact_us) < ctx.th["gpu_idle_frac"]:
-        f.caused_by = "offload-exposed"  # what is left once offload-exposed takes its share is no finding
-    elif cause == "collective_wait":
-        if idle_waits_on_straggler(ctx):
-            f.caused_by = "straggler"
-        elif cuda_over_gloo(ctx):
-            f.caused_by = "cpu-staged-collectives"  # the host blocks in gloo collectives of CUDA tensors
+    claimed = _claimed_by(ctx, cause, input_bound, offloaded and ctx.frac(f.impact_us) < ctx.th["gpu_idle_frac"])
+    if claimed:
+        f.caused_by = claimed
     return [f]
+
+
+def _where_the_host_was(ev: list[Evidence], idles, cause: str) -> list[tuple[str, float]]:
+    """The source lines the host was at during the cause's idle, longest first; the three longest
+    become evidence (the first is the finding's source)."""
+    srcs = [s for g in idles for s in g.sources.get(cause, [])]
+    srcs.sort(key=lambda s: -s[1])
+    for frame, us in srcs[:3]:
+        ev.append(Evidence(f"host at {frame} during at least {ms(us)} of idle per step (longest gaps)",
+                           source=frame, time_us=us))
+    return srcs
+
+
+def _fix_for(ctx: RuleContext, m: dict, cause: str, finding_frac: float) -> str:
+    """The fix of the cause named, and of the next largest fixable cause when that alone would be a
+    finding (``finding_frac`` of the step: the rule's gpu_idle_frac)."""
+    fix = CAUSE_FIX[cause]
+    if cause == "launch" and ctx.a.job.wrapping in ("fsdp1", "fsdp2"):
+        # FSDP's hooks do host work per unit (and FSDP2 per parameter) in every forward and backward
+        fix += "; with FSDP, fewer and larger units (wrap blocks, not single layers) cut the per-unit hook work"
+    second = sorted((c for c in FIXABLE if c != cause), key=lambda c: -m[c])[0]
+    if ctx.frac(m[second]) >= finding_frac:
+        fix += f"; then for {CAUSE_LABEL[second].split(' (')[0]}: {CAUSE_FIX[second]}"
+    return fix
+
+
+def _claimed_by(ctx: RuleContext, cause: str, input_bound: bool, offload_takes_it: bool) -> str | None:
+    """The finding whose mechanism is what the GPU waits for, which then claims this one (None: no other)."""
+    if input_bound:
+        return "input-bound"
+    if offload_takes_it:
+        return "offload-exposed"  # what is left once offload-exposed takes its share is no finding
+    if cause == "collective_wait":
+        if idle_waits_on_straggler(ctx):
+            return "straggler"
+        if cuda_over_gloo(ctx):
+            return "cpu-staged-collectives"  # the host blocks in gloo collectives of CUDA tensors
+    return None
 
 
 @rule(ids=("activation-recompute",), thresholds=("recompute_frac", "recompute_warn_frac"),

@@ -35,17 +35,16 @@ def _fit(rep: MemoryReport, gb) -> str:
             "the strategies below show what would.")
 
 
-def render(rep: MemoryReport, console: Console | None = None) -> None:
-    console = console or terminal_console(highlight=False)
-    est, rows, sentences, meas_rows, notes, folder = (rep.estimate, rep.strategies, rep.sentences, rep.measured,
-                                                      rep.notes, rep.run_folder)
-    cfg = est.config
+def _prediction_table(rep: MemoryReport) -> Table:
+    """The per-rank prediction: one row per piece of model state (where it lives), then the transient,
+    activations and the device total."""
+    est, cfg = rep.estimate, rep.estimate.config
     gb, gib = mem.fmt_gb, mem.fmt_gib
     head = (f"{cfg.parameters:,} params, {cfg.dtype}{' mixed precision' if cfg.mixed_precision else ''}, "
             f"{cfg.optimizer}, {est.strategy_label}{' + CPU offload' if cfg.cpu_offload else ''}, "
             f"world size {cfg.world_size}, shard group {est.shard_degree}")
-    if folder is not None:
-        head = f"{folder}: " + head
+    if rep.run_folder is not None:
+        head = f"{rep.run_folder}: " + head
     t = Table(title=f"Per-rank memory prediction — {head}", box=box.SIMPLE_HEAD,
               caption="GB = 1e9 bytes, GiB = 2^30 bytes (MB = 1e6, MiB = 2^20); GB and GiB per rank; "
                       "B/param: bytes per parameter before sharding, and on this rank")
@@ -75,9 +74,12 @@ def render(rep: MemoryReport, console: Console | None = None) -> None:
         a = est.activations.total_bytes
         t.add_row("activations (ESTIMATE)", "", "", gb(a), gib(a), "device")
     t.add_row("[bold]total (device)[/]", "", "", f"[bold]{gb(est.total)}[/]", gib(est.total), "device")
-    console.print(t)
-    console.print(Padding(Text(_fit(rep, gb)), (0, 0, 0, 2), expand=False))
+    return t
 
+
+def _strategies_table(rows) -> Table:
+    """Every strategy's per-rank figures beside the current one's (the current row in bold)."""
+    gb = mem.fmt_gb
     c = Table(title="How the other strategies would change it (per rank)", box=box.SIMPLE_HEAD)
     longest_word = max((len(w) for r in rows for w in r.label.split()), default=8)
     for col in ("strategy", "shard group", "model state", "transient", "host", "vs current"):
@@ -89,21 +91,26 @@ def render(rep: MemoryReport, console: Console | None = None) -> None:
         c.add_row(("[bold]" + r.label + "[/]") if r.current else r.label, str(r.shard_degree), gb(r.model_state),
                   gb(r.peak_transient) if r.peak_transient is not None else "-",
                   gb(r.host) if r.host else "-", vs)
-    console.print(c)
-    for s in sentences:
-        console.print(Padding(Text(f"• {s}"), (0, 0, 0, 2), expand=False))
+    return c
 
-    if meas_rows:
-        m = Table(title="Measured allocator peak vs prediction", box=box.SIMPLE_HEAD)
-        for col in ("rank", "device", "start level", "peak allocated", "peak GiB", "predicted total", "peak/predicted"):
-            m.add_column(col, **_column(False))
-        for r in meas_rows:
-            dev = r["device_type"] + (f":{r['device_id']}" if r["device_type"] != "cpu" else "")
-            ratio = r["ratio_to_predicted_total"]
-            m.add_row(str(r["rank"]), dev, gb(r["start_allocated"]), gb(r["peak_allocated"]), gib(r["peak_allocated"]),
-                      gb(r["predicted_total"]), f"{ratio:.2f}x" if ratio is not None else "-")
-        console.print(m)
 
+def _measured_table(meas_rows: list[dict]) -> Table:
+    """Each rank's measured allocator peak against the predicted total."""
+    gb, gib = mem.fmt_gb, mem.fmt_gib
+    m = Table(title="Measured allocator peak vs prediction", box=box.SIMPLE_HEAD)
+    for col in ("rank", "device", "start level", "peak allocated", "peak GiB", "predicted total", "peak/predicted"):
+        m.add_column(col, **_column(False))
+    for r in meas_rows:
+        dev = r["device_type"] + (f":{r['device_id']}" if r["device_type"] != "cpu" else "")
+        ratio = r["ratio_to_predicted_total"]
+        m.add_row(str(r["rank"]), dev, gb(r["start_allocated"]), gb(r["peak_allocated"]), gib(r["peak_allocated"]),
+                  gb(r["predicted_total"]), f"{ratio:.2f}x" if ratio is not None else "-")
+    return m
+
+
+def _print_explanation(console: Console, rep: MemoryReport) -> None:
+    """How the figures were counted, what they leave out, and the notes on the run folder."""
+    est = rep.estimate
     console.print("[bold]Explanation[/]")
     for line in est.explanation:
         console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
@@ -112,8 +119,21 @@ def render(rep: MemoryReport, console: Console | None = None) -> None:
         for n in est.activations.notes:
             console.print(Padding(Text(f"({n})"), (0, 0, 0, 4), expand=False))
     console.print(Text.assemble(("Not included", "bold"), ": " + "; ".join(est.not_included)))
-    for n in notes:
+    for n in rep.notes:
         console.print(Padding(Text(f"note: {n}"), (0, 0, 0, 2), expand=False))
+
+
+def render(rep: MemoryReport, console: Console | None = None) -> None:
+    """The prediction, whether it fits, the other strategies, the measured peaks, then the explanation."""
+    console = console or terminal_console(highlight=False)
+    console.print(_prediction_table(rep))
+    console.print(Padding(Text(_fit(rep, mem.fmt_gb)), (0, 0, 0, 2), expand=False))
+    console.print(_strategies_table(rep.strategies))
+    for s in rep.sentences:
+        console.print(Padding(Text(f"• {s}"), (0, 0, 0, 2), expand=False))
+    if rep.measured:
+        console.print(_measured_table(rep.measured))
+    _print_explanation(console, rep)
 
 
 def document(rep: MemoryReport) -> dict:

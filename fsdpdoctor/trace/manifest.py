@@ -112,6 +112,52 @@ def _short(v: Any) -> str:
     return s if len(s) <= 40 else s[:37] + "..."
 
 
+def _drop(d: dict, key: str, path: str, where: str, notes: list[str]) -> None:
+    notes.append(f"{where}: {path} = {_short(d[key])} has the wrong type or value: ignored")
+    del d[key]
+
+
+def _drop_wrong_fields(d: dict, checks: dict[str, Callable[[Any], bool]], prefix: str, where: str,
+                       notes: list[str]) -> None:
+    """Remove each field ``checks`` knows whose value fails its check (null stands for absent)."""
+    for key, ok in checks.items():
+        if key in d and d[key] is not None and not ok(d[key]):
+            _drop(d, key, prefix + key, where, notes)
+
+
+def _checked_section(out: dict, name: str, checks: Callable[[dict], dict | None], where: str,
+                     notes: list[str]) -> None:
+    """Replace the section ``out[name]`` by a checked copy (the caller's document is never modified);
+    drop it whole when it is not an object or ``checks`` has no table for it."""
+    section = out.get(name)
+    if section is None:
+        return
+    table = checks(section) if isinstance(section, dict) else None
+    if table is None:
+        _drop(out, name, name, where, notes)
+        return
+    out[name] = section = dict(section)
+    _drop_wrong_fields(section, table, f"{name}.", where, notes)
+
+
+def _wrapping_checks(wrap: dict) -> dict[str, Callable[[Any], bool]] | None:
+    """The field checks of the wrapping's kind; None for a kind no fsdpdoctor writer produces."""
+    kind = wrap.get("kind")
+    return _WRAPPING[kind] if kind in WRAPPING_KINDS else None
+
+
+def _drop_ranks_beyond_world(out: dict, where: str, notes: list[str]) -> None:
+    """A per-rank map or rank list naming a rank >= world_size describes another job: dropped whole."""
+    ws = out.get("world_size")
+    if not isinstance(ws, int):
+        return
+    for key in ("files", "hosts", "devices", "cycle_files", "missing_ranks"):
+        if isinstance(out.get(key), dict) and any(int(k) >= ws for k in out[key]):
+            _drop(out, key, key, where, notes)
+    if isinstance(out.get("profiled_ranks"), list) and any(r >= ws for r in out["profiled_ranks"]):
+        _drop(out, "profiled_ranks", "profiled_ranks", where, notes)
+
+
 def validate(doc: Any, where: str = "manifest.json") -> tuple[dict | None, list[str]]:
     """The manifest with every wrong-typed field removed, and one note per removal."""
     if not isinstance(doc, dict):
@@ -120,41 +166,12 @@ def validate(doc: Any, where: str = "manifest.json") -> tuple[dict | None, list[
         return None, [f"{where} has no 'fsdpdoctor_manifest' key (not written by fsdpdoctor): ignored"]
     notes: list[str] = []
     out = dict(doc)
-
-    def drop(d: dict, key: str, path: str) -> None:
-        notes.append(f"{where}: {path} = {_short(d[key])} has the wrong type or value: ignored")
-        del d[key]
-
-    for key, ok in _TOP.items():
-        if key in out and out[key] is not None and not ok(out[key]):
-            drop(out, key, key)
-    model = out.get("model")
-    if model is not None:
-        if not isinstance(model, dict):
-            drop(out, "model", "model")
-        else:
-            out["model"] = model = dict(model)
-            for key, ok in _MODEL.items():
-                if key in model and model[key] is not None and not ok(model[key]):
-                    drop(model, key, f"model.{key}")
-    wrap = out.get("wrapping")
-    if wrap is not None:
-        if not isinstance(wrap, dict) or wrap.get("kind") not in WRAPPING_KINDS:
-            drop(out, "wrapping", "wrapping")
-        else:
-            out["wrapping"] = wrap = dict(wrap)
-            for key, ok in _WRAPPING[wrap["kind"]].items():
-                if key in wrap and wrap[key] is not None and not ok(wrap[key]):
-                    drop(wrap, key, f"wrapping.{key}")
+    _drop_wrong_fields(out, _TOP, "", where, notes)
+    _checked_section(out, "model", lambda _model: _MODEL, where, notes)
+    _checked_section(out, "wrapping", _wrapping_checks, where, notes)
     if out.get("scenario") is not None and not isinstance(out["scenario"], dict):
-        drop(out, "scenario", "scenario")
-    ws = out.get("world_size")
-    if isinstance(ws, int):
-        for key in ("files", "hosts", "devices", "cycle_files", "missing_ranks"):
-            if isinstance(out.get(key), dict) and any(int(k) >= ws for k in out[key]):
-                drop(out, key, key)
-        if isinstance(out.get("profiled_ranks"), list) and any(r >= ws for r in out["profiled_ranks"]):
-            drop(out, "profiled_ranks", "profiled_ranks")
+        _drop(out, "scenario", "scenario", where, notes)
+    _drop_ranks_beyond_world(out, where, notes)
     return out, notes
 
 
