@@ -14,16 +14,6 @@ PKG = ROOT / "fsdpdoctor"
 MAX_COMPLEXITY = 15
 MAX_LINES = 600
 
-# Functions over MAX_COMPLEXITY today, each waiting for its split by the engineer who owns the module in
-# this session (issue 30, item 4). The list only shrinks: a function not in it fails the guard, and an
-# entry no longer over the bound fails it too, so the list cannot go stale silently.
-AWAITING_SPLIT = {
-    ("fsdpdoctor/pipeline.py", "_rank_results"),
-    ("fsdpdoctor/trace/loader.py", "_columns_fast"),
-    ("fsdpdoctor/trace/split.py", "stream_columns"),
-    ("fsdpdoctor/trace/quality.py", "sanitize"),
-}
-
 
 def _modules() -> list[tuple[str, str]]:
     return [(f.relative_to(ROOT).as_posix(), f.read_text(encoding="utf-8")) for f in sorted(PKG.rglob("*.py"))]
@@ -43,17 +33,9 @@ def _complexities() -> dict[tuple[str, str], int]:
 
 def test_no_function_over_the_complexity_bound():
     over = {key: c for key, c in _complexities().items() if c > MAX_COMPLEXITY}
-    new = sorted(f"{rel}: {name} (McCabe {c})" for (rel, name), c in over.items() if (rel, name) not in AWAITING_SPLIT)
+    new = sorted(f"{rel}: {name} (McCabe {c})" for (rel, name), c in over.items())
     assert not new, (f"over McCabe {MAX_COMPLEXITY}: split into named steps, each with a docstring saying why: "
                      + "; ".join(new))
-
-
-def test_every_function_awaiting_its_split_is_still_over_the_bound():
-    found = _complexities()
-    stale = sorted(f"{rel}: {name} ({'gone' if (rel, name) not in found else f'McCabe {found[(rel, name)]}'})"
-                   for rel, name in AWAITING_SPLIT if found.get((rel, name), 0) <= MAX_COMPLEXITY)
-    assert not stale, (f"no longer over McCabe {MAX_COMPLEXITY}: remove it from the list AWAITING_SPLIT: "
-                       + "; ".join(stale))
 
 
 def test_no_module_over_the_line_bound():

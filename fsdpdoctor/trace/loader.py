@@ -200,31 +200,10 @@ def _columns_fast(events: list):
     memory_events: list[dict] = []
     try:
         xs = [e for e in events if e.ph == "X"]
-        if len(xs) != len(events):  # flow arrows ("s"/"f") are most of the rest: skip them first, cheaply
-            rest = [e for e in events if e.ph != "X" and e.ph != "f" and e.ph != "s"]
-            samples = []
-            for e in [e for e in rest if e.ph.__class__ is not str or e.ph in _KEPT_PHASES]:
-                if e.ph.__class__ is not str:
-                    return None  # no phase: the per-event reading counts it
-                if e.name == "[memory]" and e.ph != "M":
-                    samples.append(e)
-                else:
-                    _non_complete(e, thread_names, memory_events)
-            if samples:  # all in one decode: a memory-profiled trace holds 10^4-10^5 of them
-                _add_samples(memory_events, samples, memory_args_list([e.args for e in samples]))
+        if len(xs) != len(events) and not _read_non_complete(events, thread_names, memory_events):
+            return None
         n = len(xs)
-        # one dict lookup per event, on (name, category, thread): a few thousand distinct keys, from
-        # which names, tracks and categories are numbered in order of first appearance (as if each
-        # had its own pass, ~1.7 ms less on 27 k events)
-        # (``map`` in C, each event given the position of the first event of its key, renumbered densely)
-        # (the keys built by a comprehension: ~25 % less than ``map(attrgetter(4 fields))``, v100 pieces)
-        ki: dict = {}
-        first = np.fromiter(map(ki.setdefault, [(e.name, e.cat, e.pid, e.tid) for e in xs], count()),
-                            dtype=np.int64, count=n)
-        dense = np.empty(n, dtype=np.int32)
-        dense[np.fromiter(ki.values(), dtype=np.int64, count=len(ki))] = np.arange(len(ki), dtype=np.int32)
-        kid = dense[first]
-        del first, dense
+        kid, ki = _key_ids(xs)
         ni: dict = {}
         nid = np.fromiter([ni.setdefault(k[0], len(ni)) for k in ki], dtype=np.int32, count=len(ki))[kid]
         names = list(ni)
@@ -245,39 +224,82 @@ def _columns_fast(events: list):
     cat = np.array([category_code(c) for c in cat_values], dtype=np.int8)[cat_ix] if n else np.empty(0, np.int8)
     categories = _category_counts(cat_values, np.bincount(cat_ix, minlength=len(cat_values)) if n else [])
     keep_name = np.fromiter(map(_keeps_args, names), bool, len(names))
+    found = _ids_and_args(xs, cat, keep_name[nid])
+    if found is None:
+        return None
+    corr, args = found
+    tracks = [Track(pid=k[0], tid=k[1]) for k in track_keys]
+    return names, nid, cat, ts, dur, trk, corr, tracks, thread_names, args, memory_events, 0, categories
+
+
+def _read_non_complete(events: list, thread_names: dict, memory_events: list) -> bool:
+    """Thread names and memory records from the events that are not complete spans; False when one has no
+    phase (the per-event reading counts it). Flow arrows ("s"/"f") are most of them: skipped first, cheaply."""
+    rest = [e for e in events if e.ph != "X" and e.ph != "f" and e.ph != "s"]
+    samples = []
+    for e in [e for e in rest if e.ph.__class__ is not str or e.ph in _KEPT_PHASES]:
+        if e.ph.__class__ is not str:
+            return False
+        if e.name == "[memory]" and e.ph != "M":
+            samples.append(e)
+        else:
+            _non_complete(e, thread_names, memory_events)
+    if samples:  # all in one decode: a memory-profiled trace holds 10^4-10^5 of them
+        _add_samples(memory_events, samples, memory_args_list([e.args for e in samples]))
+    return True
+
+
+def _key_ids(xs: list):
+    """Each span's (name, category, pid, tid) key numbered densely in order of first appearance, and the keys.
+
+    One dict lookup per event: a few thousand distinct keys, from which names, tracks and categories are
+    numbered in order of first appearance (as if each had its own pass, ~1.7 ms less on 27 k events);
+    ``map`` in C, each event given the position of the first event of its key, renumbered densely; the keys
+    built by a comprehension: ~25 % less than ``map(attrgetter(4 fields))`` (v100 pieces)."""
+    ki: dict = {}
+    n = len(xs)
+    first = np.fromiter(map(ki.setdefault, [(e.name, e.cat, e.pid, e.tid) for e in xs], count()),
+                        dtype=np.int64, count=n)
+    dense = np.empty(n, dtype=np.int32)
+    dense[np.fromiter(ki.values(), dtype=np.int64, count=len(ki))] = np.arange(len(ki), dtype=np.int32)
+    return dense[first], ki
+
+
+def _ids_and_args(xs: list, cat: np.ndarray, keeps: np.ndarray):
+    """The correlation id of every span (-1 without one) and the args kept (rows whose name keeps them, and
+    communication kernels); None when an id cannot be read. Device and runtime rows' ids come from one
+    decode of all their args at once."""
+    n = len(xs)
     corr = np.full(n, -1, dtype=np.int64)
     args: dict[int, dict] = {}
-    keep_rows = np.nonzero(keep_name[nid])[0] if n else np.empty(0, np.int64)
-    for r in keep_rows.tolist():
+    for r in (np.nonzero(keeps)[0] if n else np.empty(0, np.int64)).tolist():
         a = raw_args(xs[r].args)
         args[r] = a
         corr[r] = _corr_value(a.get("correlation", -1))
-    # correlation ids of device and runtime rows: one decode of all their args at once
-    dev = np.nonzero(in_set(cat, _NEEDS_CORR, len(CATEGORY_NAMES)) & ~keep_name[nid])[0] if n else \
-        np.empty(0, np.int64)
-    dev = dev.tolist()
+    dev = (np.nonzero(in_set(cat, _NEEDS_CORR, len(CATEGORY_NAMES)) & ~keeps)[0] if n else
+           np.empty(0, np.int64)).tolist()
     raws = [xs[r].args for r in dev]
     if not all(raws):  # rows without args have no id to read
         dev, raws = [r for r, a in zip(dev, raws) if a], [a for a in raws if a]
-    if dev:
-        try:
-            parsed = _corr_list_decoder.decode(b"".join((b"[", b",".join(raws), b"]")))
-        except msgspec.MsgspecError:
-            return None
-        values = [ca.correlation for ca in parsed]
-        if set(map(type, values)) != {int}:  # one C pass, not a Python test per id
-            values = [_corr_value(v) for v in values]
-        try:
-            corr[dev] = values
-        except OverflowError:
-            return None
-        named = [ca.collective for ca in parsed]
-        if named.count(None) != len(named):  # communication kernels: their args are kept
-            for r, c in zip(dev, named):
-                if c is not None and cat[r] == KERNEL:
-                    args[r] = raw_args(xs[r].args)
-    tracks = [Track(pid=k[0], tid=k[1]) for k in track_keys]
-    return names, nid, cat, ts, dur, trk, corr, tracks, thread_names, args, memory_events, 0, categories
+    if not dev:
+        return corr, args
+    try:
+        parsed = _corr_list_decoder.decode(b"".join((b"[", b",".join(raws), b"]")))
+    except msgspec.MsgspecError:
+        return None
+    values = [ca.correlation for ca in parsed]
+    if set(map(type, values)) != {int}:  # one C pass, not a Python test per id
+        values = [_corr_value(v) for v in values]
+    try:
+        corr[dev] = values
+    except OverflowError:
+        return None
+    named = [ca.collective for ca in parsed]
+    if named.count(None) != len(named):  # communication kernels: their args are kept
+        for r, c in zip(dev, named):
+            if c is not None and cat[r] == KERNEL:
+                args[r] = raw_args(xs[r].args)
+    return corr, args
 
 
 _keeps: dict[str, bool] = {}  # keeps_args by name, across the pieces of a trace (a regex match each)

@@ -154,19 +154,11 @@ def stream_columns(raw: bytes, path, columns):
                 pos = 0
             pending += out
             if head is None:
-                key = pending.find(_KEY)
-                m = _OPEN.match(pending, key + len(_KEY)) if key >= 0 else None
-                if m:
-                    head, pos = bytes(pending[:m.end()]), m.end()
-            while head is not None and len(pending) - pos >= 2 * PIECE_BYTES:
-                cut = _BOUNDARY.search(pending, pos + PIECE_BYTES)
-                if cut is None:
-                    break  # one event longer than a piece: read on
-                part = _decode_slice(pending, pos, cut.start() + 1, columns)
-                if part is None:
+                head, pos = _events_open(pending)
+            if head is not None:
+                pos = _decode_whole_pieces(pending, pos, columns, parts)
+                if pos < 0:
                     return None
-                parts.append(part)
-                pos = cut.end() - 1
             if d.eof:
                 break
             if not rest:
@@ -176,6 +168,36 @@ def stream_columns(raw: bytes, path, columns):
     del pending[:pos]
     if head is None or d.unused_data:
         return None
+    return _last_piece(pending, head, columns, parts, path)
+
+
+def _events_open(pending: bytearray) -> tuple[bytes | None, int]:
+    """The document up to and including the events array's "[" and where the events begin; (None, 0)
+    while it has not arrived yet."""
+    key = pending.find(_KEY)
+    m = _OPEN.match(pending, key + len(_KEY)) if key >= 0 else None
+    return (bytes(pending[:m.end()]), m.end()) if m else (None, 0)
+
+
+def _decode_whole_pieces(pending: bytearray, pos: int, columns, parts: list) -> int:
+    """Decode the pieces of about PIECE_BYTES that end between two events, while two pieces' worth is
+    pending (the cut is looked for beyond the first); where decoding goes on, or -1 when a piece cannot be
+    decoded."""
+    while len(pending) - pos >= 2 * PIECE_BYTES:
+        cut = _BOUNDARY.search(pending, pos + PIECE_BYTES)
+        if cut is None:
+            break  # one event longer than a piece: read on
+        part = _decode_slice(pending, pos, cut.start() + 1, columns)
+        if part is None:
+            return -1
+        parts.append(part)
+        pos = cut.end() - 1
+    return pos
+
+
+def _last_piece(pending: bytearray, head: bytes, columns, parts: list, path):
+    """The events left after the stream ended, up to the array's close, and the document's fields around
+    the array: (document fields, columns), or None on any doubt."""
     end = array_close(pending, 0)
     if end is None:
         return None
