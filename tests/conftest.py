@@ -105,3 +105,20 @@ def machine_cores(monkeypatch):
     monkeypatch.setattr(engines, "cpu_count", _REAL_CPU_COUNT)
     monkeypatch.setattr(local, "cpu_count", _REAL_CPU_COUNT)
     return _REAL_CPU_COUNT()
+
+
+@pytest.fixture(scope="session")
+def ddp_reference_run(tmp_path_factory) -> tuple[int, Path]:
+    """``fsdpdoctor reference run ddp_default --nproc 2`` (wait 1, warmup 1, active 3: steps 2-4 profiled),
+    run once per test process for the tests that read it (tests/test_reference_jobs.py, the 2-process side
+    of tests/test_scaling.py): its exit code and run folder. One torchrun job less than a job per test;
+    the tests share an xdist group, so the slow half's ``--dist loadgroup`` runs them in one process."""
+    from fsdpdoctor.cli import main
+
+    out = tmp_path_factory.mktemp("ddp_reference") / "run"
+    for _attempt in range(2):  # gloo jobs occasionally abort at exit (see test_capture.torchrun)
+        rc = main(["reference", "run", "ddp_default", "--nproc", "2", "--out", str(out),
+                   "--wait", "1", "--warmup", "1", "--active", "3"])
+        if rc == 0:
+            break
+    return rc, out

@@ -354,25 +354,39 @@ def test_change_mid_run_opens_a_window_that_names_it(tmp_path, change, cause):
 
 @requires_torch
 @pytest.mark.slow
-def test_trigger_from_another_process_profiles_the_same_steps_on_both_ranks(tmp_path):
+def test_trigger_from_another_process_and_a_second_job_on_the_folder(tmp_path):
+    """One healthy 2-rank job A, two checks on it (each took a 600-step job of its own):
+
+    - the trigger: ``fsdpdoctor trigger`` from another process while A runs profiles the same steps on
+      both ranks. The trigger's CLI starts while the job runs (a second or more on a loaded machine),
+      then the window waits a lead of two poll periods in steps (~150 steps of 7 ms on an idle machine
+      here: window-246 of 400): 600 steps leave room for both (160 did not: no window before the end).
+    - a second torchrun job B aimed at A's folder: B's rank 0 finds the folder held and moves to run-2;
+      its rank 1 learns that through the store, so both of its ranks write beside A's files, never
+      over them. B starts as soon as A's rank 1 has a series, as it did alone."""
     out = tmp_path / "run"
-    # the trigger's CLI starts while the job runs (a second or more on a loaded machine), then the window
-    # waits a lead of two poll periods in steps (~150 steps of 7 ms on an idle machine here: window-246
-    # of 400): 600 steps leave room for both (160 did not: no window before the job's end)
     job = drift(out, "--change", "none", "--no-auto", "--steps", 600, wait=False)
+    b = None
     try:
         series = out / "steps" / "rank0.steps"
         deadline = time.time() + 200
+        while time.time() < deadline and not (out / "steps" / "rank1.steps").exists():
+            time.sleep(0.2)
+        b = drift(out, "--change", "none", "--no-auto", "--steps", 60, wait=False)
         while time.time() < deadline and (not series.exists() or series.stat().st_size < 40 + 20 * 20):
             time.sleep(0.2)
         assert series.exists(), "the job wrote no step series"
         trig = cli("trigger", out, "--steps", 4)
         assert trig.returncode == 0 and "rank 0 takes it" in trig.stdout, trig.stdout + trig.stderr
+        b_out, b_err = b.communicate(timeout=400)
+        assert job.poll() is None, "job A ended before job B did: the second-job check proves nothing"
         stdout, stderr = job.communicate(timeout=400)
     finally:
-        if job.poll() is None:
-            job.kill()
+        for p in (job, b):
+            if p is not None and p.poll() is None:
+                p.kill()
     check_ok(job.returncode, stderr, stdout)
+    # the trigger: one window, the same steps on both ranks
     wins = list(out.glob("window-*"))
     assert len(wins) == 1
     first = int(wins[0].name.split("-")[1])
@@ -382,6 +396,15 @@ def test_trigger_from_another_process_profiles_the_same_steps_on_both_ranks(tmp_
     assert manifest["missing_ranks"] == {} and sorted(manifest["files"]) == ["0", "1"], (manifest, stderr[-2000:])
     assert step_numbers(wins[0] / "rank0.json.gz") == steps == step_numbers(wins[0] / "rank1.json.gz")
     assert manifest["profiled_steps"] == steps
+    # the second job: beside the first, each job's series whole
+    check_ok(b.returncode, b_err, b_out)
+    assert "in use by another running job" in b_err
+    from fsdpdoctor.capture.series import read_series
+
+    for r in (0, 1):
+        assert len(read_series(out / "steps" / f"rank{r}.steps").steps) == 600
+        assert len(read_series(tmp_path / "run-2" / "steps" / f"rank{r}.steps").steps) == 60
+    assert not list((tmp_path / "run-2").glob("window-*"))   # the trigger reached job A only
 
 
 CTRL_C_JOB = """
@@ -567,30 +590,3 @@ def test_diff_compares_two_windows_of_one_run(tmp_path):
     assert same.returncode == 0 and not json.loads(same.stdout)["regressed"]
     bad = cli("diff", tmp_path, tmp_path, "--base-window", 21)
     assert bad.returncode == 2 and len(error_lines(bad.stderr)) == 1 and "windows start at: 20, 300" in bad.stderr
-
-
-@requires_torch
-@pytest.mark.slow
-def test_two_torchrun_jobs_aimed_at_one_folder(tmp_path):
-    """The second job's rank 0 finds the folder held and moves to run-2; its rank 1 learns that through the
-    store, so both of its ranks write beside the first job's files, never over them."""
-    out = tmp_path / "run"
-    a = drift(out, "--change", "none", "--no-auto", "--steps", 600, wait=False)
-    try:
-        deadline = time.time() + 200
-        while time.time() < deadline and not (out / "steps" / "rank1.steps").exists():
-            time.sleep(0.2)
-        b = drift(out, "--change", "none", "--no-auto", "--steps", 60)
-        assert a.poll() is None, "job A ended before job B started: the test proves nothing"
-        a_out, a_err = a.communicate(timeout=400)
-    finally:
-        if a.poll() is None:
-            a.kill()
-    check_ok(a.returncode, a_err, a_out)
-    check_ok(b.returncode, b.stderr, b.stdout)
-    assert "in use by another running job" in b.stderr
-    from fsdpdoctor.capture.series import read_series
-
-    for r in (0, 1):
-        assert len(read_series(out / "steps" / f"rank{r}.steps").steps) == 600
-        assert len(read_series(tmp_path / "run-2" / "steps" / f"rank{r}.steps").steps) == 60

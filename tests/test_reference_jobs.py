@@ -172,16 +172,13 @@ def test_committed_traces(traces_dir):
 
 @requires_torch
 @pytest.mark.slow
-def test_reference_run_ddp(tmp_path, capsys):
-    out = tmp_path / "run"
-    for _attempt in range(2):  # gloo jobs occasionally abort at exit (see test_capture.torchrun)
-        rc = main(["reference", "run", "ddp_default", "--nproc", "2", "--out", str(out),
-                   "--steps", "3", "--wait", "0", "--warmup", "1", "--active", "1"])
-        if rc == 0:
-            break
+@pytest.mark.xdist_group("ddp_reference_run")
+def test_reference_run_ddp(ddp_reference_run):
+    # the job tests/test_scaling.py's end-to-end test measures too (one torchrun job for both: conftest)
+    rc, out = ddp_reference_run
     assert rc == 0
     m = json.loads((out / "manifest.json").read_text())
-    assert m["scenario"]["name"] == "ddp_default" and m["profiled_steps"] == [1]
+    assert m["scenario"]["name"] == "ddp_default" and m["profiled_steps"] == [2, 3, 4]
     assert (out / "rank0.json.gz").is_file() and (out / "rank1.json.gz").is_file()
 
 

@@ -249,15 +249,18 @@ def test_cli_errors(capsys, tmp_path):
 
 # ------------------------------------------------------------------ real runs
 @pytest.mark.slow
-def test_reference_runs_end_to_end(tmp_path):
+@pytest.mark.xdist_group("ddp_reference_run")
+def test_reference_runs_end_to_end(tmp_path, ddp_reference_run):
     pytest.importorskip("torch")
     cli = [sys.executable, "-m", "fsdpdoctor"]
-    for n in (1, 2):
-        proc = subprocess.run(cli + ["reference", "run", "ddp_default", "--nproc", str(n), "--out",
-                                     str(tmp_path / f"tmp{n}"), "--wait", "1", "--warmup", "1", "--active", "3"],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = subprocess.run(cli + ["scaling", str(tmp_path / "tmp1"), str(tmp_path / "tmp2"), "--json"],
+    # the 2-process run is the session's ddp_default job (tests/test_reference_jobs.py reads it too)
+    rc, run2 = ddp_reference_run
+    assert rc == 0
+    proc = subprocess.run(cli + ["reference", "run", "ddp_default", "--nproc", "1", "--out", str(tmp_path / "tmp1"),
+                                 "--wait", "1", "--warmup", "1", "--active", "3"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = subprocess.run(cli + ["scaling", str(tmp_path / "tmp1"), str(run2), "--json"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
@@ -265,7 +268,7 @@ def test_reference_runs_end_to_end(tmp_path):
     assert (base["world_size"], big["world_size"]) == (1, 2) and d["mode"] == "weak"
     assert big["efficiency"] == pytest.approx(base["step_us"] / big["step_us"], rel=1e-6)
     assert big["efficiency"] == pytest.approx(
-        mean_step_us(tmp_path / "tmp1") / mean_step_us(tmp_path / "tmp2"), rel=1e-6)
+        mean_step_us(tmp_path / "tmp1") / mean_step_us(run2), rel=1e-6)
     (w,) = d["waterfalls"]
     assert sum(p["delta_us"] for p in w["parts"]) == pytest.approx(w["increase_us"], rel=0.01)
     ar = next(p for p in w["parts"] if p["key"] == "comm:all_reduce")
