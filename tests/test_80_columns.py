@@ -110,17 +110,28 @@ def _shot(app) -> str:
     return "\n".join(ln[r.x:r.x + r.width] for ln in text.splitlines()[r.y:r.y + r.height])
 
 
+async def _settled(app, pilot) -> str:
+    """The screen once two looks in a row agree: on a loaded machine one pause can catch a frame whose
+    footer is still being laid out (words cut in a screen the next refresh shows whole)."""
+    last = None
+    for _ in range(40):
+        await pilot.pause()
+        shot = _shot(app)
+        if shot == last:
+            break
+        last = shot
+    return shot
+
+
 async def _screens(app, size, keys) -> list[str]:
     """The screen after loading, then after each key of ``keys`` (a pane, a modal)."""
     shots = []
     async with app.run_test(size=size) as pilot:
         await app.workers.wait_for_complete()
-        await pilot.pause()
-        shots.append(_shot(app))
+        shots.append(await _settled(app, pilot))
         for k in keys:
             await pilot.press(k)
-            await pilot.pause()
-            shots.append(_shot(app))
+            shots.append(await _settled(app, pilot))
             if type(app.screen).__name__ == "StepsScreen":   # the plot fits its modal: no row wraps
                 whole = {ln.strip() for ln in app.screen.lines} | {""}
                 rows = [ln.strip("│ ▄▀▁▂▃▅▆▇█▉▊▋▌▍▎▏") for ln in shots[-1].splitlines()[1:-1]]
