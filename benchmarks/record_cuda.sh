@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())"
   nproc; } > "$work/machine.txt" 2>&1
 cat "$work/machine.txt"
-for which in ${KINDS:-startup_in_window startup_no_steps no_cuda_activity}; do
+for which in ${KINDS:-startup_in_window startup_no_steps no_cuda_activity copies_only}; do
   [ "$which" = none ] && continue
   python3 reference_jobs/cuda_profile_kinds.py --out "$work/kinds" --which $which 2>&1 | grep -v USDT
 done

@@ -133,3 +133,24 @@ def test_start_up_inside_the_window_is_set_aside():
     fixable = sum(v for c, v in g.by_cause.items() if c != "other")
     assert f.impact_us <= fixable - g.startup_idle_us + 1e-6
     assert f.severity != "error"  # four steps, one of them start-up: not enough to fail a gate
+
+
+def test_a_copies_only_device_timeline_is_read_as_a_device_timeline():
+    """--which copies_only (recorded on an H200): a loop that stages a batch on the GPU and reads 64 rows back
+    one .cpu() at a time, with no arithmetic on the device: 264 copies and no kernel. It is a device
+    timeline (the copies are busy time, their syncs are found), and what idles the device is said in the
+    words of what it runs: copies, and a fix that batches them, not fused kernels."""
+    a = open_analysis(TRACES / "cuda" / "copies_only", use_summaries=False)
+    kind = a.job.input_kind
+    assert kind.device == "copies-only" and kind.device_known and kind.steps == "profiler-step"
+    assert a.mean is not None and a.mean.duration_us > 0
+    f = {x.id: x for x in a.findings}
+    idle, sync = f["gpu-idle"], f["host-sync"]
+    text = " ".join([idle.title, idle.summary, idle.fix] + [e.text for e in idle.evidence])
+    assert "kernel" not in text.lower() and "copies" in idle.fix
+    assert "copies" in sync.summary and "kernels" not in sync.summary
+    (g,) = a.signals.gpu_idle
+    busy = a.mean.duration_us - g.idle_us
+    assert busy > 0  # the copies are device work: the device is not 100 % idle
+    # the idle's saving never exceeds the idle
+    assert idle.impact_us <= g.idle_us + 1e-6

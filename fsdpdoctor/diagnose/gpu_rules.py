@@ -39,9 +39,26 @@ CAUSE_FIX = {
                 "to every Python call and inflate host time",
     "other": "Look at what the host does between steps at the source lines shown (logging, checkpoint I/O, sleeps)",
 }
+# A device timeline of copies only (no kernel: a staging or read-back loop) is idle for the same reasons,
+# but what the host launches there is copies, and the fix that gives the device more per call is fewer,
+# larger copies, not fused kernels.
+COPIES_LAUNCH_LABEL = "issuing copies one call at a time (Python and dispatch overhead, no work queued)"
+COPIES_LAUNCH_FIX = ("Move data in fewer, larger copies: read a result back once rather than piece by piece (one "
+                     ".cpu() of the whole tensor, or a copy into a pinned buffer with non_blocking=True and one "
+                     "synchronize), stage batches whole, and keep values on the device between steps")
 SHORT = {"launch": "kernel launch overhead", "host_sync": "host syncs", "data_loading": "data loading",
          "collective_wait": "collective waits", "host_compute": "host compute", "profiler": "profiler overhead",
          "other": "other host work"}
+
+
+def _words(ctx: RuleContext) -> dict[str, str]:
+    """What the device runs, in the finding's words: kernels, or copies where the timeline holds no kernel."""
+    kind = ctx.a.job.input_kind
+    if kind is not None and kind.device == "copies-only":
+        return {"work": "copies", "Work": "Copies", "queue": "copy queue", "short": "copy launch overhead",
+                "label": COPIES_LAUNCH_LABEL, "fix": COPIES_LAUNCH_FIX, "none": "No copy"}
+    return {"work": "kernels", "Work": "Kernels", "queue": "kernel queue", "short": SHORT["launch"],
+            "label": CAUSE_LABEL["launch"], "fix": CAUSE_FIX["launch"], "none": "No kernel"}
 
 
 def _idle_per_step(idles, causes) -> list[float]:
@@ -69,20 +86,22 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
         # the cause named and its fix are the largest of the rest
         m = {**m, "host_compute": max(m["host_compute"] - off[2], 0.0)}
         cause = max(FIXABLE, key=lambda c: m[c])
+    w = _words(ctx)
+    short, label = {**SHORT, "launch": w["short"]}, {**CAUSE_LABEL, "launch": w["label"]}
     delays = [g.queue_delay_median_us for g in idles if g.queue_delay_median_us is not None]
     empty = [g.queue_empty_frac for g in idles if g.queue_empty_frac is not None]
-    split = ", ".join(f"{SHORT[c]} {ms(m[c])}" for c in sorted(m, key=lambda c: -m[c])
+    split = ", ".join(f"{short[c]} {ms(m[c])}" for c in sorted(m, key=lambda c: -m[c])
                       if c != "_idle" and m[c] >= 0.005 * ctx.step_us)
     ev = [Evidence(f"GPU idle {ms(m['_idle'])} per step ({pct(ctx.frac(m['_idle']))}): {split}",
                    time_us=m["_idle"])]
     if delays:
-        ev.append(Evidence(f"kernel queue: median {delays[len(delays) // 2]:.0f} us from launch to start; "
-                           f"{pct(sum(empty) / len(empty))} of kernels started within "
+        ev.append(Evidence(f"{w['queue']}: median {delays[len(delays) // 2]:.0f} us from launch to start; "
+                           f"{pct(sum(empty) / len(empty))} of {w['work']} started within "
                            f"{QUEUE_EMPTY_US:.0f} us of their launch (queue empty)"))
     ev += [Evidence(f"rank {g.rank}: idle {pct(g.idle_frac)} of the step, {ms(g.by_cause.get(cause, 0.0))} "
-                    f"{SHORT[cause]}", rank=g.rank, time_us=g.idle_us) for g in idles[:8]]
+                    f"{short[cause]}", rank=g.rank, time_us=g.idle_us) for g in idles[:8]]
     srcs = _where_the_host_was(ev, idles, cause)
-    fix = _fix_for(ctx, m, cause, ctx.th["gpu_idle_frac"])
+    fix = _fix_for(ctx, m, cause, ctx.th["gpu_idle_frac"], w)
     profiled = [g for g in idles if g.with_stack]
     if profiled and cause != "profiler" and m["profiler"] >= 0.01 * ctx.step_us:
         ev.append(Evidence(f"with_stack=True: about {ms(m['profiler'])} of the idle is the profiler's own cost "
@@ -92,15 +111,15 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
     # more of the idle, and then "mostly" would name the wrong one
     largest = max(SHORT, key=lambda c: m.get(c, 0.0))
     mostly = largest == cause or m.get(largest, 0.0) <= m[cause]
-    share = f"mostly {SHORT[cause]}" if mostly else f"{pct(m[cause] / m['_idle'])} of it {SHORT[cause]}"
+    share = f"mostly {short[cause]}" if mostly else f"{pct(m[cause] / m['_idle'])} of it {short[cause]}"
     title = (f"GPU idle {pct(ctx.frac(m['_idle']))} of the step, {share}"
              + (" (host-bound)" if bound and cause != "data_loading" else ""))
-    summary = (f"No kernel runs on any stream for {ms(m['_idle'])} per step. "
-               + (f"Most of it the host was {CAUSE_LABEL[cause]}." if mostly else
-                  f"For {ms(m[cause])} of it the host was {CAUSE_LABEL[cause]}; the most of it "
-                  f"({ms(m[largest])}) is {CAUSE_LABEL[largest]}, which the fix below does not shorten.")
-               + (" Kernels start right after they are launched: the GPU waits for the host, not the other way "
-                  "round." if bound else ""))
+    summary = (f"{w['none']} runs on any stream for {ms(m['_idle'])} per step. "
+               + (f"Most of it the host was {label[cause]}." if mostly else
+                  f"For {ms(m[cause])} of it the host was {label[cause]}; the most of it "
+                  f"({ms(m[largest])}) is {label[largest]}, which the fix below does not shorten.")
+               + (f" {w['Work']} start right after they are launched: the GPU waits for the host, not the other "
+                  "way round." if bound else ""))
     startup = sum(g.startup_idle_us for g in idles) / len(idles)
     if startup > 0 and not input_bound:
         # one-time initialisation (context, cuBLAS handles, module load) is no launch cost: no fix saves it
@@ -110,7 +129,7 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
                               "aside, not counted as a saving", time_us=startup))
         if startup >= 0.5 * m[cause]:
             title = f"GPU idle {pct(ctx.frac(m['_idle']))} of the step, mostly one-time start-up"
-            summary = (f"No kernel runs on any stream for {ms(m['_idle'])} per step; {ms(startup)} of it is one-time "
+            summary = (f"{w['none']} runs on any stream for {ms(m['_idle'])} per step; {ms(startup)} of it is one-time "
                        f"initialisation inside single runtime calls ({', '.join(calls)}), orders of magnitude "
                        "longer than the others: context creation, library handles or a module load, which the "
                        f"job pays once. The rest ({ms(impact)} per step) is what a fix could save.")
@@ -161,16 +180,17 @@ def _where_the_host_was(ev: list[Evidence], idles, cause: str) -> list[tuple[str
     return srcs
 
 
-def _fix_for(ctx: RuleContext, m: dict, cause: str, finding_frac: float) -> str:
+def _fix_for(ctx: RuleContext, m: dict, cause: str, finding_frac: float, words: dict[str, str]) -> str:
     """The fix of the cause named, and of the next largest fixable cause when that alone would be a
     finding (``finding_frac`` of the step: the rule's gpu_idle_frac)."""
-    fix = CAUSE_FIX[cause]
+    fixes = {**CAUSE_FIX, "launch": words["fix"]}
+    fix = fixes[cause]
     if cause == "launch" and ctx.a.job.wrapping in ("fsdp1", "fsdp2"):
         # FSDP's hooks do host work per unit (and FSDP2 per parameter) in every forward and backward
         fix += "; with FSDP, fewer and larger units (wrap blocks, not single layers) cut the per-unit hook work"
     second = sorted((c for c in FIXABLE if c != cause), key=lambda c: -m[c])[0]
     if ctx.frac(m[second]) >= finding_frac:
-        fix += f"; then for {CAUSE_LABEL[second].split(' (')[0]}: {CAUSE_FIX[second]}"
+        fix += f"; then for {CAUSE_LABEL[second].split(' (')[0]}: {fixes[second]}"
     return fix
 
 

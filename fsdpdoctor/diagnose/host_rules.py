@@ -277,7 +277,8 @@ def host_sync(ctx: RuleContext) -> list[Finding]:
         label = ", ".join(".item()" if "local_scalar" in n else n for n in names[:3])
         where = f"your code at {src}" if src else "code outside DDP/FSDP/optimizer internals (no user frame found)"
         kind = ctx.a.job.input_kind
-        cost = ("Each one blocks the host until the queued kernels finish, so the next kernels launch late and "
+        work = "copies" if kind is not None and kind.device == "copies-only" else "kernels"
+        cost = (f"Each one blocks the host until the queued {work} finish, so the next {work} launch late and "
                 "the GPU idles." if device else
                 f"The device time it costs is unknown: {kind.unknown[-1]}." if kind is not None and kind.unknown
                 and not kind.device_known else
