@@ -35,6 +35,8 @@ DEFAULTS = {
     "resident_data": False,         # one batch made once on the device and reused (no loader in the step)
     "offload": False,               # FSDP2 CPUOffloadPolicy (parameters and optimizer step on the host)
     "checkpoint": False,            # mlp: torch.utils.checkpoint around every block (recomputed in backward)
+    "readback": 0,                  # per-sample losses read back every step: this many values
+    "readback_batched": False,      # ... in one copy (.tolist()), not one .item() per value
 }
 
 PAIRS: dict[str, dict] = {
@@ -118,6 +120,13 @@ CUDA_PAIRS: dict[str, dict] = {
         case="FSDP2 with CPUOffloadPolicy (wide residual MLP on one GPU); fix: no offload",
         fault={"wrap": "fsdp2", "width": 4, "batch": 512, "resident_data": True, "offload": True},
         fix={"wrap": "fsdp2", "width": 4, "batch": 512, "resident_data": True}),
+    "cuda_readback": dict(
+        model="mlp", world=1, device="cuda", expect="host-sync",
+        case="64 per-sample losses read back one .item() at a time every step, for logging (residual MLP on one "
+             "GPU, no wrapper); fix: the same values read back in one copy (.tolist())",
+        fault={"wrap": "none", "width": 4, "batch": 256, "resident_data": True, "readback": 64},
+        fix={"wrap": "none", "width": 4, "batch": 256, "resident_data": True, "readback": 64,
+             "readback_batched": True}),
     "cuda_recompute": dict(
         model="mlp", world=1, device="cuda", expect="activation-recompute",
         case="activation checkpointing of every block (wide residual MLP on one GPU, no wrapper); fix: no "

@@ -264,8 +264,16 @@ def build(pair_name: str, variant: str, rank: int, world: int, steps: int, devic
             straggler_sleep(p["sleep_ms"])
         ctx = model.no_sync() if use_no_sync and m < accum - 1 else contextlib.nullcontext()
         with ctx:
-            loss = F.cross_entropy(model(x), y) / accum
+            if p["readback"]:
+                per_sample = F.cross_entropy(model(x), y, reduction="none")
+                loss = per_sample.mean() / accum
+            else:
+                loss = F.cross_entropy(model(x), y) / accum
             loss.backward()
+        if p["readback"]:  # per-sample values logged every step: one copy and one sync per value, or one in all
+            rows = per_sample.detach()[:int(p["readback"])]
+            logged = rows.tolist() if p["readback_batched"] else [v.item() for v in rows]
+            del logged
         return loss
 
     def train_step():
