@@ -164,6 +164,37 @@ def dominant_idle_cause(ctx: RuleContext) -> str | None:
     return v[2] if v else None
 
 
+# ------------------------------------------------------------------ host syncs
+def reported_syncs(ctx: RuleContext) -> list[tuple[str | None, list, float]]:
+    """The host syncs the host-sync rule reports: (source line, its HostSync records, calls per rank and
+    step) for each source line called at least ``host_sync_per_step`` times a step."""
+    return ctx.cached("reported_syncs", lambda: _reported_syncs(ctx))
+
+
+def _reported_syncs(ctx: RuleContext) -> list[tuple[str | None, list, float]]:
+    syncs = ctx.a.signals.host_syncs if ctx.a.signals else []
+    nsteps = max(len(ctx.a.job.steps), 1)
+    by_src: dict[str | None, list] = {}
+    for h in syncs:
+        by_src.setdefault(h.source, []).append(h)
+    out = []
+    for src, hs in by_src.items():
+        per_rank_step = sum(h.count for h in hs) / nsteps / max(len({h.rank for h in hs}), 1)
+        if per_rank_step >= ctx.table["host_sync_per_step"]:
+            out.append((src, hs, per_rank_step))
+    return out
+
+
+def reported_sync_idle_us(ctx: RuleContext) -> float:
+    """Device idle per step (mean over ranks) after the host syncs that host-sync reports: that finding's
+    saving, which its fix (no sync in the step) removes and gpu-idle's (more work per launch) does not."""
+    if not ctx.traits.device_timeline:
+        return 0.0
+    nsteps = max(len(ctx.a.job.steps), 1)
+    return sum(sum(h.bubble_us for h in hs) / nsteps / max(len({h.rank for h in hs}), 1)
+               for _, hs, _ in reported_syncs(ctx))
+
+
 # ------------------------------------------------------------------ setup
 NO_BACKEND = (None, "", "undefined", "none")
 

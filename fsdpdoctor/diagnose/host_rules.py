@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsdpdoctor.diagnose.facts import (
-    dominant_idle_cause, own_work_frame, straggler_verdict, straggler_wait_us,
+    dominant_idle_cause, own_work_frame, reported_syncs, straggler_verdict, straggler_wait_us,
 )
 from fsdpdoctor.diagnose.framework import RuleContext, rule
 from fsdpdoctor.diagnose.noise import per_step
@@ -257,18 +257,9 @@ def _straggler_explains_comm(ctx: RuleContext) -> float:
 
 @rule(ids=("host-sync",), thresholds=("host_sync_per_step",))
 def host_sync(ctx: RuleContext) -> list[Finding]:
-    syncs = ctx.a.signals.host_syncs if ctx.a.signals else []
-    if not syncs:
-        return []
     nsteps = max(len(ctx.a.job.steps), 1)
-    by_src: dict[str | None, list] = {}
-    for h in syncs:
-        by_src.setdefault(h.source, []).append(h)
     out = []
-    for src, hs in by_src.items():
-        per_rank_step = sum(h.count for h in hs) / nsteps / max(len({h.rank for h in hs}), 1)
-        if per_rank_step < ctx.th["host_sync_per_step"]:
-            continue
+    for src, hs, per_rank_step in reported_syncs(ctx):
         nranks = max(len({h.rank for h in hs}), 1)
         device = ctx.traits.device_timeline
         # device traces: the bubble after each sync; host-only traces: nothing waits, the finding is structural
