@@ -37,8 +37,12 @@ def _ids(run: Path) -> dict[str, object]:
 @pytest.mark.parametrize("pair", sorted(CUDA_PAIRS))
 def test_the_finding_fires_on_the_fault_and_not_on_the_fix(pair):
     expect = CUDA_PAIRS[pair]["expect"]
-    assert expect in _ids(PAIRS_DIR / pair / "fault")
-    assert expect not in _ids(PAIRS_DIR / pair / "fix")
+    fault, fix = _ids(PAIRS_DIR / pair / "fault"), _ids(PAIRS_DIR / pair / "fix")
+    assert expect in fault
+    if pair == "cuda_readback":  # the fix reads the 64 values in one copy: one sync a step is left, priced ~0
+        assert fix[expect].impact_us <= 0.1 * fault[expect].impact_us
+    else:
+        assert expect not in fix
 
 
 def test_offload_counts_the_optimizer_on_the_host_once():
@@ -71,14 +75,16 @@ def test_analyse_stage_on_the_bundled_gpu_recordings(tmp_path):
     cal = _calibrate()
     out, doc = tmp_path / "r.json", tmp_path / "impact-cuda.md"
     rc = cal.main(["--device", "cuda", "--stage", "analyse", "--work", str(PAIRS_DIR), "--reps", "5",
-                   "--steps", "20", "--active", "4", "--pairs", "cuda_offload,cuda_loader_workers,cuda_host_sync,cuda_recompute",
+                   "--steps", "20", "--active", "4", "--pairs",
+                   "cuda_offload,cuda_loader_workers,cuda_host_sync,cuda_recompute,cuda_readback",
                    "--doc", str(doc), "--json", str(out), "--machine", "H200"])
     assert rc == 0
     by = {r["pair"]: r for r in json.loads(out.read_text())["pairs"]}
-    for name in ("cuda_offload", "cuda_loader_workers", "cuda_host_sync", "cuda_recompute"):
+    for name in ("cuda_offload", "cuda_loader_workers", "cuda_host_sync", "cuda_recompute", "cuda_readback"):
         r = by[name]
         assert "error" not in r, r
-        assert r["found_on_fault"] and not r["found_on_fix"]
+        # the readback's fix reads the values once a step: one sync left, so host-sync stays on it
+        assert r["found_on_fault"] and (name == "cuda_readback" or not r["found_on_fix"])
         assert len(r["fault_step_us"]) == len(r["fix_step_us"]) == 5
         assert r["verdict"] == "holds", (name, r["predicted_us"], r["measured_us"], r["measured_interval_us"])
     text = doc.read_text()
@@ -154,3 +160,20 @@ def test_a_copies_only_device_timeline_is_read_as_a_device_timeline():
     assert busy > 0  # the copies are device work: the device is not 100 % idle
     # the idle's saving never exceeds the idle
     assert idle.impact_us <= g.idle_us + 1e-6
+
+
+def test_many_small_readbacks_are_priced_once():
+    """cuda_readback's fault (64 .item() a step, recorded on an H200): the idle after the syncs is host-sync's
+    saving and gpu-idle says it leaves it out, so the roots' shared budget does not cut host-sync to a
+    fraction (it did: 0.2 ms against the 0.6 ms the bare runs measured); and the bubble is less than the idle
+    after the syncs with only the per-frame cost set aside (the profiler's cost per op and runtime call)."""
+    a = open_analysis(PAIRS_DIR / "cuda_readback" / "fault", use_summaries=False)
+    f = {x.id: x for x in a.findings}
+    hs, gi = f["host-sync"], f["gpu-idle"]
+    assert any("counted there, not here" in e.text for e in gi.evidence)
+    assert not any("impact limited" in e.text for e in hs.evidence)
+    (g,) = a.signals.gpu_idle
+    fixable = sum(v for c, v in g.by_cause.items() if c != "other")
+    assert gi.impact_us + hs.impact_us <= fixable + 1e-6  # the same idle is not promised twice
+    (h,) = [h for h in a.signals.host_syncs if h.count >= 64 * 4]
+    assert hs.impact_us == pytest.approx(h.bubble_us / 4, rel=1e-6)

@@ -327,6 +327,14 @@ class RankContext:
         t = self.t
         return np.sort(t.ts[(t.cat == PYFUNC) & np.isin(t.track, self.compute_tracks)])
 
+    @cached_property
+    def host_event_starts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Start of every torch op and of every CUDA runtime call on the compute threads, each sorted: the
+        profiler's own cost is counted per event where a saving is host time (signals.host_syncs)."""
+        t = self.t
+        host = np.isin(t.track, self.compute_tracks)
+        return np.sort(t.ts[(t.cat == CPU_OP) & host]), np.sort(t.ts[(t.cat == RUNTIME) & host])
+
     def sync_reach(self, rows: np.ndarray) -> np.ndarray:
         """How far past its return each sync in ``rows`` can have kept the device idle: as long as the host
         was blocked in it. Without the sync the host would have queued the next kernels that much earlier

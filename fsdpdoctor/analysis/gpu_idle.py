@@ -49,6 +49,14 @@ QUEUE_EMPTY_US = 50.0
 # Host time the profiler adds per recorded Python frame with with_stack=True: measured 200k calls of
 # a trivial Python function under torch.profiler (torch 2.13, CPU): 0.10 us/call without, 0.59 with.
 STACK_EVENT_COST_US = 0.5
+# On a GPU machine the profiler (CPU and CUDA activities, record_shapes, with_stack, as capture records)
+# also adds host time per recorded torch op and per traced CUDA runtime call: fitted over bare against
+# profiled loops of one call kind each (benchmarks/profiler_cost_cuda.py on an H200's host, torch
+# 2.11+cu130: a view op +1.6 us, an empty +2.5 us, an add_ launch +3.7 us, an .item() +11.8 us; 1.6 us an
+# op, 1.2 us a runtime call, the frame's 0.9 us besides; the .item() loop's sync adds 2 us more than the fit).
+# Set aside where a saving is the host's own time between syncs (signals.host_syncs), in traces with stacks.
+OP_EVENT_COST_US = 1.5
+RUNTIME_EVENT_COST_US = 1.2
 # stream capture records a CUDA graph: kernels launched inside it are queued into the graph, not run
 CAPTURE_BEGIN = ("cudaStreamBeginCapture", "hipStreamBeginCapture")
 CAPTURE_END = ("cudaStreamEndCapture", "hipStreamEndCapture")

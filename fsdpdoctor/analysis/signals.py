@@ -10,7 +10,7 @@ import numpy as np
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis.breakdown import StepWindow
 from fsdpdoctor.analysis.context import RankContext, is_user_frame
-from fsdpdoctor.analysis.gpu_idle import STACK_EVENT_COST_US, starts_inside
+from fsdpdoctor.analysis.gpu_idle import OP_EVENT_COST_US, RUNTIME_EVENT_COST_US, STACK_EVENT_COST_US, starts_inside
 from fsdpdoctor.analysis.rankresult import DdpCounts
 from fsdpdoctor.results import Collective, DataLoaderInfo, DdpInfo, HostSync, StepBreakdown
 from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, PYFUNC
@@ -89,12 +89,21 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
             # waiting for a batch inside that span is the loader's (the GPU idle cause order puts it first),
             # and with stacks the profiler's own cost per Python frame recorded there is the profiler's
             idle = iv.subtract(iv.subtract(gaps, dev_busy), ctx.dataloader_set) if len(gaps) else iv.EMPTY
-            frames = starts_inside(ctx.stack_starts, idle)
-            bubble = max(iv.total(idle) - frames * STACK_EVENT_COST_US, 0.0) if len(idle) else 0.0
+            bubble = max(iv.total(idle) - _profiler_cost(ctx, idle), 0.0) if len(idle) else 0.0
         out.append(HostSync(rank=t.rank, name=name, count=len(rows), total_us=float(t.dur[rows].sum()),
                             steps=steps, source=src, bubble_us=bubble))
     out.sort(key=lambda h: -h.count)
     return out
+
+
+def _profiler_cost(ctx: RankContext, spans: np.ndarray) -> float:
+    """The profiler's own host time inside ``spans``: per Python frame recorded there, and with stacks
+    (a trace recorded as capture records) per torch op and CUDA runtime call too (analysis/gpu_idle.py)."""
+    cost = starts_inside(ctx.stack_starts, spans) * STACK_EVENT_COST_US
+    if ctx.t.has_stacks:
+        ops, runtime = ctx.host_event_starts
+        cost += starts_inside(ops, spans) * OP_EVENT_COST_US + starts_inside(runtime, spans) * RUNTIME_EVENT_COST_US
+    return cost
 
 
 def dataloader(ctx: RankContext, windows: list[StepWindow], steps: list[StepBreakdown]) -> DataLoaderInfo | None:
