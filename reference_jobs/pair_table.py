@@ -37,6 +37,8 @@ DEFAULTS = {
     "checkpoint": False,            # mlp: torch.utils.checkpoint around every block (recomputed in backward)
     "readback": 0,                  # per-sample losses read back every step: this many values
     "readback_batched": False,      # ... in one copy (.tolist()), not one .item() per value
+    "host_batch": False,            # one batch made once on the host, copied to the device every step
+    "pin": True,                    # ... from pinned memory (non_blocking); False: pageable memory
 }
 
 PAIRS: dict[str, dict] = {
@@ -127,6 +129,12 @@ CUDA_PAIRS: dict[str, dict] = {
         fault={"wrap": "none", "width": 4, "batch": 256, "resident_data": True, "readback": 64},
         fix={"wrap": "none", "width": 4, "batch": 256, "resident_data": True, "readback": 64,
              "readback_batched": True}),
+    "cuda_pageable_copy": dict(
+        model="mlp", world=1, device="cuda", expect="offload-exposed",
+        case="a 50 MB batch held in pageable host memory, copied to the device every step (residual MLP on one "
+             "GPU, no wrapper); fix: the batch in pinned memory, copied with non_blocking=True",
+        fault={"wrap": "none", "width": 2, "batch": 16384, "host_batch": True, "pin": False},
+        fix={"wrap": "none", "width": 2, "batch": 16384, "host_batch": True}),
     "cuda_recompute": dict(
         model="mlp", world=1, device="cuda", expect="activation-recompute",
         case="activation checkpointing of every block (wide residual MLP on one GPU, no wrapper); fix: no "

@@ -245,7 +245,8 @@ def build(pair_name: str, variant: str, rank: int, world: int, steps: int, devic
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     length = round(BASE_LEN * p["lengths"][min(rank, len(p["lengths"]) - 1)])
     accum, batch = int(p["accum"]), int(p["batch"])
-    ds = Synthetic(pair["model"], batch * (1 if p["resident_data"] else accum * (steps + 2)), rank, length,
+    one_batch = p["resident_data"] or p["host_batch"]
+    ds = Synthetic(pair["model"], batch * (1 if one_batch else accum * (steps + 2)), rank, length,
                    p["item_sleep_ms"])
     nw = int(p["num_workers"])
     loader = DataLoader(ds, batch_size=batch, num_workers=nw, persistent_workers=nw > 0, drop_last=True,
@@ -253,6 +254,10 @@ def build(pair_name: str, variant: str, rank: int, world: int, steps: int, devic
     if p["resident_data"]:  # one batch on the device, reused: the step holds no data loading at all
         resident = tuple(t.to(device) for t in next(iter(loader)))
         it = iter(lambda: resident, None)
+    elif p["host_batch"]:  # one batch on the host, copied to the device every step (pinned or pageable)
+        held = tuple(t.clone().pin_memory() if p["pin"] and device.type == "cuda" else t.clone()
+                     for t in next(iter(loader)))
+        it = iter(lambda: held, None)
     else:
         it = iter(loader)
     use_no_sync = p["wrap"] == "ddp" and p["no_sync"] and accum > 1

@@ -97,10 +97,11 @@ def host_syncs(ctx: RankContext, windows: list[StepWindow]) -> list[HostSync]:
 
 
 def _profiler_cost(ctx: RankContext, spans: np.ndarray) -> float:
-    """The profiler's own host time inside ``spans``: per Python frame recorded there, and with stacks
-    (a trace recorded as capture records) per torch op and CUDA runtime call too (analysis/gpu_idle.py)."""
+    """The profiler's own host time inside ``spans``: per Python frame recorded there, and in a GPU trace
+    with stacks (as capture records it, where the per-event costs were measured) per torch op and CUDA
+    runtime call too (analysis/gpu_idle.py)."""
     cost = starts_inside(ctx.stack_starts, spans) * STACK_EVENT_COST_US
-    if ctx.t.has_stacks:
+    if ctx.t.has_stacks and len(ctx.device_rows):
         ops, runtime = ctx.host_event_starts
         cost += starts_inside(ops, spans) * OP_EVENT_COST_US + starts_inside(runtime, spans) * RUNTIME_EVENT_COST_US
     return cost
@@ -151,11 +152,11 @@ def _ddp_frames(ctx: RankContext, func: str) -> np.ndarray:
 
 def _per_window(ctx: RankContext, s: np.ndarray, windows: list[StepWindow] | None) -> dict[int, float]:
     """The time of the interval set ``s`` in each analysed window, less the profiler's own cost of the
-    Python frames recorded inside it (``STACK_EVENT_COST_US`` each): what it takes without the profiler."""
+    events recorded inside it (``_profiler_cost``): what it takes without the profiler."""
     out: dict[int, float] = {}
     for w in windows or ():
         part = iv.clip(s, w.start, w.end)
-        own = iv.total(part) - starts_inside(ctx.stack_starts, part) * STACK_EVENT_COST_US if len(part) else 0.0
+        own = iv.total(part) - _profiler_cost(ctx, part) if len(part) else 0.0
         out[w.step if w.step is not None else -1] = max(float(own), 0.0)
     return out
 
