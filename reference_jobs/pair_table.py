@@ -123,14 +123,14 @@ CUDA_PAIRS: dict[str, dict] = {
         fault={"wrap": "fsdp2", "width": 4, "batch": 512, "resident_data": True, "offload": True},
         fix={"wrap": "fsdp2", "width": 4, "batch": 512, "resident_data": True}),
     "cuda_readback": dict(
-        model="mlp", world=1, device="cuda", expect="host-sync",
+        model="mlp", world=1, device="cuda", expect="host-sync", residual=True,
         case="64 per-sample losses read back one .item() at a time every step, for logging (residual MLP on one "
              "GPU, no wrapper); fix: the same values read back in one copy (.tolist())",
         fault={"wrap": "none", "width": 4, "batch": 256, "resident_data": True, "readback": 64},
         fix={"wrap": "none", "width": 4, "batch": 256, "resident_data": True, "readback": 64,
              "readback_batched": True}),
     "cuda_pageable_copy": dict(
-        model="mlp", world=1, device="cuda", expect="offload-exposed",
+        model="mlp", world=1, device="cuda", expect="offload-exposed", residual=True,
         case="a 50 MB batch held in pageable host memory, copied to the device every step (residual MLP on one "
              "GPU, no wrapper); fix: the batch in pinned memory, copied with non_blocking=True",
         fault={"wrap": "none", "width": 2, "batch": 16384, "host_batch": True, "pin": False},
