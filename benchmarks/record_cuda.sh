@@ -21,7 +21,7 @@ for which in ${KINDS:-startup_in_window startup_no_steps no_cuda_activity copies
   python3 reference_jobs/cuda_profile_kinds.py --out "$work/kinds" --which $which 2>&1 | grep -v USDT
 done
 [ -n "$tars" ] && [ -d "$work/kinds" ] && tar czf "$tars/kinds.tgz" -C "$work" kinds machine.txt
-for pair in ${PAIRS:-cuda_host_sync cuda_ddp_world_size_1 cuda_offload cuda_loader_workers cuda_recompute cuda_readback cuda_pageable_copy}; do
+for pair in ${PAIRS:-cuda_host_sync cuda_ddp_world_size_1 cuda_offload cuda_loader_workers cuda_recompute cuda_readback cuda_pageable_copy cuda_launch_bound}; do
   [ "$pair" = none ] && continue
   python3 benchmarks/calibrate.py --device cuda --stage record --work "$work/pairs" --pairs "$pair" \
     --reps 5 --steps 20 --active 4 --json "$work/pairs/$pair.record.json" 2>&1 | grep -v USDT

@@ -39,6 +39,8 @@ DEFAULTS = {
     "readback_batched": False,      # ... in one copy (.tolist()), not one .item() per value
     "host_batch": False,            # one batch made once on the host, copied to the device every step
     "pin": True,                    # ... from pinned memory (non_blocking); False: pageable memory
+    "cuda_graph": False,            # the whole step (forward, backward, AdamW(capturable=True)) replayed as
+                                    # one CUDA graph (needs resident_data and a GPU)
 }
 
 PAIRS: dict[str, dict] = {
@@ -135,6 +137,12 @@ CUDA_PAIRS: dict[str, dict] = {
              "GPU, no wrapper); fix: the batch in pinned memory, copied with non_blocking=True",
         fault={"wrap": "none", "width": 2, "batch": 16384, "host_batch": True, "pin": False},
         fix={"wrap": "none", "width": 2, "batch": 16384, "host_batch": True}),
+    "cuda_launch_bound": dict(
+        model="mlp", world=1, device="cuda", expect="gpu-idle",
+        case="a small residual MLP (batch 64, width 256) stepped eagerly: the GPU waits for the host to launch "
+             "each kernel (one GPU, no wrapper); fix: the whole step captured once as a CUDA graph and replayed",
+        fault={"wrap": "none", "width": 1, "batch": 64, "resident_data": True},
+        fix={"wrap": "none", "width": 1, "batch": 64, "resident_data": True, "cuda_graph": True}),
     "cuda_recompute": dict(
         model="mlp", world=1, device="cuda", expect="activation-recompute",
         case="activation checkpointing of every block (wide residual MLP on one GPU, no wrapper); fix: no "

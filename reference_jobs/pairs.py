@@ -292,7 +292,32 @@ def build(pair_name: str, variant: str, rank: int, world: int, steps: int, devic
         opt.zero_grad(set_to_none=True)
 
     model.train()
+    if p["cuda_graph"]:
+        replay, opt = _graphed(model, micro_step, device)
+        return replay, model, opt, p
     return train_step, model, opt, p
+
+
+def _graphed(model, micro_step, device: torch.device):
+    """The whole step as one CUDA graph (torch.cuda.graphs, "whole network capture"): warmed up on a side
+    stream, captured once with a capturable AdamW, then each step is one replay."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=True)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        micro_step(0)
+        opt.step()
+
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay, opt
 
 
 def timed(train_step, steps: int, device: torch.device) -> list[float]:
