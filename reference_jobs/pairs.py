@@ -317,7 +317,12 @@ def _graphed(model, micro_step, device: torch.device):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    return graph.replay, opt
+
+    def replay():
+        graph.replay()
+
+    replay.keep = (graph, step)  # the graph reads the tensors step's closures hold: they must outlive it
+    return replay, opt
 
 
 def timed(train_step, steps: int, device: torch.device) -> list[float]:
