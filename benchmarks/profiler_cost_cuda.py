@@ -46,7 +46,20 @@ def _loops(dev):
         for i in range(N):
             big[i % 1024].item()
 
-    return {"add": add, "empty": empty, "view": view, "item": item}
+    def f():
+        x.add_(1)
+
+    def pyfunc():  # the add_ launch inside a Python function: one more Python frame
+        for _ in range(N):
+            f()
+
+    lin = torch.nn.Linear(16, 16, device=dev)
+
+    def module():  # an nn.Module call: its Python frames, a linear's ops and launches
+        for _ in range(N):
+            lin(x)
+
+    return {"add": add, "empty": empty, "view": view, "item": item, "pyfunc": pyfunc, "module": module}
 
 
 def _bare(fn) -> float:
