@@ -36,6 +36,7 @@ import jobkit  # noqa: E402
 from pair_table import ALL_PAIRS, VARIANTS, params  # noqa: E402
 
 CLASSES, IMAGE, BASE_LEN, VOCAB = 10, 32, 32, 1000
+BARE_AFTER = 8   # GPU captures: unprofiled steps after the window (analysis/profiler_cost.MIN_BARE_STEPS: 5)
 
 
 # --------------------------------------------------------------------------- models
@@ -374,7 +375,10 @@ def main(argv=None) -> int:
             Path(args.times).write_text(json.dumps({"pair": args.pair, "world": world, "blocks": blocks}))
         steps, elapsed = 2 * args.blocks * args.block_steps, sum(sum(b["step_s"]) for b in blocks)
         return jobkit.finish(args, steps, world, elapsed, barrier=dist.is_initialized())
-    steps = args.steps if args.steps is not None else args.wait + args.warmup + args.active + 1
+    # on a GPU, unprofiled steps after the window: the step series then measures what the profiler added
+    # (analysis/profiler_cost.py), which a host-bound step's idle holds
+    after = BARE_AFTER if device.type == "cuda" else 0
+    steps = args.steps if args.steps is not None else args.wait + args.warmup + args.active + 1 + after
     train_step, model, opt, p = build(args.pair, args.variant, rank, world, steps, device)
     if args.no_profile:
         times = timed(train_step, steps, device)

@@ -21,6 +21,7 @@ from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis import issuers as issuers_mod
 from fsdpdoctor.analysis import periodic as periodic_mod
 from fsdpdoctor.analysis import prefetch as prefetch_mod
+from fsdpdoctor.analysis import profiler_cost as profiler_cost_mod
 from fsdpdoctor.analysis import recompute as recompute_mod
 from fsdpdoctor.analysis import setup as setup_mod
 from fsdpdoctor.analysis import signals as signals_mod
@@ -291,6 +292,8 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     if run_dir is not None and not (run_dir / "steps").is_dir() and (run_dir.parent / "steps").is_dir():
         run_dir = run_dir.parent   # a window-<step> folder: the series is the run's
     periodic = periodic_mod.find(summaries, {r.rank: r.step_frames for r in kept}, run_dir, manifest)
+    if traits.device_timeline:  # a host-bound device idles for all the profiler adds: gpu-idle sets it aside
+        sig.profiler_cost = profiler_cost_mod.measure(run_dir, manifest)
     return Analysis(source=shown(source), job=job, ranks=summaries, mean=overall,
                     collectives=collective_stats(all_colls, sum(len(v) for v in steps_by_rank.values())),
                     prefetch=prefetch, straggler=strag, notes=notes, collective_events=all_colls, signals=sig,

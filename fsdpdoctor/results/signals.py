@@ -147,6 +147,18 @@ class OffloadInfo:
 
 
 @result
+class ProfilerCost:
+    """The profiler's own cost per profiled step, measured by the job (analysis/profiler_cost.py): the
+    profiled steps' median against the unprofiled steps' median in the capture's step series."""
+
+    added_us: float             # per step, mean over ranks, >= 0
+    profiled_step_us: float
+    bare_step_us: float
+    bare_steps: int             # unprofiled steps the median rests on (the fewest of any rank)
+    ranks: int
+
+
+@result
 class Signals:
     """Structural facts the diagnosis rules read, beyond the time breakdown."""
 
@@ -158,3 +170,4 @@ class Signals:
     setup: list[RankSetup] = field(default_factory=list)
     recompute: list[RecomputeInfo] = field(default_factory=list)   # ranks with activation checkpointing
     offload: list[OffloadInfo] = field(default_factory=list)       # device-timeline ranks with H2D/D2H copies
+    profiler_cost: ProfilerCost | None = None   # measured from the run's step series, where it can be
