@@ -397,6 +397,36 @@ def test_uncategorised_tasks_on_ascend_hardware_are_read_generically_as_the_npu(
     assert out.split("\n")[1].split()[1] == "NPU" and "CPU trace" not in out
 
 
+def test_hccl_collectives_on_their_group_track_are_the_npus_communication(tmp_path):
+    """torch_npu writes HCCL's collectives on a process "HCCL" (label NPU), thread "Group N Communication",
+    one hcom_<collective>_ span each (their sub-tasks on "Plane N" threads): read as the NPU's
+    communication, exposed where no device work runs beside it. Was: left unread, the collective's
+    time counted as idle (a real 2-rank trace: 102 ms of all-reduce per step read as 0.3 ms)."""
+    ev = _host_steps()
+    ev += [{"ph": "M", "name": "process_name", "pid": 800, "tid": 0, "args": {"name": "Ascend Hardware"}},
+           {"ph": "M", "name": "process_labels", "pid": 800, "tid": 0, "args": {"labels": "NPU"}},
+           {"ph": "M", "name": "thread_name", "pid": 800, "tid": 3, "args": {"name": "Stream 3"}},
+           {"ph": "M", "name": "process_name", "pid": 810, "tid": 0, "args": {"name": "HCCL"}},
+           {"ph": "M", "name": "process_labels", "pid": 810, "tid": 0, "args": {"labels": "NPU"}},
+           {"ph": "M", "name": "thread_name", "pid": 810, "tid": 0, "args": {"name": "Group 0 Communication"}},
+           {"ph": "M", "name": "thread_name", "pid": 810, "tid": 1, "args": {"name": "Plane 0"}}]
+    for s in range(3):
+        t0 = s * 1000.0
+        ev += [{"ph": "X", "name": "aclnnMatmul_MatMulV2_MatMulV2", "pid": 800, "tid": 3, "ts": t0 + 50 + k * 100,
+                "dur": 60, "args": {"Task Type": "AI_CORE"}} for k in range(5)]
+        ev.append({"ph": "X", "name": f"hcom_allReduce__586_{s}_1", "pid": 810, "tid": 0, "ts": t0 + 560,
+                   "dur": 400, "args": {}})
+        ev += [{"ph": "X", "name": n, "pid": 810, "tid": 1, "ts": t0 + 560 + k * 200, "dur": 150, "args": {}}
+               for k, n in enumerate(("Notify Wait", "Memcpy"))]
+    path = _write(tmp_path / "trace_view.json", ev)
+    k = load_file(path).kind
+    assert (k.device, k.generic) == ("npu", True) and not k.unknown
+    a = open_analysis(path)
+    assert a.mean.comm_us == pytest.approx(400.0)  # the collective once, not its plane's sub-tasks too
+    assert a.mean.exposed_comm_us == pytest.approx(400.0)
+    assert a.mean.comm_by_kind["all_reduce"].count == 1
+
+
 def test_kernels_on_an_npu_stream_are_the_npus_not_cuda(tmp_path):
     """torch_npu's Kineto-shaped export: a process named "NPU" (label "Ascend NPU") and its "NPU stream N"
     threads hold the device's kernels: named NPU and read as a device timeline, not called CUDA."""
