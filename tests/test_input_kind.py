@@ -324,6 +324,25 @@ def test_an_xpu_recording_is_read_as_a_device_timeline_and_named(tmp_path):
     assert a.job.traits.device_timeline and a.signals.gpu_idle[0].kernels == 24
 
 
+@pytest.mark.parametrize("cat,device", [("hpu_op", "hpu"), ("privateuse1_op", "privateuse1")])
+def test_an_hpu_or_privateuse1_recording_is_named_never_a_cpu_trace(tmp_path, cat, device):
+    """Habana's Kineto activity type HPU_OP (category "hpu_op", Kineto's ActivityType table) or a
+    PrivateUse1 backend's category: spans on the device's own process are read generically and named
+    that device; the same on the host's process are named, their figures withheld. Never "CPU trace"."""
+    ev = _host_steps()
+    for s in range(3):
+        ev += [_x("matmul_fwd_bf16", s * 1000.0 + 50 + k * 200, 120, cat=cat, pid=9, tid=1) for k in range(4)]
+    a = open_analysis(_write(tmp_path / "rank0.json", ev))
+    k = a.job.input_kind
+    assert (k.device, k.generic) == (device, True) and not k.unknown
+    assert a.mean.compute_us == pytest.approx(480.0, rel=0.01)
+    for e in ev:
+        if e.get("cat") == cat:
+            e["pid"] = 1
+    a = open_analysis(_write(tmp_path / "host.json", ev))
+    assert a.job.input_kind.device == device and a.job.input_kind.unknown and a.mean is None
+
+
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
