@@ -386,19 +386,29 @@ def test_an_ascend_trace_view_is_named_npu_not_a_cpu_trace():
     assert out.split("\n")[1].split()[1] == "NPU" and "CPU trace" not in out
 
 
+def _npu_process(pid: int, name: str, threads: dict[int, str]) -> list[dict]:
+    """torch_npu's trace_view.json metadata: a process labelled NPU and its named threads."""
+    return ([{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}},
+             {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": "NPU"}}]
+            + [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": n}}
+               for tid, n in threads.items()])
+
+
+def _npu_matmuls(t0: float, n: int) -> list[dict]:
+    """``n`` AI-core matmul tasks on "Ascend Hardware" "Stream 3" (pid 800), 60 us each, 100 us apart."""
+    return [{"ph": "X", "name": "aclnnMatmul_MatMulV2_MatMulV2", "pid": 800, "tid": 3, "ts": t0 + 50 + k * 100,
+             "dur": 60, "args": {"Task Type": "AI_CORE"}} for k in range(n)]
+
+
 def test_uncategorised_tasks_on_ascend_hardware_are_read_generically_as_the_npu(tmp_path):
     """torch_npu's trace_view.json (the shape of Ascend mstt's advisor fixture): the device's tasks are
     complete events without a category on the "Ascend Hardware" process's "Stream N" thread. Read by
     shape as the NPU's spans (work, copies by name), not withheld and not called a CPU trace; the
     "Overlap Analysis" summary beside them (also labelled NPU) is not read as device work."""
-    ev = _host_steps()
-    ev += [{"ph": "M", "name": "process_name", "pid": 800, "tid": 0, "args": {"name": "Ascend Hardware"}},
-           {"ph": "M", "name": "process_labels", "pid": 800, "tid": 0, "args": {"labels": "NPU"}},
-           {"ph": "M", "name": "thread_name", "pid": 800, "tid": 3, "args": {"name": "Stream 3"}}]
+    ev = _host_steps() + _npu_process(800, "Ascend Hardware", {3: "Stream 3"})
     for s in range(3):
         t0 = s * 1000.0
-        ev += [{"ph": "X", "name": "aclnnMatmul_MatMulV2_MatMulV2", "pid": 800, "tid": 3, "ts": t0 + 50 + k * 100,
-                "dur": 60, "args": {"Task Type": "AI_CORE"}} for k in range(8)]
+        ev += _npu_matmuls(t0, 8)
         ev.append({"ph": "X", "name": "MEMCPY_ASYNC", "pid": 800, "tid": 3, "ts": t0 + 880, "dur": 40, "args": {}})
         # torch_npu's derived "Overlap Analysis" process, labelled NPU too: its Free spans are no device work
         ev += [{"ph": "X", "name": n, "pid": 900, "tid": tid, "ts": t0 + 40, "dur": 900, "args": {}}
@@ -421,18 +431,11 @@ def test_hccl_collectives_on_their_group_track_are_the_npus_communication(tmp_pa
     one hcom_<collective>_ span each (their sub-tasks on "Plane N" threads): read as the NPU's
     communication, exposed where no device work runs beside it. Was: left unread, the collective's
     time counted as idle (a real 2-rank trace: 102 ms of all-reduce per step read as 0.3 ms)."""
-    ev = _host_steps()
-    ev += [{"ph": "M", "name": "process_name", "pid": 800, "tid": 0, "args": {"name": "Ascend Hardware"}},
-           {"ph": "M", "name": "process_labels", "pid": 800, "tid": 0, "args": {"labels": "NPU"}},
-           {"ph": "M", "name": "thread_name", "pid": 800, "tid": 3, "args": {"name": "Stream 3"}},
-           {"ph": "M", "name": "process_name", "pid": 810, "tid": 0, "args": {"name": "HCCL"}},
-           {"ph": "M", "name": "process_labels", "pid": 810, "tid": 0, "args": {"labels": "NPU"}},
-           {"ph": "M", "name": "thread_name", "pid": 810, "tid": 0, "args": {"name": "Group 0 Communication"}},
-           {"ph": "M", "name": "thread_name", "pid": 810, "tid": 1, "args": {"name": "Plane 0"}}]
+    ev = (_host_steps() + _npu_process(800, "Ascend Hardware", {3: "Stream 3"})
+          + _npu_process(810, "HCCL", {0: "Group 0 Communication", 1: "Plane 0"}))
     for s in range(3):
         t0 = s * 1000.0
-        ev += [{"ph": "X", "name": "aclnnMatmul_MatMulV2_MatMulV2", "pid": 800, "tid": 3, "ts": t0 + 50 + k * 100,
-                "dur": 60, "args": {"Task Type": "AI_CORE"}} for k in range(5)]
+        ev += _npu_matmuls(t0, 5)
         ev.append({"ph": "X", "name": f"hcom_allReduce__586_{s}_1", "pid": 810, "tid": 0, "ts": t0 + 560,
                    "dur": 400, "args": {}})
         ev += [{"ph": "X", "name": n, "pid": 810, "tid": 1, "ts": t0 + 560 + k * 200, "dur": 150, "args": {}}
