@@ -104,7 +104,7 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
     if cols is None:  # an event of an odd shape somewhere: the tolerant per-event reading
         cols = _columns_per_event(events)
     if not len(cols[3]):
-        raise InputError(path, _without_spans(events))
+        raise InputError(path, quality.without_spans(events))
     events.clear()  # the structs are no longer needed: free them before building the trace
     (names, n_id, cat_arr, ts_arr, dur_arr, trk_arr, corr_arr, tracks, thread_names, args, memory_events,
      unreadable, categories) = cols
@@ -155,28 +155,6 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
         unreadable_events=unreadable,
         categories=categories,
     )
-
-
-# phases torch.profiler never writes (it writes spans as complete 'X' events, plus instants, flows and
-# metadata): a file holding such events and no span is another tool's Chrome trace, not an empty recording
-_FOREIGN_PHASES = {"B": "begin/end", "E": "begin/end", "b": "async begin/end", "e": "async begin/end",
-                   "n": "async begin/end", "C": "counter", "P": "sample", "N": "object", "O": "object",
-                   "D": "object"}
-
-
-def _without_spans(events: list) -> str:
-    """Why a file without complete events is refused: another tool's file where it holds events of phases
-    the profiler never writes (x2trace's B/E pairs, a server's async b/e), else an empty recording."""
-    kinds: dict[str, int] = {}
-    for e in events:
-        what = _FOREIGN_PHASES.get(e.ph) if e.ph.__class__ is str else None
-        if what:
-            kinds[what] = kinds.get(what, 0) + 1
-    if not kinds:
-        return "trace holds no complete ('X') events: empty trace"
-    held = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
-    return (f"not a torch.profiler recording: another tool's Chrome trace ({held} events, no complete ('X') "
-            "span; torch.profiler writes its spans as complete events)")
 
 
 _KEPT_PHASES = frozenset(("M", "i", "I"))
