@@ -136,6 +136,17 @@ HONEST = {
     "mstt-npu-advisor-trace-view": lambda d: (d["job"]["input_kind"]["device"] == "npu"
                                               and d["job"]["input_kind"]["generic"] and d["mean"] is not None
                                               and all("GPU" not in f["title"] for f in d["findings"])),
+    # a real 2-rank torch_npu DDP trace: HCCL's all-reduces on its "Group 0 Communication" track are the
+    # NPU's communication (torch_npu's step_trace_time.csv: 106.0 ms, 102.0 ms not overlapped), not idle
+    "msinsight-npu-ddp-level1-rank0": lambda d: (d["job"]["input_kind"]["device"] == "npu"
+                                                 and d["mean"]["comm_us"] == pytest.approx(105991.9, rel=0.01)
+                                                 and d["mean"]["exposed_comm_us"] == pytest.approx(101963.2, rel=0.02)
+                                                 and _root(d, "exposed-comm-high")),
+    # a first cudaLaunchKernel of 1.3 s (module load) in a one-forward window: start-up set aside, not
+    # launch overhead
+    "particle-transformer-gpu-forward": lambda d: (
+        d["signals"]["gpu_idle"][0]["startup_calls"] == ["cudaLaunchKernel 1337.1 ms"]
+        and all("launch" not in f["title"] for f in d["findings"])),
     # a B200 / CUDA 13 driver recording whose kernels start before their launches: the offset is named
     "aiperf-b200-tiny-gpt2-step-skewed": lambda d: ((d["job"]["input_kind"]["clock_offset_us"] or 0) > 0
                                                     and d["job"]["input_kind"]["backward_links"] == 113),

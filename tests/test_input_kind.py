@@ -324,6 +324,25 @@ def test_an_xpu_recording_is_read_as_a_device_timeline_and_named(tmp_path):
     assert a.job.traits.device_timeline and a.signals.gpu_idle[0].kernels == 24
 
 
+@pytest.mark.parametrize("cat,device", [("hpu_op", "hpu"), ("privateuse1_op", "privateuse1")])
+def test_an_hpu_or_privateuse1_recording_is_named_never_a_cpu_trace(tmp_path, cat, device):
+    """Habana's Kineto activity type HPU_OP (category "hpu_op", Kineto's ActivityType table) or a
+    PrivateUse1 backend's category: spans on the device's own process are read generically and named
+    that device; the same on the host's process are named, their figures withheld. Never "CPU trace"."""
+    ev = _host_steps()
+    for s in range(3):
+        ev += [_x("matmul_fwd_bf16", s * 1000.0 + 50 + k * 200, 120, cat=cat, pid=9, tid=1) for k in range(4)]
+    a = open_analysis(_write(tmp_path / "rank0.json", ev))
+    k = a.job.input_kind
+    assert (k.device, k.generic) == (device, True) and not k.unknown
+    assert a.mean.compute_us == pytest.approx(480.0, rel=0.01)
+    for e in ev:
+        if e.get("cat") == cat:
+            e["pid"] = 1
+    a = open_analysis(_write(tmp_path / "host.json", ev))
+    assert a.job.input_kind.device == device and a.job.input_kind.unknown and a.mean is None
+
+
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -367,19 +386,29 @@ def test_an_ascend_trace_view_is_named_npu_not_a_cpu_trace():
     assert out.split("\n")[1].split()[1] == "NPU" and "CPU trace" not in out
 
 
+def _npu_process(pid: int, name: str, threads: dict[int, str]) -> list[dict]:
+    """torch_npu's trace_view.json metadata: a process labelled NPU and its named threads."""
+    return ([{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}},
+             {"ph": "M", "name": "process_labels", "pid": pid, "tid": 0, "args": {"labels": "NPU"}}]
+            + [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": n}}
+               for tid, n in threads.items()])
+
+
+def _npu_matmuls(t0: float, n: int) -> list[dict]:
+    """``n`` AI-core matmul tasks on "Ascend Hardware" "Stream 3" (pid 800), 60 us each, 100 us apart."""
+    return [{"ph": "X", "name": "aclnnMatmul_MatMulV2_MatMulV2", "pid": 800, "tid": 3, "ts": t0 + 50 + k * 100,
+             "dur": 60, "args": {"Task Type": "AI_CORE"}} for k in range(n)]
+
+
 def test_uncategorised_tasks_on_ascend_hardware_are_read_generically_as_the_npu(tmp_path):
     """torch_npu's trace_view.json (the shape of Ascend mstt's advisor fixture): the device's tasks are
     complete events without a category on the "Ascend Hardware" process's "Stream N" thread. Read by
     shape as the NPU's spans (work, copies by name), not withheld and not called a CPU trace; the
     "Overlap Analysis" summary beside them (also labelled NPU) is not read as device work."""
-    ev = _host_steps()
-    ev += [{"ph": "M", "name": "process_name", "pid": 800, "tid": 0, "args": {"name": "Ascend Hardware"}},
-           {"ph": "M", "name": "process_labels", "pid": 800, "tid": 0, "args": {"labels": "NPU"}},
-           {"ph": "M", "name": "thread_name", "pid": 800, "tid": 3, "args": {"name": "Stream 3"}}]
+    ev = _host_steps() + _npu_process(800, "Ascend Hardware", {3: "Stream 3"})
     for s in range(3):
         t0 = s * 1000.0
-        ev += [{"ph": "X", "name": "aclnnMatmul_MatMulV2_MatMulV2", "pid": 800, "tid": 3, "ts": t0 + 50 + k * 100,
-                "dur": 60, "args": {"Task Type": "AI_CORE"}} for k in range(8)]
+        ev += _npu_matmuls(t0, 8)
         ev.append({"ph": "X", "name": "MEMCPY_ASYNC", "pid": 800, "tid": 3, "ts": t0 + 880, "dur": 40, "args": {}})
         # torch_npu's derived "Overlap Analysis" process, labelled NPU too: its Free spans are no device work
         ev += [{"ph": "X", "name": n, "pid": 900, "tid": tid, "ts": t0 + 40, "dur": 900, "args": {}}
@@ -395,6 +424,29 @@ def test_uncategorised_tasks_on_ascend_hardware_are_read_generically_as_the_npu(
     assert doc["mean"] is not None and doc["mean"]["compute_us"] > 0  # read, not withheld
     rc, out, _ = _cli("analyze", str(path))
     assert out.split("\n")[1].split()[1] == "NPU" and "CPU trace" not in out
+
+
+def test_hccl_collectives_on_their_group_track_are_the_npus_communication(tmp_path):
+    """torch_npu writes HCCL's collectives on a process "HCCL" (label NPU), thread "Group N Communication",
+    one hcom_<collective>_ span each (their sub-tasks on "Plane N" threads): read as the NPU's
+    communication, exposed where no device work runs beside it. Was: left unread, the collective's
+    time counted as idle (a real 2-rank trace: 102 ms of all-reduce per step read as 0.3 ms)."""
+    ev = (_host_steps() + _npu_process(800, "Ascend Hardware", {3: "Stream 3"})
+          + _npu_process(810, "HCCL", {0: "Group 0 Communication", 1: "Plane 0"}))
+    for s in range(3):
+        t0 = s * 1000.0
+        ev += _npu_matmuls(t0, 5)
+        ev.append({"ph": "X", "name": f"hcom_allReduce__586_{s}_1", "pid": 810, "tid": 0, "ts": t0 + 560,
+                   "dur": 400, "args": {}})
+        ev += [{"ph": "X", "name": n, "pid": 810, "tid": 1, "ts": t0 + 560 + k * 200, "dur": 150, "args": {}}
+               for k, n in enumerate(("Notify Wait", "Memcpy"))]
+    path = _write(tmp_path / "trace_view.json", ev)
+    k = load_file(path).kind
+    assert (k.device, k.generic) == ("npu", True) and not k.unknown
+    a = open_analysis(path)
+    assert a.mean.comm_us == pytest.approx(400.0)  # the collective once, not its plane's sub-tasks too
+    assert a.mean.exposed_comm_us == pytest.approx(400.0)
+    assert a.mean.comm_by_kind["all_reduce"].count == 1
 
 
 def test_kernels_on_an_npu_stream_are_the_npus_not_cuda(tmp_path):

@@ -143,3 +143,27 @@ def test_gunzip_reads_every_gzip_shape_as_the_standard_library_does(shape):
             gunzip(data)
     else:
         assert gunzip(data) == expected
+
+
+def _refusal(path: Path) -> str:
+    assert_input_error(path)
+    return run_cli(str(path)).stderr.strip()
+
+
+def test_begin_end_only_file_is_refused_as_another_tools_trace(tmp_path):
+    """A Chrome file of duration events as begin/end pairs (x2trace's bpftrace output) or async b/e events
+    (a serving system's request trace): phases torch.profiler never writes, so another tool's file,
+    not an empty recording; a file of metadata and instants only stays an empty trace."""
+    be = [{"ph": ph, "name": f"sys_read{i}", "pid": 42, "tid": 42, "ts": 10.0 * i + (3 if ph == "E" else 0)}
+          for i in range(3) for ph in ("B", "E")]
+    line = _refusal(write(tmp_path / "x2trace.json", {"traceEvents": be, "displayTimeUnit": "ns"}))
+    assert "not a torch.profiler recording" in line and "6 begin/end events" in line, line
+    assert "empty trace" not in line
+    async_be = [{"ph": ph, "cat": "request", "id": 1, "name": "resnet50", "pid": 1, "tid": 1, "ts": t}
+                for ph, t in (("b", 0.0), ("e", 90.0))]
+    line = _refusal(write(tmp_path / "server.json", async_be))
+    assert "not a torch.profiler recording" in line and "2 async begin/end events" in line, line
+    meta_only = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
+                 {"ph": "i", "name": "Record Window End", "pid": 1, "tid": 1, "ts": 5.0, "s": "t"}]
+    line = _refusal(write(tmp_path / "meta.json", {"traceEvents": meta_only, "schemaVersion": 1}))
+    assert "empty trace" in line, line

@@ -279,6 +279,11 @@ def _named_devices(t: RankTrace) -> dict[str, tuple[int, str]]:
     return out
 
 
+# a communication library's per-group track of collectives on a process labelled as the device: torch_npu
+# writes HCCL's collectives (hcom_allReduce_...) on process "HCCL" (label NPU), thread "Group N
+# Communication", one span per collective on the device; its "Plane N" threads hold their sub-tasks
+_COMM_GROUP = re.compile(r"^group \d+ communication$", re.I)
+
 # a device timeline read from a named process needs more than a stray span: at least this many spans
 # (torch_npu writes one per task on each "Stream N" of "Ascend Hardware")
 MIN_NAMED_SPANS = 2
@@ -288,7 +293,8 @@ def _read_named(t: RankTrace, name: str) -> str | None:
     """The uncategorised complete events on the tracks of the process or stream named as device ``name``
     (torch_npu's "Ascend Hardware" tasks) are that device's spans, read by shape like any accelerator's
     (``read_accelerator``). Returns why they cannot be read, or None once read."""
-    tracks = [i for i, tr in enumerate(t.tracks) if (_track_device(tr, labels=False) or ("",))[0] == name]
+    tracks = [i for i, tr in enumerate(t.tracks) if (_track_device(tr, labels=False) or ("",))[0] == name
+              or (_COMM_GROUP.match(tr.name) and (_track_device(tr) or ("",))[0] == name)]
     rows = np.nonzero(np.isin(t.track, tracks) & (t.cat == OTHER) & (t.dur > 0))[0]
     if len(rows) < MIN_NAMED_SPANS:
         return f"{len(rows)} span(s) with a duration, too few to read as a timeline"

@@ -103,12 +103,12 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
         cols = _columns_fast(events)
     if cols is None:  # an event of an odd shape somewhere: the tolerant per-event reading
         cols = _columns_per_event(events)
+    if not len(cols[3]):
+        raise InputError(path, quality.without_spans(events))
     events.clear()  # the structs are no longer needed: free them before building the trace
     (names, n_id, cat_arr, ts_arr, dur_arr, trk_arr, corr_arr, tracks, thread_names, args, memory_events,
      unreadable, categories) = cols
     names = [n if len(n) <= MAX_NAME_CHARS else bounded_name(n) for n in names]  # before any pattern sees them
-    if not len(ts_arr):
-        raise InputError(path, "trace holds no complete ('X') events: empty trace")
 
     counts = np.bincount(trk_arr, minlength=len(tracks))
     device_tracks = set(distinct(trk_arr[np.isin(cat_arr, DEVICE_CATEGORIES)]).tolist())

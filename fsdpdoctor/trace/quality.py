@@ -455,6 +455,28 @@ def _quality(t: RankTrace, drops: Drops, notes: list[str], n_read: int) -> RankD
         unlocated=drops.unlocated, notes=list(notes))
 
 
+# phases torch.profiler never writes (it writes spans as complete 'X' events, plus instants, flows and
+# metadata): a file holding such events and no span is another tool's Chrome trace, not an empty recording
+_FOREIGN_PHASES = {"B": "begin/end", "E": "begin/end", "b": "async begin/end", "e": "async begin/end",
+                   "n": "async begin/end", "C": "counter", "P": "sample", "N": "object", "O": "object",
+                   "D": "object"}
+
+
+def without_spans(events: list) -> str:
+    """Why a file without complete events is refused: another tool's file where it holds events of phases
+    the profiler never writes (x2trace's B/E pairs, a server's async b/e), else an empty recording."""
+    kinds: dict[str, int] = {}
+    for e in events:
+        what = _FOREIGN_PHASES.get(e.ph) if e.ph.__class__ is str else None
+        if what:
+            kinds[what] = kinds.get(what, 0) + 1
+    if not kinds:
+        return "trace holds no complete ('X') events: empty trace"
+    held = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    return (f"not a torch.profiler recording: another tool's Chrome trace ({held} events, no complete ('X') "
+            "span; torch.profiler writes its spans as complete events)")
+
+
 def describe_drops(drops: Drops) -> str:
     if not drops.total:
         return "trace holds no complete ('X') events: empty trace"
