@@ -77,12 +77,13 @@ def test_analyse_stage_on_the_bundled_gpu_recordings(tmp_path):
     out, doc = tmp_path / "r.json", tmp_path / "impact-cuda.md"
     rc = cal.main(["--device", "cuda", "--stage", "analyse", "--work", str(PAIRS_DIR), "--reps", "5",
                    "--steps", "20", "--active", "4", "--pairs",
-                   "cuda_offload,cuda_loader_workers,cuda_host_sync,cuda_recompute,cuda_readback,cuda_pageable_copy",
+                   "cuda_offload,cuda_loader_workers,cuda_host_sync,cuda_recompute,cuda_readback,cuda_pageable_copy,"
+                   "cuda_launch_bound",
                    "--doc", str(doc), "--json", str(out), "--machine", "H200"])
     assert rc == 0
     by = {r["pair"]: r for r in json.loads(out.read_text())["pairs"]}
     for name in ("cuda_offload", "cuda_loader_workers", "cuda_host_sync", "cuda_recompute", "cuda_readback",
-                 "cuda_pageable_copy"):
+                 "cuda_pageable_copy", "cuda_launch_bound"):
         r = by[name]
         assert "error" not in r, r
         # a residual pair's fix keeps a small instance of the finding (one readback, one pinned copy a step)
@@ -179,3 +180,51 @@ def test_many_small_readbacks_are_priced_once():
     assert gi.impact_us + hs.impact_us <= fixable + 1e-6  # the same idle is not promised twice
     (h,) = [h for h in a.signals.host_syncs if h.count >= 64 * 4]
     assert hs.impact_us == pytest.approx(h.bubble_us / 4, rel=1e-6)
+
+
+def test_the_profilers_own_cost_is_measured_by_the_run_and_not_promised(tmp_path):
+    """cuda_launch_bound's fault (a small MLP stepped eagerly, recorded on an H200 with 8 unprofiled steps after
+    the window): the profiled steps took about twice the unprofiled ones, all of it idle on a host-bound GPU.
+    gpu-idle's saving is the idle less that (it promised the whole profiled idle before: 11 ms against the 3.9
+    the bare runs measured); with the step series gone, only the per-frame estimate is set aside, said so."""
+    run = PAIRS_DIR / "cuda_launch_bound" / "fault"
+    a = open_analysis(run, use_summaries=False)
+    pc = a.signals.profiler_cost
+    assert pc is not None and pc.bare_steps >= 5 and pc.profiled_step_us > 1.5 * pc.bare_step_us
+    assert pc.added_us == pytest.approx(pc.profiled_step_us - pc.bare_step_us)
+    f = {x.id: x for x in a.findings}["gpu-idle"]
+    (g,) = a.signals.gpu_idle
+    assert f.impact_us <= g.idle_us - pc.added_us + 1e-6
+    assert any("profiler's own cost" in e.text and "unprofiled steps" in e.text for e in f.evidence)
+    # the same trace without its step series: nothing measured, the per-frame cost alone set aside, said so
+    bare = tmp_path / "fault"
+    bare.mkdir()
+    for name in ("manifest.json", "rank0.json.gz"):
+        (bare / name).write_bytes((run / name).read_bytes())
+    b = open_analysis(bare, use_summaries=False)
+    assert b.signals.profiler_cost is None
+    fb = {x.id: x for x in b.findings}["gpu-idle"]
+    assert fb.impact_us > f.impact_us
+    assert any("not measured here" in e.text for e in fb.evidence)
+
+
+def test_the_profilers_cost_is_not_measured_where_a_window_was_opened_for_its_steps(tmp_path):
+    """A window opened on an anomaly or on demand holds steps chosen because they differ: their difference
+    from the unprofiled ones is the job's, not the profiler's, so nothing is measured; a periodic stall's
+    steps are left out of both sides."""
+    import shutil
+
+    from fsdpdoctor.analysis import profiler_cost
+
+    run = tmp_path / "run"
+    shutil.copytree(TRACES / "periodic_checkpoint", run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    whole = profiler_cost.measure(run, manifest)
+    assert whole is not None and whole.bare_steps >= profiler_cost.MIN_BARE_STEPS
+    fewer = profiler_cost.measure(run, manifest, stalled={8, 12, 16})
+    assert fewer is not None and fewer.bare_steps < whole.bare_steps
+    win = run / "window-40"
+    win.mkdir()
+    (win / "manifest.json").write_text(json.dumps({"window": {"trigger": "anomaly", "first_step": 40}}))
+    assert profiler_cost.measure(run, manifest) is None
+    assert profiler_cost.measure(tmp_path, manifest) is None  # no step series

@@ -293,7 +293,8 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
         run_dir = run_dir.parent   # a window-<step> folder: the series is the run's
     periodic = periodic_mod.find(summaries, {r.rank: r.step_frames for r in kept}, run_dir, manifest)
     if traits.device_timeline:  # a host-bound device idles for all the profiler adds: gpu-idle sets it aside
-        sig.profiler_cost = profiler_cost_mod.measure(run_dir, manifest)
+        sig.profiler_cost = profiler_cost_mod.measure(run_dir, manifest,
+                                                      set(periodic.stalled_steps) if periodic else set())
     return Analysis(source=shown(source), job=job, ranks=summaries, mean=overall,
                     collectives=collective_stats(all_colls, sum(len(v) for v in steps_by_rank.values())),
                     prefetch=prefetch, straggler=strag, notes=notes, collective_events=all_colls, signals=sig,

@@ -9,7 +9,7 @@ did not: the difference of their medians is what the profiler added, which no fi
 Only where every window is the fixed schedule: a window opened on demand or on an anomaly was opened because
 its steps differ, and its difference is the job's, not the profiler's. Steps the profiler touches without
 recording them (its warm-up before a window, the export after) and the first steps (start-up) are left out
-of the unprofiled ones.
+of the unprofiled ones, and so are the steps of a periodic stall from both sides.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def _near_windows(profiled: list[int], warmup: int) -> set[int]:
     return near
 
 
-def measure(run_dir: Path | None, manifest: dict | None) -> ProfilerCost | None:
-    """What the profiler added per profiled step, mean over the ranks with a series (None: not measurable)."""
+def measure(run_dir: Path | None, manifest: dict | None, stalled: set[int] = frozenset()) -> ProfilerCost | None:
+    """What the profiler added per profiled step, mean over the ranks with a series (None: not measurable).
+    ``stalled``: steps of a periodic stall (a checkpoint every N steps), left out of both sides."""
     if run_dir is None or not manifest or not (Path(run_dir) / "steps").is_dir():
         return None
     profiled = sorted(s for s in manifest.get("profiled_steps") or [] if isinstance(s, int))
@@ -48,7 +49,7 @@ def measure(run_dir: Path | None, manifest: dict | None) -> ProfilerCost | None:
     near = _near_windows(profiled, max(warmup, 0))
     added, prof_m, bare_m, n_bare = [], [], [], []
     for _rank, (steps, _, durs) in sorted(_series(Path(run_dir), set()).items()):
-        pairs = list(zip(steps, durs))[SKIP_FIRST:]
+        pairs = [(s, d) for s, d in list(zip(steps, durs))[SKIP_FIRST:] if s not in stalled]
         bare = [d for s, d in pairs if s not in near]
         prof = [d for s, d in pairs if s in profiled]
         if len(bare) < MIN_BARE_STEPS or len(prof) < MIN_PROFILED_STEPS:
