@@ -38,7 +38,7 @@ def _trace(folder: Path, rank: int) -> None:
                             "dtype": "Float", "Group size": 2, "Rank": rank}})
     doc = {"schemaVersion": 1, "distributedInfo": {"backend": "mpi", "rank": rank, "world_size": 2},
            "traceEvents": ev}
-    (folder / f"rank{rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    (folder / f"rank{rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
 
 
 @pytest.fixture

@@ -153,7 +153,7 @@ def test_prefetch_from_python_frames_without_annotations(scenario, tmp_path):
         doc = json.loads(gzip.decompress((TRACES / scenario / f"rank{rank}.json.gz").read_bytes()))
         doc["traceEvents"] = [e for e in doc["traceEvents"]
                               if not str(e.get("name", "")).startswith(("FullyShardedDataParallel.", "FSDP::"))]
-        (tmp_path / f"rank{rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+        (tmp_path / f"rank{rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
     frames, labels = open_analysis(tmp_path).prefetch, open_analysis(TRACES / scenario).prefetch
     assert (frames.framework, frames.backward_mode, frames.forward_mode, frames.backward_prefetched) == \
         (labels.framework, labels.backward_mode, labels.forward_mode, labels.backward_prefetched)

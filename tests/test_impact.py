@@ -63,7 +63,7 @@ def with_cpu_share(src, dst, shares):
         path = dst / f"rank{rank}.json.gz"
         doc = json.loads(gzip.decompress(path.read_bytes()))
         doc["fsdpdoctor_cpu"] = {"wall_us": 1e6, "on_cpu_us": on_cpu, "runqueue_us": queued, "cpus": 2}
-        path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+        path.write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
     return dst
 
 

@@ -357,7 +357,7 @@ def test_a_shifted_device_clock_on_a_real_h100_trace_is_estimated_and_applied(tm
         if e.get("cat") in DEVICE_CATS and e.get("ph") == "X":
             e["ts"] = e["ts"] - 500.0
     shifted = tmp_path / "rank0.json.gz"
-    shifted.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    shifted.write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
     base, moved = load_file(src), load_file(shifted)
     assert base.kind.backward_links == 0 and base.kind.clock_offset_us is None
     k = moved.kind

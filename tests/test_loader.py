@@ -56,7 +56,7 @@ def _split_by_step(src: Path, dst: Path, rank: int) -> None:
     cut = steps[2][0]
     for suffix, keep in (("", lambda e: e.get("ts", 0) < cut), (".cycle2", lambda e: e.get("ts", 0) >= cut)):
         part = dict(doc, traceEvents=[e for e in doc["traceEvents"] if e.get("ph") == "M" or keep(e)])
-        (dst / f"rank{rank}{suffix}.json.gz").write_bytes(gzip.compress(json.dumps(part).encode()))
+        (dst / f"rank{rank}{suffix}.json.gz").write_bytes(gzip.compress(json.dumps(part).encode(), 1))
 
 
 def test_profiler_cycles_of_one_rank_are_merged(tmp_path):

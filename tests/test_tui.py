@@ -545,7 +545,7 @@ def _dropped_events_analysis(tmp_path: Path):
     for e in ops[:3]:
         e["dur"] = -5.0      # a negative duration
     ops[3]["ts"] = "late"   # a time that is not a number
-    (run / "rank1.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    (run / "rank1.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), 1))
     a = open_analysis(run, use_summaries=False)
     a.source = "traces/straggler_damaged"
     return a

@@ -1,4 +1,8 @@
-"""Rewrite the timestamps of a copy of a bundled run (the original is only read)."""
+"""Rewrite the timestamps of a copy of a bundled run (the original is only read).
+
+The copies are written as one string at gzip level 1: ``json.dump`` into a gzip stream took 4x the CPU
+of ``json.dumps``, and level 9 9x the CPU of level 1 (0.88 s against 0.10 s for a 17 MB trace); the
+bytes read back are the same."""
 
 from __future__ import annotations
 
@@ -31,8 +35,8 @@ def rewrite_times(src: Path, dst: Path, scale: float = 1.0, shift_us: float = 0.
                 e["ts"] = float(e["ts"]) * scale + shift_us
             if "dur" in e:
                 e["dur"] = float(e["dur"]) * scale
-        with gzip.open(dst / f.name, "wt") as fh:
-            json.dump(d, fh)
+        with gzip.open(dst / f.name, "wt", compresslevel=1) as fh:
+            fh.write(json.dumps(d))
     return dst
 
 
@@ -70,8 +74,8 @@ def split_cycles(src: Path, dst: Path, first_steps: int, gap_us: float, names: t
     for part, name in zip(parts, names or ("cycle1.pt.trace.json.gz", "cycle2.pt.trace.json.gz")):
         doc = {k: v for k, v in d.items() if k != "traceEvents"}
         doc["traceEvents"] = part
-        with gzip.open(dst / name, "wt") as fh:
-            json.dump(doc, fh)
+        with gzip.open(dst / name, "wt", compresslevel=1) as fh:
+            fh.write(json.dumps(doc))
         out.append(dst / name)
     return out
 
@@ -93,8 +97,8 @@ def rename_comm_kernels(src: Path, dst: Path, new_name, strip_host: bool = True)
             e["name"] = "user_op"
             e.pop("args", None)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(dst, "wt") as fh:
-        json.dump(d, fh)
+    with gzip.open(dst, "wt", compresslevel=1) as fh:
+        fh.write(json.dumps(d))
     return dst
 
 
@@ -131,6 +135,6 @@ def stretch_steps(src: Path, dst: Path, extra_us: float | dict[int, float]) -> P
             done = [a for end, a in zip(ends, added) if ts >= end]
             if done:
                 m["ts"] = ts + done[-1]
-        with gzip.open(dst / f.name, "wt") as fh:
-            json.dump(d, fh)
+        with gzip.open(dst / f.name, "wt", compresslevel=1) as fh:
+            fh.write(json.dumps(d))
     return dst
