@@ -215,16 +215,18 @@ def test_the_profilers_cost_is_not_measured_where_a_window_was_opened_for_its_st
     import shutil
 
     from fsdpdoctor.analysis import profiler_cost
+    from fsdpdoctor.analysis.periodic import read_step_series
 
     run = tmp_path / "run"
     shutil.copytree(TRACES / "periodic_checkpoint", run)
     manifest = json.loads((run / "manifest.json").read_text())
-    whole = profiler_cost.measure(run, manifest)
+    series = read_step_series(run)
+    whole = profiler_cost.measure(series, run, manifest)
     assert whole is not None and whole.bare_steps >= profiler_cost.MIN_BARE_STEPS
-    fewer = profiler_cost.measure(run, manifest, stalled={8, 12, 16})
+    fewer = profiler_cost.measure(series, run, manifest, stalled={8, 12, 16})
     assert fewer is not None and fewer.bare_steps < whole.bare_steps
     win = run / "window-40"
     win.mkdir()
     (win / "manifest.json").write_text(json.dumps({"window": {"trigger": "anomaly", "first_step": 40}}))
-    assert profiler_cost.measure(run, manifest) is None
-    assert profiler_cost.measure(tmp_path, manifest) is None  # no step series
+    assert profiler_cost.measure(series, run, manifest) is None
+    assert profiler_cost.measure(read_step_series(tmp_path), tmp_path, manifest) is None  # no step series

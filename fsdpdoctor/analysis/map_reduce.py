@@ -291,9 +291,10 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     run_dir = Path(source) if Path(source).is_dir() else None
     if run_dir is not None and not (run_dir / "steps").is_dir() and (run_dir.parent / "steps").is_dir():
         run_dir = run_dir.parent   # a window-<step> folder: the series is the run's
-    periodic = periodic_mod.find(summaries, {r.rank: r.step_frames for r in kept}, run_dir, manifest)
+    series = periodic_mod.read_step_series(run_dir)
+    periodic = periodic_mod.find(summaries, {r.rank: r.step_frames for r in kept}, series, manifest)
     if traits.device_timeline:  # a host-bound device idles for all the profiler adds: gpu-idle sets it aside
-        sig.profiler_cost = profiler_cost_mod.measure(run_dir, manifest,
+        sig.profiler_cost = profiler_cost_mod.measure(series, run_dir, manifest,
                                                       set(periodic.stalled_steps) if periodic else set())
     return Analysis(source=shown(source), job=job, ranks=summaries, mean=overall,
                     collectives=collective_stats(all_colls, sum(len(v) for v in steps_by_rank.values())),

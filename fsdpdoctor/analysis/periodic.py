@@ -66,9 +66,12 @@ def _fit(steps: list[int], durs: list[float]) -> tuple[int, int, float, list[int
     return p, k, excess, stalled
 
 
-def _series(run_dir: Path | None, skip: set[int]) -> dict[int, tuple[list[int], list[float], list[float]]]:
-    """rank -> (step numbers, wall-clock starts s, durations us) from the run's step series, less the steps
-    in ``skip`` (profiled: the profiler slows them and exports after the last)."""
+Series = dict[int, tuple[list[int], list[float], list[float]]]
+
+
+def read_step_series(run_dir: Path | None) -> Series:
+    """rank -> (step numbers, wall-clock starts s, durations us) of every step in the run's step series ({}
+    without one). Read once per analysis: the periodic finder and the profiler's cost both use it."""
     # capture.series.SERIES_DIR, looked for before the import: a folder without step series (any trace
     # not written by capture()) loads no capture code (the package's hooks and watchdog, ~20 ms)
     if run_dir is None or not (Path(run_dir) / "steps").is_dir():
@@ -81,18 +84,26 @@ def _series(run_dir: Path | None, skip: set[int]) -> dict[int, tuple[list[int], 
             s = read_series(f)
         except (OSError, ValueError):
             continue
-        keep = [i for i, st in enumerate(s.steps) if st not in skip]
-        out[s.rank] = ([s.steps[i] for i in keep], [s.origin_unix_s + s.start_s[i] for i in keep],
-                       [s.duration_s[i] * 1e6 for i in keep])
+        out[s.rank] = (list(s.steps), [s.origin_unix_s + t for t in s.start_s], [d * 1e6 for d in s.duration_s])
+    return out
+
+
+def _without(series: Series, skip: set[int]) -> Series:
+    """The series less the steps in ``skip`` (profiled: the profiler slows them and exports after the last)."""
+    out = {}
+    for r, (steps, starts, durs) in series.items():
+        keep = [i for i, st in enumerate(steps) if st not in skip]
+        out[r] = ([steps[i] for i in keep], [starts[i] for i in keep], [durs[i] for i in keep])
     return out
 
 
 def find(summaries: list[RankSummary], step_frames: dict[int, dict[str, dict[int, float]]],
-         run_dir: Path | None, manifest: dict | None = None) -> PeriodicStall | None:
-    """The periodic stall of the run, if any (see the module docstring)."""
+         whole_series: Series, manifest: dict | None = None) -> PeriodicStall | None:
+    """The periodic stall of the run, if any (see the module docstring); ``whole_series``: every step of the
+    run's step series (``read_step_series``)."""
     profiled = [s for s in (manifest or {}).get("profiled_steps") or [] if isinstance(s, int)]
     skip = set(profiled) | {s + 1 for s in profiled}
-    series = _series(run_dir, skip)
+    series = _without(whole_series, skip)
     fits: dict[int, tuple] = {}
     source = "step series"
     for r, (steps, _, durs) in series.items():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fsdpdoctor.analysis.periodic import SKIP_FIRST, _series, median
+from fsdpdoctor.analysis.periodic import SKIP_FIRST, Series, median
 from fsdpdoctor.results.signals import ProfilerCost
 
 MIN_BARE_STEPS = 5      # unprofiled steps a median rests on (fewer: one slow step moves it)
@@ -27,15 +27,17 @@ def _near_windows(profiled: list[int], warmup: int) -> set[int]:
     """The steps the profiler touches: recorded, exported after (the next step), warmed up before."""
     near = set(profiled) | {s + 1 for s in profiled}
     for s in profiled:
-        if s - 1 not in near or s - 1 not in profiled:  # the first step of a window: its warm-up before it
+        if s - 1 not in profiled:  # the first step of a window: its warm-up before it
             near |= {s - k for k in range(1, warmup + 1)}
     return near
 
 
-def measure(run_dir: Path | None, manifest: dict | None, stalled: set[int] = frozenset()) -> ProfilerCost | None:
+def measure(series: Series, run_dir: Path | None, manifest: dict | None,
+            stalled: set[int] = frozenset()) -> ProfilerCost | None:
     """What the profiler added per profiled step, mean over the ranks with a series (None: not measurable).
-    ``stalled``: steps of a periodic stall (a checkpoint every N steps), left out of both sides."""
-    if run_dir is None or not manifest or not (Path(run_dir) / "steps").is_dir():
+    ``series``: the run's step series (periodic.read_step_series of ``run_dir``); ``stalled``: steps of a
+    periodic stall (a checkpoint every N steps), left out of both sides."""
+    if not series or run_dir is None or not manifest:
         return None
     profiled = sorted(s for s in manifest.get("profiled_steps") or [] if isinstance(s, int))
     if len(profiled) < MIN_PROFILED_STEPS:
@@ -48,7 +50,7 @@ def measure(run_dir: Path | None, manifest: dict | None, stalled: set[int] = fro
     warmup = sched.get("warmup") if isinstance(sched.get("warmup"), int) else 0
     near = _near_windows(profiled, max(warmup, 0))
     added, prof_m, bare_m, n_bare = [], [], [], []
-    for _rank, (steps, _, durs) in sorted(_series(Path(run_dir), set()).items()):
+    for _rank, (steps, _, durs) in sorted(series.items()):
         pairs = [(s, d) for s, d in list(zip(steps, durs))[SKIP_FIRST:] if s not in stalled]
         bare = [d for s, d in pairs if s not in near]
         prof = [d for s, d in pairs if s in profiled]

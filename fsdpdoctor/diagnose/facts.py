@@ -165,34 +165,40 @@ def dominant_idle_cause(ctx: RuleContext) -> str | None:
 
 
 # ------------------------------------------------------------------ host syncs
-def reported_syncs(ctx: RuleContext) -> list[tuple[str | None, list, float]]:
+def reported_syncs(ctx: RuleContext) -> list[tuple[str | None, list, float, float]]:
     """The host syncs the host-sync rule reports: (source line, its HostSync records, calls per rank and
-    step) for each source line called at least ``host_sync_per_step`` times a step."""
+    step, device idle after them per step) for each source line called at least ``host_sync_per_step``
+    times a step. The idle (the bubble, mean over the ranks; 0 without a device timeline: nothing waits)
+    is host-sync's saving, which its fix (no sync in the step) removes and gpu-idle's does not."""
     return ctx.cached("reported_syncs", lambda: _reported_syncs(ctx))
 
 
-def _reported_syncs(ctx: RuleContext) -> list[tuple[str | None, list, float]]:
+def _reported_syncs(ctx: RuleContext) -> list[tuple[str | None, list, float, float]]:
     syncs = ctx.a.signals.host_syncs if ctx.a.signals else []
     nsteps = max(len(ctx.a.job.steps), 1)
+    device = ctx.traits.device_timeline
     by_src: dict[str | None, list] = {}
     for h in syncs:
         by_src.setdefault(h.source, []).append(h)
     out = []
     for src, hs in by_src.items():
-        per_rank_step = sum(h.count for h in hs) / nsteps / max(len({h.rank for h in hs}), 1)
+        nranks = max(len({h.rank for h in hs}), 1)
+        per_rank_step = sum(h.count for h in hs) / nsteps / nranks
         if per_rank_step >= ctx.table["host_sync_per_step"]:
-            out.append((src, hs, per_rank_step))
+            out.append((src, hs, per_rank_step, sum(h.bubble_us for h in hs) / nsteps / nranks if device else 0.0))
     return out
 
 
 def reported_sync_idle_us(ctx: RuleContext) -> float:
-    """Device idle per step (mean over ranks) after the host syncs that host-sync reports: that finding's
-    saving, which its fix (no sync in the step) removes and gpu-idle's (more work per launch) does not."""
-    if not ctx.traits.device_timeline:
-        return 0.0
-    nsteps = max(len(ctx.a.job.steps), 1)
-    return sum(sum(h.bubble_us for h in hs) / nsteps / max(len({h.rank for h in hs}), 1)
-               for _, hs, _ in reported_syncs(ctx))
+    """Device idle per step after the host syncs that host-sync reports (its saving, all sources together)."""
+    return sum(idle for *_, idle in reported_syncs(ctx))
+
+
+def device_work(ctx: RuleContext) -> str:
+    """What the device timeline runs, in a finding's words: "copies" where it holds copies and no kernel
+    (a staging or read-back loop), else "kernels"."""
+    kind = ctx.a.job.input_kind
+    return "copies" if kind is not None and kind.device == "copies-only" else "kernels"
 
 
 # ------------------------------------------------------------------ setup

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsdpdoctor.diagnose.facts import (
-    dominant_idle_cause, own_work_frame, reported_syncs, straggler_verdict, straggler_wait_us,
+    device_work, dominant_idle_cause, own_work_frame, reported_syncs, straggler_verdict, straggler_wait_us,
 )
 from fsdpdoctor.diagnose.framework import RuleContext, rule
 from fsdpdoctor.diagnose.noise import per_step
@@ -257,18 +257,15 @@ def _straggler_explains_comm(ctx: RuleContext) -> float:
 
 @rule(ids=("host-sync",), thresholds=("host_sync_per_step",))
 def host_sync(ctx: RuleContext) -> list[Finding]:
-    nsteps = max(len(ctx.a.job.steps), 1)
     out = []
-    for src, hs, per_rank_step in reported_syncs(ctx):
-        nranks = max(len({h.rank for h in hs}), 1)
+    for src, hs, per_rank_step, us in reported_syncs(ctx):
         device = ctx.traits.device_timeline
         # device traces: the bubble after each sync; host-only traces: nothing waits, the finding is structural
-        us = sum(h.bubble_us for h in hs) / nsteps / nranks if device else 0.0
         names = list(dict.fromkeys(h.name for h in hs))
         label = ", ".join(".item()" if "local_scalar" in n else n for n in names[:3])
         where = f"your code at {src}" if src else "code outside DDP/FSDP/optimizer internals (no user frame found)"
         kind = ctx.a.job.input_kind
-        work = "copies" if kind is not None and kind.device == "copies-only" else "kernels"
+        work = device_work(ctx)
         cost = (f"Each one blocks the host until the queued {work} finish, so the next {work} launch late and "
                 "the GPU idles." if device else
                 f"The device time it costs is unknown: {kind.unknown[-1]}." if kind is not None and kind.unknown
