@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fsdpdoctor.analysis.gpu_idle import QUEUE_EMPTY_US
 from fsdpdoctor.diagnose.facts import FIXABLE_IDLE as FIXABLE, cuda_over_gloo, idle_verdict
-from fsdpdoctor.diagnose.facts import idle_waits_on_straggler, offload_cost, reported_sync_idle_us
+from fsdpdoctor.diagnose.facts import device_work, idle_waits_on_straggler, offload_cost, reported_sync_idle_us
 from fsdpdoctor.diagnose.framework import RuleContext, rule
 from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct
@@ -53,8 +53,7 @@ SHORT = {"launch": "kernel launch overhead", "host_sync": "host syncs", "data_lo
 
 def _words(ctx: RuleContext) -> dict[str, str]:
     """What the device runs, in the finding's words: kernels, or copies where the timeline holds no kernel."""
-    kind = ctx.a.job.input_kind
-    if kind is not None and kind.device == "copies-only":
+    if device_work(ctx) == "copies":
         return {"work": "copies", "Work": "Copies", "queue": "copy queue", "short": "copy launch overhead",
                 "label": COPIES_LAUNCH_LABEL, "fix": COPIES_LAUNCH_FIX, "none": "No copy"}
     return {"work": "kernels", "Work": "Kernels", "queue": "kernel queue", "short": SHORT["launch"],
@@ -103,12 +102,14 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
     srcs = _where_the_host_was(ev, idles, cause)
     fix = _fix_for(ctx, m, cause, ctx.th["gpu_idle_frac"], w)
     profiled = [g for g in idles if g.with_stack]
-    if profiled and cause != "profiler" and m["profiler"] >= 0.01 * ctx.step_us:
-        ev.append(Evidence(f"with_stack=True: about {ms(m['profiler'])} of the idle is the profiler's own cost "
-                           f"({profiled[0].stack_events_per_step:.0f} Python frames recorded per step)"))
+    stack = (f"with_stack=True: about {ms(m['profiler'])} of the idle is the profiler's own cost "
+             f"({profiled[0].stack_events_per_step:.0f} Python frames recorded per step)"
+             if profiled and cause != "profiler" and m["profiler"] >= 0.01 * ctx.step_us else None)
     impact = m["data_loading"] if input_bound else fixable
-    if not input_bound:
-        impact = _less_profiler(ctx, m, impact, ev)
+    if input_bound:
+        ev += [Evidence(stack)] if stack else []
+    else:
+        impact = _less_profiler(ctx, m, impact, ev, stack)
     # the cause a fix reaches is not always the largest: host work outside torch ops ("other") can hold
     # more of the idle, and then "mostly" would name the wrong one
     largest = max(SHORT, key=lambda c: m.get(c, 0.0))
@@ -178,12 +179,14 @@ def gpu_idle(ctx: RuleContext) -> list[Finding]:
     return [f]
 
 
-def _less_profiler(ctx: RuleContext, m: dict, impact: float, ev: list[Evidence]) -> float:
+def _less_profiler(ctx: RuleContext, m: dict, impact: float, ev: list[Evidence], stack: str | None) -> float:
     """The saving less the profiler's own cost, which the job without the profiler does not pay: measured
     from the run's step series where it can be (profiled against unprofiled steps), else its per-frame
-    estimate, said to be a lower bound."""
+    estimate, said to be a lower bound. ``stack``: the evidence of the per-frame cost, when it is worth a
+    line; the fallback says it once, with what it leaves out."""
     pc = ctx.a.signals.profiler_cost
     if pc is not None and pc.added_us > m["profiler"]:
+        ev += [Evidence(stack)] if stack else []
         ev.insert(0, Evidence(
             f"the profiler's own cost, {ms(pc.added_us)} per step, is set aside: the profiled steps took "
             f"{ms(pc.profiled_step_us)} against {ms(pc.bare_step_us)} for the run's unprofiled steps (median of "
@@ -191,9 +194,9 @@ def _less_profiler(ctx: RuleContext, m: dict, impact: float, ev: list[Evidence])
         return max(impact - min(pc.added_us, impact), 0.0)
     if m["profiler"] > 0:
         ev.append(Evidence(
-            f"the profiler's per-frame cost, {ms(m['profiler'])} per step, is set aside; its cost per op and runtime "
-            "call is not measured here (no step series of unprofiled steps), so the saving may still hold some "
-            "of it", time_us=m["profiler"]))
+            (f"{stack}, set aside" if stack else f"the profiler's per-frame cost, {ms(m['profiler'])} per step, is set "
+             "aside") + "; its cost per op and runtime call is not measured here (no step series of unprofiled "
+            "steps), so the saving may still hold some of it", time_us=m["profiler"]))
     return max(impact - m["profiler"], 0.0)
 
 
