@@ -87,7 +87,9 @@ def check_routing_skew(a, manifest: dict) -> None:
     # steers the routing keeps each step within a few percent of its target)
     assert skew * 0.9 < _dispatch_ratio(a, slow) < skew * 1.1
     s = a.straggler
-    assert s.straggler == slow and s.cause == "more work" and s.steps_last == s.steps_total
+    # the slow rank is the one waited for in most steps; on a loaded host one step may go to the other
+    # rank (seen in a fresh-clone CI run: the first profiled step, 3 of 4), which the report then says
+    assert s.straggler == slow and s.cause == "more work" and s.steps_last > s.steps_total / 2
     f = next((f for f in a.findings if f.id == "straggler"), None)
     # balancing brings the step to the balanced time, half the excess at two ranks (issue 28): a warning,
     # unless the recording says the host's cores were so contended that the moved half would run at least
