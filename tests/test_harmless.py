@@ -253,6 +253,48 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path):
     assert dest.read_bytes() == b"old"
 
 
+def test_an_output_on_a_device_is_written_into_never_replaced(run, tmp_path):
+    """`--perfetto /dev/full` run as root replaced the system's /dev/full with a plain file (a rename over
+    the device node). A character device, or a link to one, is written into: here the device says the
+    disk is full, which is one line and exit 2; the link and the device are left as they were."""
+    import stat
+
+    out = tmp_path / "out.json"
+    out.symlink_to("/dev/full")
+    r = cli("export", str(run), "--perfetto", str(out))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "No space left on device" in r.stderr
+    assert out.is_symlink() and stat.S_ISCHR(os.stat("/dev/full").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "run"]  # no temporary file left
+    if os.geteuid() == 0:  # only root makes a device node of its own: the same, on the node itself
+        node = tmp_path / "null"
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        write_atomic(node, b"{}")
+        assert stat.S_ISCHR(os.stat(node).st_mode)
+
+
+def test_an_output_on_a_named_pipe_goes_to_its_reader(tmp_path):
+    import stat
+    import threading
+    import time
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="nobody reads"):  # refused at once, not waited on
+        write_atomic(fifo, b"x")
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    for _ in range(400):  # the reader's open must come first, or the writer is refused as above
+        try:
+            write_atomic(fifo, b"hello")
+            break
+        except InputError:
+            time.sleep(0.05)
+    reader.join(timeout=PATIENCE_S)
+    assert got == [b"hello"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
 def test_summarize_on_a_full_disk_leaves_no_temp_file(run, monkeypatch):
     from fsdpdoctor.trace import io
 

@@ -205,10 +205,23 @@ def write_atomic(path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
     ``path``: a reader sees the old file or the new one, never half of one; two writers never share a
     temporary file; a symbolic link at ``path`` is replaced, never written through. When anything
     fails (a full disk), the temporary file is removed. ``data``: bytes, text (UTF-8), or a function
-    that writes into the open binary file."""
+    that writes into the open binary file.
+
+    A character device or a pipe at ``path`` (or behind a link there: ``/dev/stdout``, ``/dev/null``, a
+    named pipe) is written into, never renamed over: run as root, a rename would replace the system's
+    device node with a plain file (``--perfetto /dev/full`` did)."""
     path = Path(path)
     if path.is_dir():
         raise InputError(path, "is a folder: name a file to write")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = 0
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        _write_into_special(path, data)
+        return
+    if mode and not stat.S_ISREG(mode):
+        raise InputError(path, "is a device or socket, not a file: name a file to write")
     import secrets  # here: it loads OpenSSL (hmac), ~10 ms of every start
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -227,6 +240,25 @@ def write_atomic(path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
         except OSError:
             pass
         raise
+
+
+def _write_into_special(path: Path, data) -> None:
+    """Write into a character device or a pipe as it stands. A pipe nobody reads is refused at once
+    (``O_NONBLOCK`` open: ENXIO) rather than waited on forever; the writes themselves block as usual."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise InputError(path, "is a named pipe that nobody reads: start its reader first") from None
+        raise
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    with os.fdopen(fd, "wb") as fh:
+        if callable(data):
+            data(fh)
+        else:
+            fh.write(data.encode() if isinstance(data, str) else data)
 
 
 # what the readers of a run folder take as theirs: traces, the manifest, summaries
