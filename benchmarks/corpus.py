@@ -350,7 +350,8 @@ def device_activity(path: Path) -> list[str]:
     return out
 
 
-_DEVICE_PROCESS = re.compile(r"ascend hardware|^(ascend )?(npu|hpu|xpu|mtia|gaudi)\b", re.I)
+# (the Habana bridge's plug-in names its device process "/device:HPU:0")
+_DEVICE_PROCESS = re.compile(r"ascend hardware|^(ascend )?(npu|hpu|xpu|mtia|gaudi)\b|^/device:[a-z]+:\d", re.I)
 _GPU_ONLY_OP = re.compile(r"^aten::_?(cudnn|miopen)_(?!is_acceptable)")
 
 

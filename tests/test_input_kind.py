@@ -343,6 +343,60 @@ def test_an_hpu_or_privateuse1_recording_is_named_never_a_cpu_trace(tmp_path, ca
     assert a.job.input_kind.device == device and a.job.input_kind.unknown and a.mean is None
 
 
+def _habana(tmp_path) -> Path:
+    """A Gaudi recording to the shape the Habana bridge's Kineto plug-in writes (HabanaAI/gaudi-pytorch-bridge,
+    backend/profiling/kineto_activity_profiler.cpp and trace_sources/trace_parser.cpp): TPC/MME work as
+    "kernel", DMA copies as "gpu_memcpy" and the other engines' events (a NIC) as "hpu_op" on the process
+    "/device:HPU:0" with a thread per engine; its host-side calls, also "hpu_op" (Kineto: "HPU host side
+    runtime event"), on a "Bridge Logs" process and on a Synapse API thread of a process of its own."""
+    meta = [{"ph": "M", "name": "process_name", "pid": p, "tid": 0, "args": {"name": n}}
+            for p, n in ((1, "python3"), (40, "Bridge Logs"), (5, "/device:HPU:0"))]
+    meta += [{"ph": "M", "name": "thread_name", "pid": p, "tid": t, "args": {"name": n}}
+             for p, t, n in ((5, 1, "TPC 0"), (5, 2, "MME 0"), (5, 3, "DMA 0"), (7, 9, "Synapse/Host"))]
+    ev = _host_steps()
+    for s in range(3):
+        t0 = s * 1000.0
+        ev += [_x("LaunchSyncTensorsGraph", t0 + 20, 900, cat="hpu_op", pid=40, tid=40),
+               _x("synLaunchWithExternalEvents", t0 + 30, 800, cat="hpu_op", pid=7, tid=9),
+               _x("matmul_fwd_bf16", t0 + 100, 120, cat="kernel", pid=5, tid=2, device=0),
+               _x("add_fwd_f32", t0 + 300, 80, cat="kernel", pid=5, tid=1, device=0),
+               _x("memcpy_host_to_device", t0 + 50, 30, cat="gpu_memcpy", pid=5, tid=3),
+               _x("nic_send", t0 + 500, 100, cat="hpu_op", pid=5, tid=3)]
+    return _write(tmp_path / "rank0.json", meta + ev)
+
+
+def test_a_gaudi_recording_reads_only_its_device_process_as_the_hpu(tmp_path):
+    """Only the spans on "/device:HPU:0" are the HPU's work (per step 200 us of kernels and a 100 us NIC
+    span, a 30 us copy); the bridge's and Synapse's host-side hpu_op calls (900 and 800 us a step, on
+    processes with no host op) are not device work: read as such they made the HPU 80 % busy."""
+    a = open_analysis(_habana(tmp_path))
+    k = a.job.input_kind
+    assert (k.device, k.generic) == ("hpu", True) and not k.unknown
+    assert "6 span(s) off the device's own process (7, Bridge Logs): host-side calls" in " ".join(k.evidence)
+    assert a.mean.compute_us == pytest.approx(300.0, rel=0.01)
+    assert a.mean.idle_us > 600.0
+    rc, out, _ = _cli("analyze", str(_habana(tmp_path)))
+    assert rc == 0 and out.split("\n")[1].split()[1] == "HPU" and "HPU spans (read generically)" in out
+
+
+def test_kernels_launched_through_another_accelerators_runtime_are_not_cuda(tmp_path):
+    """Kernels in "kernel" whose launches are a PrivateUse1 backend's runtime calls (Kineto's
+    privateuse1_runtime): that backend's timeline, read like any kernel timeline, never "CUDA kernels"."""
+    ev = _host_steps()
+    for s in range(3):
+        for k in range(8):
+            ts, c = s * 1000.0 + 15 + k * 100, s * 10 + k
+            ev.append(_x("launchKernel", ts, 3, cat="privateuse1_runtime", correlation=c))
+            ev.append(_x("my_kernel", ts + 5, 40, cat="kernel", pid=0, tid=3, correlation=c))
+    path = _write(tmp_path / "rank0.json", ev)
+    a = open_analysis(path)
+    k = a.job.input_kind
+    assert (k.device, k.generic) == ("privateuse1", True) and not k.unknown and k.links == 24
+    assert a.mean.compute_us == pytest.approx(320.0, rel=0.01)
+    rc, out, _ = _cli("analyze", str(path))
+    assert "CUDA" not in out and "PRIVATEUSE1 spans (read generically)" in out
+
+
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
