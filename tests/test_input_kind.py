@@ -324,6 +324,49 @@ def test_an_xpu_recording_is_read_as_a_device_timeline_and_named(tmp_path):
     assert a.job.traits.device_timeline and a.signals.gpu_idle[0].kernels == 24
 
 
+# oneCCL's SYCL kernels as an Aurora XPU DDP run's profile names them (argonne-lcf/ALCF_Hands_on_HPC_Workshop,
+# data_science/ai_ml_profiling/example_traces/*_self_xpu_time_total-0-of-2.txt, backend xccl), with the
+# signature oneCCL declares (allreduce_large_sycl.hpp): on the compute queue, after the gemm kernels
+_ONECCL = ("allreduce_large_read_write_ipc<float, 2, 2>(void const*, void*, unsigned long, ccl::datatype, "
+           "ccl::reduction, ccl_comm*, ccl_stream*)",
+           "invoke_barrier(std::shared_ptr<ccl_comm>, sycl::_V1::queue, std::vector<sycl::_V1::event>)")
+
+
+def _xpu_ddp(tmp_path) -> Path:
+    """Two XPU ranks: per step six gemm kernels (120 us) and an all-reduce (c10d::allreduce_ over
+    ProcessGroupXCCL's xccl:all_reduce range) whose oneCCL kernels run 500 (rank 1: 600) us and 10 us."""
+    for r in range(2):
+        ev, c = [], 0
+        for s in range(4):
+            t0 = s * 2000.0
+            ev.append(_x(f"ProfilerStep#{s}", t0, 1990, cat="user_annotation"))
+            for k in range(6):
+                c, ts = c + 1, t0 + 20 + k * 150
+                ev += [_x("aten::mm", ts, 100), _x("urEnqueueKernelLaunch", ts + 10, 5, cat="xpu_runtime", correlation=c),
+                       _x("gemm_kernel", ts + 20, 120, cat="kernel", pid=0, tid=64, correlation=c)]
+            ts = t0 + 1000
+            ev += [_x("c10d::allreduce_", ts, 300), _x("xccl:all_reduce", ts + 5, 290, cat="user_annotation")]
+            for name, at, dur in ((_ONECCL[0], 20, 500 + 100 * r), (_ONECCL[1], 530 + 100 * r, 10)):
+                c += 1
+                ev += [_x("urEnqueueKernelLaunch", ts + 10, 5, cat="xpu_runtime", correlation=c),
+                       _x(name, ts + at, dur, cat="kernel", pid=0, tid=64, correlation=c)]
+        _write(tmp_path / f"rank{r}.json", ev, distributedInfo={"backend": "xccl", "rank": r, "world_size": 2})
+    return tmp_path
+
+
+def test_an_xpu_ddp_recordings_oneccl_kernels_are_its_communication(tmp_path):
+    """oneCCL's kernels carry its namespace (ccl::, ccl_comm): communication, though they share the gemm
+    kernels' queue (read by a collective's word alone they counted as compute: 64 % compute, 1 % exposed
+    communication); the header names the XPU, not "GPU"."""
+    a = open_analysis(_xpu_ddp(tmp_path))
+    assert a.job.input_kind.device == "xpu"
+    assert a.mean.compute_us == pytest.approx(720.0, rel=0.02)
+    assert a.mean.exposed_comm_us == pytest.approx(560.0, rel=0.05)  # 510 / 610 us on the two ranks
+    assert {c.kind for c in a.collectives} == {"all_reduce"}
+    rc, out, _ = _cli("analyze", str(tmp_path))
+    assert rc == 0 and out.split("\n")[1].split()[1] == "XPU"
+
+
 @pytest.mark.parametrize("cat,device", [("hpu_op", "hpu"), ("privateuse1_op", "privateuse1")])
 def test_an_hpu_or_privateuse1_recording_is_named_never_a_cpu_trace(tmp_path, cat, device):
     """Habana's Kineto activity type HPU_OP (category "hpu_op", Kineto's ActivityType table) or a
