@@ -308,17 +308,22 @@ def test_one_options_object_reaches_the_pipeline_from_every_door(tmp_path):
         Options().but(window_steps=3)
 
 
-def test_an_xpu_recording_is_read_as_a_device_timeline_and_named(tmp_path):
-    """Intel XPU's Kineto plug-in: kernels under "kernel", their launches (urEnqueueKernelLaunch) under
-    "xpu_runtime" with the correlation id the kernel carries."""
+def _launched(tmp_path, runtime: str, launch: str, kernel: str) -> Path:
+    """Three host steps, each launching eight 40 us kernels (category "kernel") through ``runtime``
+    calls named ``launch`` that carry the kernel's correlation id."""
     ev = _host_steps()
     for s in range(3):
         for k in range(8):
             ts, c = s * 1000.0 + 15 + k * 100, s * 10 + k
-            ev.append(_x("urEnqueueKernelLaunch", ts, 3, cat="xpu_runtime", correlation=c))
-            ev.append(_x("gemm_kernel", ts + 5, 40, cat="kernel", pid=0, tid=3, correlation=c))
-    path = _write(tmp_path / "rank0.json", ev)
-    a = open_analysis(path)
+            ev.append(_x(launch, ts, 3, cat=runtime, correlation=c))
+            ev.append(_x(kernel, ts + 5, 40, cat="kernel", pid=0, tid=3, correlation=c))
+    return _write(tmp_path / "rank0.json", ev)
+
+
+def test_an_xpu_recording_is_read_as_a_device_timeline_and_named(tmp_path):
+    """Intel XPU's Kineto plug-in: kernels under "kernel", their launches (urEnqueueKernelLaunch) under
+    "xpu_runtime" with the correlation id the kernel carries."""
+    a = open_analysis(_launched(tmp_path, "xpu_runtime", "urEnqueueKernelLaunch", "gemm_kernel"))
     k = a.job.input_kind
     assert k.device == "xpu" and not k.unknown and k.links == 24 and k.backward_links == 0
     assert a.job.traits.device_timeline and a.signals.gpu_idle[0].kernels == 24
@@ -425,13 +430,7 @@ def test_a_gaudi_recording_reads_only_its_device_process_as_the_hpu(tmp_path):
 def test_kernels_launched_through_another_accelerators_runtime_are_not_cuda(tmp_path):
     """Kernels in "kernel" whose launches are a PrivateUse1 backend's runtime calls (Kineto's
     privateuse1_runtime): that backend's timeline, read like any kernel timeline, never "CUDA kernels"."""
-    ev = _host_steps()
-    for s in range(3):
-        for k in range(8):
-            ts, c = s * 1000.0 + 15 + k * 100, s * 10 + k
-            ev.append(_x("launchKernel", ts, 3, cat="privateuse1_runtime", correlation=c))
-            ev.append(_x("my_kernel", ts + 5, 40, cat="kernel", pid=0, tid=3, correlation=c))
-    path = _write(tmp_path / "rank0.json", ev)
+    path = _launched(tmp_path, "privateuse1_runtime", "launchKernel", "my_kernel")
     a = open_analysis(path)
     k = a.job.input_kind
     assert (k.device, k.generic) == ("privateuse1", True) and not k.unknown and k.links == 24
