@@ -308,20 +308,68 @@ def test_one_options_object_reaches_the_pipeline_from_every_door(tmp_path):
         Options().but(window_steps=3)
 
 
-def test_an_xpu_recording_is_read_as_a_device_timeline_and_named(tmp_path):
-    """Intel XPU's Kineto plug-in: kernels under "kernel", their launches (urEnqueueKernelLaunch) under
-    "xpu_runtime" with the correlation id the kernel carries."""
+def _launched(tmp_path, runtime: str, launch: str, kernel: str) -> Path:
+    """Three host steps, each launching eight 40 us kernels (category "kernel") through ``runtime``
+    calls named ``launch`` that carry the kernel's correlation id."""
     ev = _host_steps()
     for s in range(3):
         for k in range(8):
             ts, c = s * 1000.0 + 15 + k * 100, s * 10 + k
-            ev.append(_x("urEnqueueKernelLaunch", ts, 3, cat="xpu_runtime", correlation=c))
-            ev.append(_x("gemm_kernel", ts + 5, 40, cat="kernel", pid=0, tid=3, correlation=c))
-    path = _write(tmp_path / "rank0.json", ev)
-    a = open_analysis(path)
+            ev.append(_x(launch, ts, 3, cat=runtime, correlation=c))
+            ev.append(_x(kernel, ts + 5, 40, cat="kernel", pid=0, tid=3, correlation=c))
+    return _write(tmp_path / "rank0.json", ev)
+
+
+def test_an_xpu_recording_is_read_as_a_device_timeline_and_named(tmp_path):
+    """Intel XPU's Kineto plug-in: kernels under "kernel", their launches (urEnqueueKernelLaunch) under
+    "xpu_runtime" with the correlation id the kernel carries."""
+    a = open_analysis(_launched(tmp_path, "xpu_runtime", "urEnqueueKernelLaunch", "gemm_kernel"))
     k = a.job.input_kind
     assert k.device == "xpu" and not k.unknown and k.links == 24 and k.backward_links == 0
     assert a.job.traits.device_timeline and a.signals.gpu_idle[0].kernels == 24
+
+
+# oneCCL's SYCL kernels as an Aurora XPU DDP run's profile names them (argonne-lcf/ALCF_Hands_on_HPC_Workshop,
+# data_science/ai_ml_profiling/example_traces/*_self_xpu_time_total-0-of-2.txt, backend xccl), with the
+# signature oneCCL declares (allreduce_large_sycl.hpp): on the compute queue, after the gemm kernels
+_ONECCL = ("allreduce_large_read_write_ipc<float, 2, 2>(void const*, void*, unsigned long, ccl::datatype, "
+           "ccl::reduction, ccl_comm*, ccl_stream*)",
+           "invoke_barrier(std::shared_ptr<ccl_comm>, sycl::_V1::queue, std::vector<sycl::_V1::event>)")
+
+
+def _xpu_ddp(tmp_path) -> Path:
+    """Two XPU ranks: per step six gemm kernels (120 us) and an all-reduce (c10d::allreduce_ over
+    ProcessGroupXCCL's xccl:all_reduce range) whose oneCCL kernels run 500 (rank 1: 600) us and 10 us."""
+    for r in range(2):
+        ev, c = [], 0
+        for s in range(4):
+            t0 = s * 2000.0
+            ev.append(_x(f"ProfilerStep#{s}", t0, 1990, cat="user_annotation"))
+            for k in range(6):
+                c, ts = c + 1, t0 + 20 + k * 150
+                ev += [_x("aten::mm", ts, 100), _x("urEnqueueKernelLaunch", ts + 10, 5, cat="xpu_runtime", correlation=c),
+                       _x("gemm_kernel", ts + 20, 120, cat="kernel", pid=0, tid=64, correlation=c)]
+            ts = t0 + 1000
+            ev += [_x("c10d::allreduce_", ts, 300), _x("xccl:all_reduce", ts + 5, 290, cat="user_annotation")]
+            for name, at, dur in ((_ONECCL[0], 20, 500 + 100 * r), (_ONECCL[1], 530 + 100 * r, 10)):
+                c += 1
+                ev += [_x("urEnqueueKernelLaunch", ts + 10, 5, cat="xpu_runtime", correlation=c),
+                       _x(name, ts + at, dur, cat="kernel", pid=0, tid=64, correlation=c)]
+        _write(tmp_path / f"rank{r}.json", ev, distributedInfo={"backend": "xccl", "rank": r, "world_size": 2})
+    return tmp_path
+
+
+def test_an_xpu_ddp_recordings_oneccl_kernels_are_its_communication(tmp_path):
+    """oneCCL's kernels carry its namespace (ccl::, ccl_comm): communication, though they share the gemm
+    kernels' queue (read by a collective's word alone they counted as compute: 64 % compute, 1 % exposed
+    communication); the header names the XPU, not "GPU"."""
+    a = open_analysis(_xpu_ddp(tmp_path))
+    assert a.job.input_kind.device == "xpu"
+    assert a.mean.compute_us == pytest.approx(720.0, rel=0.02)
+    assert a.mean.exposed_comm_us == pytest.approx(560.0, rel=0.05)  # 510 / 610 us on the two ranks
+    assert {c.kind for c in a.collectives} == {"all_reduce"}
+    rc, out, _ = _cli("analyze", str(tmp_path))
+    assert rc == 0 and out.split("\n")[1].split()[1] == "XPU"
 
 
 @pytest.mark.parametrize("cat,device", [("hpu_op", "hpu"), ("privateuse1_op", "privateuse1")])
@@ -341,6 +389,54 @@ def test_an_hpu_or_privateuse1_recording_is_named_never_a_cpu_trace(tmp_path, ca
             e["pid"] = 1
     a = open_analysis(_write(tmp_path / "host.json", ev))
     assert a.job.input_kind.device == device and a.job.input_kind.unknown and a.mean is None
+
+
+def _habana(tmp_path) -> Path:
+    """A Gaudi recording to the shape the Habana bridge's Kineto plug-in writes (HabanaAI/gaudi-pytorch-bridge,
+    backend/profiling/kineto_activity_profiler.cpp and trace_sources/trace_parser.cpp): TPC/MME work as
+    "kernel", DMA copies as "gpu_memcpy" and the other engines' events (a NIC) as "hpu_op" on the process
+    "/device:HPU:0" with a thread per engine; its host-side calls, also "hpu_op" (Kineto: "HPU host side
+    runtime event"), on a "Bridge Logs" process and on a Synapse API thread of a process of its own."""
+    meta = [{"ph": "M", "name": "process_name", "pid": p, "tid": 0, "args": {"name": n}}
+            for p, n in ((1, "python3"), (40, "Bridge Logs"), (5, "/device:HPU:0"))]
+    meta += [{"ph": "M", "name": "thread_name", "pid": p, "tid": t, "args": {"name": n}}
+             for p, t, n in ((5, 1, "TPC 0"), (5, 2, "MME 0"), (5, 3, "DMA 0"), (7, 9, "Synapse/Host"))]
+    ev = _host_steps()
+    for s in range(3):
+        t0 = s * 1000.0
+        ev += [_x("LaunchSyncTensorsGraph", t0 + 20, 900, cat="hpu_op", pid=40, tid=40),
+               _x("synLaunchWithExternalEvents", t0 + 30, 800, cat="hpu_op", pid=7, tid=9),
+               _x("matmul_fwd_bf16", t0 + 100, 120, cat="kernel", pid=5, tid=2, device=0),
+               _x("add_fwd_f32", t0 + 300, 80, cat="kernel", pid=5, tid=1, device=0),
+               _x("memcpy_host_to_device", t0 + 50, 30, cat="gpu_memcpy", pid=5, tid=3),
+               _x("nic_send", t0 + 500, 100, cat="hpu_op", pid=5, tid=3)]
+    return _write(tmp_path / "rank0.json", meta + ev)
+
+
+def test_a_gaudi_recording_reads_only_its_device_process_as_the_hpu(tmp_path):
+    """Only the spans on "/device:HPU:0" are the HPU's work (per step 200 us of kernels and a 100 us NIC
+    span, a 30 us copy); the bridge's and Synapse's host-side hpu_op calls (900 and 800 us a step, on
+    processes with no host op) are not device work: read as such they made the HPU 80 % busy."""
+    a = open_analysis(_habana(tmp_path))
+    k = a.job.input_kind
+    assert (k.device, k.generic) == ("hpu", True) and not k.unknown
+    assert "6 span(s) off the device's own process (7, Bridge Logs): host-side calls" in " ".join(k.evidence)
+    assert a.mean.compute_us == pytest.approx(300.0, rel=0.01)
+    assert a.mean.idle_us > 600.0
+    rc, out, _ = _cli("analyze", str(_habana(tmp_path)))
+    assert rc == 0 and out.split("\n")[1].split()[1] == "HPU" and "HPU spans (read generically)" in out
+
+
+def test_kernels_launched_through_another_accelerators_runtime_are_not_cuda(tmp_path):
+    """Kernels in "kernel" whose launches are a PrivateUse1 backend's runtime calls (Kineto's
+    privateuse1_runtime): that backend's timeline, read like any kernel timeline, never "CUDA kernels"."""
+    path = _launched(tmp_path, "privateuse1_runtime", "launchKernel", "my_kernel")
+    a = open_analysis(path)
+    k = a.job.input_kind
+    assert (k.device, k.generic) == ("privateuse1", True) and not k.unknown and k.links == 24
+    assert a.mean.compute_us == pytest.approx(320.0, rel=0.01)
+    rc, out, _ = _cli("analyze", str(path))
+    assert "CUDA" not in out and "PRIVATEUSE1 spans (read generically)" in out
 
 
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

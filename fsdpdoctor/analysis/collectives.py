@@ -73,12 +73,14 @@ def is_comm_kernel(name: str) -> bool:
 #   intranode/internode/internode_ll kernels, not its local layout ones; NVSHMEM, MSCCL++, vLLM's
 #   custom all-reduce, PyTorch's symmetric-memory multimem / one-shot / two-shot all-reduce kernels,
 #   which run on the caller's stream; HCCL's device tasks, hcom_<collective>_<ids> on torch_npu's
-#   'Group N Communication' track): communication by name;
+#   'Group N Communication' track; oneCCL's SYCL kernels on XPU, whose names carry its namespace and
+#   communicator, allreduce_large_read_write_ipc<float, 2, 2>(..., ccl::datatype, ccl::reduction, ...),
+#   invoke_barrier(std::shared_ptr<ccl_comm>, ...), on the compute queue): communication by name;
 # - a collective's word in a kernel name (TensorRT-LLM's allreduce kernels, home-grown ones): only
 #   where the kernel's stream runs nothing FLOP-heavy, the way communication gets its own stream; a
 #   reduction helper inside a compute kernel's name is not communication.
 _LIBRARY_COMM = re.compile(r"(?:\b|_)ep::(?:intranode|internode|internode_ll)::|mscclpp|nvshmem|cross_device_reduce_|"
-                           r"^hcom_|"
+                           r"^hcom_|\bccl::|\bccl_comm\b|"
                            r"multimem_(?:all_reduce|all_gather|one_shot|reduce)|(?:one|two)_shot_all_reduce", re.I)
 _COLLECTIVE_WORD = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|\bdispatch\b|\bcombine\b",
                               re.I)

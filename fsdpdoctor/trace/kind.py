@@ -126,13 +126,18 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
     named = _named_devices(t)
     if kernels:
         rocm = any(n.startswith("hip") for n in t.names) or "amd" in str(_device_name(meta)).lower()
-        xpu = any(c.lower().startswith("xpu") for c in accel)  # kernels in "kernel", launches in xpu_runtime
-        on = {d: n for d, (n, _) in named.items() if n} if not xpu else {}
+        # kernels in "kernel" launched through another accelerator's runtime category (Intel XPU's
+        # xpu_runtime, a PrivateUse1 backend's privateuse1_runtime): that accelerator's, not CUDA's
+        runtime = max((c for c in accel if category_code(c) == RUNTIME), key=accel.get, default=None)
+        launcher = _accelerator_name(runtime) if runtime else None
+        on = {d: n for d, (n, _) in named.items() if n} if not launcher else {}
         other = max(on, key=on.get) if on else None  # kernels on an accelerator's own process (torch_npu...)
-        kind.device = other or ("xpu" if xpu else "rocm" if rocm else "cuda")
-        kind.generic = other is not None
+        kind.device = other or launcher or ("rocm" if rocm else "cuda")
+        # read as any kernel timeline; the header names XPU's "XPU kernels" (results._DEVICES), another
+        # launcher's as that accelerator's spans read generically, never "CUDA kernels"
+        kind.generic = other is not None or launcher not in (None, "xpu")
         ev.append(f"{kernels} kernel(s)" + (f", {copies} copies/memsets" if copies else "")
-                  + (" launched through xpu_runtime: read as a device timeline" if xpu else "")
+                  + (f" launched through {runtime}: read as a device timeline" if launcher else "")
                   + (f" on {named[other][1]!r}: read as a device timeline" if other else ""))
         return
     if copies:
@@ -195,15 +200,28 @@ _COPY_SPAN = re.compile(r"dma|memcpy|mem_?copy|copy|h2d|d2h|htod|dtoh", re.I)
 _WAIT_SPAN = re.compile(r"wait|event_record|record_?event|sync|fence|signal|barrier", re.I)
 
 
-def read_accelerator(t: RankTrace) -> str | None:
+def read_accelerator(t: RankTrace, evidence: list[str] | None = None) -> str | None:
     """Another accelerator's events read by their shape, one mechanism for every plug-in. The loader
     made its runtime categories runtime calls and its other categories device spans (``ACCELERATOR``);
     here the shape is checked: device spans must lie on tracks of a process that holds no host op (a
-    device's streams/queues). Copies and event waits are told by name, the rest is device work.
-    Returns why the shape cannot be read (its spans then set back to OTHER), or None once read."""
+    device's streams/queues). Where the file names a process or stream as the device ("/device:HPU:0",
+    "NPU 0"...), only the spans there are the device's: Habana's plug-in writes its host-side calls under
+    the same category ("hpu_op", Kineto's "HPU host side runtime event") on processes of their own
+    (Bridge Logs, the Synapse API threads), which hold no host op either. Copies and event waits are told
+    by name, the rest is device work. Returns why the shape cannot be read (its spans then set back to
+    OTHER), or None once read; ``evidence`` gains the count of spans set aside as off the device."""
     spans = np.nonzero(np.isin(t.cat, DEVICE_CATEGORIES))[0]
     host_pids = {t.tracks[i].pid for i in distinct(t.track[np.isin(t.cat, (CPU_OP, PYFUNC))]).tolist()}
     on_device = np.array([tr.pid not in host_pids for tr in t.tracks], dtype=bool)
+    named = np.array([_track_device(tr) is not None for tr in t.tracks], dtype=bool)
+    if (named & on_device).any():
+        off = on_device[t.track[spans]] & ~named[t.track[spans]] & (t.dur[spans] > 0)
+        if off.any() and evidence is not None:
+            where = sorted({t.tracks[i].process.split("|")[0].strip() or str(t.tracks[i].pid)
+                            for i in distinct(t.track[spans[off]]).tolist()})
+            evidence.append(f"{int(off.sum())} span(s) off the device's own process ({', '.join(where[:3])}"
+                            f"{' ...' if len(where) > 3 else ''}): host-side calls, not device work")
+        on_device &= named
     ok = on_device[t.track[spans]] & (t.dur[spans] > 0)
     t.cat[spans[~ok]] = OTHER
     spans = spans[ok]
@@ -222,6 +240,12 @@ def read_accelerator(t: RankTrace) -> str | None:
     return None
 
 
+def _accelerator_name(cat: str) -> str:
+    """The device an accelerator category names (hpu_op -> hpu, gaudi... -> hpu, ascend... -> npu)."""
+    name = _ACCELERATOR.match(cat).group(1).lower()
+    return _ACCELERATOR_NAMES.get(name, name)
+
+
 def _generic_counts(t: RankTrace) -> str:
     n = np.bincount(t.cat, minlength=OTHER + 1)
     return (f"{int(n[KERNEL])} device spans as work, {int(n[MEMCPY])} as copies, event waits as idle, "
@@ -232,13 +256,12 @@ def _accelerator(t: RankTrace, meta: dict, kind: InputKind, accel: dict[str, int
     """Another accelerator named by its categories and backend, its device spans read generically where
     their shape allows (``read_accelerator``), else named as not analysed with the reason."""
     ev, unknown = kind.evidence, kind.unknown
-    name = _ACCELERATOR.match(max(accel, key=accel.get)).group(1).lower()
-    name = _ACCELERATOR_NAMES.get(name, name)
+    name = _accelerator_name(max(accel, key=accel.get))
     kind.device = name
     backend = (meta.get("distributedInfo") or {}).get("backend") if isinstance(meta.get("distributedInfo"), dict) else None
     ev.append(", ".join(f"{n} {c}" for c, n in sorted(accel.items(), key=lambda x: -x[1]))
               + (f"; backend {backend}" if backend else ""))
-    why = read_accelerator(t)
+    why = read_accelerator(t, ev)
     if why is None:
         kind.generic = True
         ev.append(f"{name.upper()} read generically: {_generic_counts(t)}")
@@ -249,8 +272,9 @@ def _accelerator(t: RankTrace, meta: dict, kind: InputKind, accel: dict[str, int
 
 # a process (by its name or label) or a stream named as another accelerator's: torch_npu writes its
 # device events on "Ascend Hardware" (label "NPU") or an "NPU" process with "NPU stream N" threads
-_DEVICE_PROCESS = re.compile(r"^(?:ascend hardware|(?:ascend )?(npu|hpu|xpu|mtia|gaudi|habana)(?: stream)?(?: \d+)?)$",
-                             re.I)
+# device "/device:HPU:0" (the Habana bridge's Kineto plug-in, TensorFlow's spelling)
+_DEVICE_PROCESS = re.compile(r"^(?:ascend hardware|/device:(npu|hpu|xpu|mtia|gaudi|habana):\d+"
+                             r"|(?:ascend )?(npu|hpu|xpu|mtia|gaudi|habana)(?: stream)?(?: \d+)?)$", re.I)
 
 
 def _track_device(tr, labels: bool = True) -> tuple[str, str] | None:
@@ -261,7 +285,8 @@ def _track_device(tr, labels: bool = True) -> tuple[str, str] | None:
     for label in (names if labels else names[:1]) + [tr.name]:
         m = _DEVICE_PROCESS.match(label)
         if m:
-            return _ACCELERATOR_NAMES.get((m.group(1) or "ascend").lower(), (m.group(1) or "").lower()), label
+            device = (m.group(1) or m.group(2) or "ascend").lower()
+            return _ACCELERATOR_NAMES.get(device, device), label
     return None
 
 

@@ -21,9 +21,11 @@ PARAM_COMMS = "record_param_comms"
 COMM_OPS = C10D_PREFIXES + (PARAM_COMMS,)
 # ops named like collectives that only wait for one
 NOT_COLLECTIVE_OPS = ("c10d::wait", "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor")
-# the communication libraries' own annotations (``nccl:all_reduce``, ``gloo:all_gather``)
-NCCL_ANNOTATION, GLOO_ANNOTATION = "nccl:", "gloo:"
-LIBRARY_ANNOTATIONS = (NCCL_ANNOTATION, GLOO_ANNOTATION)
+# the communication libraries' own annotations (``nccl:all_reduce``, ``gloo:all_gather``; XPU's
+# ProcessGroupXCCL titles its collectives ``xccl:all_reduce`` as ProcessGroupNCCL does ``nccl:``)
+NCCL_ANNOTATION, GLOO_ANNOTATION, XCCL_ANNOTATION = "nccl:", "gloo:", "xccl:"
+DEVICE_LIBRARY_ANNOTATIONS = (NCCL_ANNOTATION, XCCL_ANNOTATION)  # the libraries that run on the device
+LIBRARY_ANNOTATIONS = (NCCL_ANNOTATION, GLOO_ANNOTATION, XCCL_ANNOTATION)
 # device communication kernels are named after their library (``ncclDevKernel_...``, ``rcclKernel...``)
 KERNEL_LIBRARIES = ("nccl", "rccl")
 # Model-level ops whose recorded input shapes (``Input Dims``, record_shapes=True) measure how much

@@ -26,7 +26,7 @@ from fsdpdoctor.analysis.dialects.host_spans import extract_spans
 from fsdpdoctor.analysis.stats import member
 from fsdpdoctor.results import Collective, DialectTraits
 from fsdpdoctor.trace.table import ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, RankTrace, distinct
-from fsdpdoctor.trace.vocabulary import C10D_PREFIXES, NCCL_ANNOTATION, NOT_COLLECTIVE_OPS, PARAM_COMMS
+from fsdpdoctor.trace.vocabulary import C10D_PREFIXES, DEVICE_LIBRARY_ANNOTATIONS, NOT_COLLECTIVE_OPS, PARAM_COMMS
 
 
 # the device timelines this dialect reads (trace/kind.py's ``InputKind.device``)
@@ -190,7 +190,7 @@ def extract_kernels(ctx: RankContext) -> list[CollectiveRecord]:
     if len(rows) == 0:
         return []
     op_rows = t.rows_named(lambda n: n.startswith(C10D_PREFIXES) and not n.startswith(NOT_COLLECTIVE_OPS), cat=CPU_OP)
-    nccl_ann = t.rows_with_prefix(NCCL_ANNOTATION, cat=(ANNOTATION, CPU_OP))
+    nccl_ann = t.rows_with_prefix(DEVICE_LIBRARY_ANNOTATIONS, cat=(ANNOTATION, CPU_OP))
     out = []
     for r, launch in zip(rows.tolist(), ctx.launch_rows(rows).tolist()):  # kernel, its launching runtime call
         kname = t.name(r)
