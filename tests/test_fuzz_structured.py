@@ -1,0 +1,71 @@
+"""Regression cases of the session-11 fuzzing campaign: structured mutations that a byte or field
+mutation (tests/test_fuzz.py) does not reach, each on a small synthetic run built here. The contract is
+the fuzzer's: exit 0, 1 (check's gate) or 2; on 2 one line naming the problem, never a traceback or an
+internal error; inputs unchanged; every figure finite and within its bounds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from fsdpdoctor.cli import main
+from conftest import error_lines
+
+
+def rank_doc(rank: int = 0, world: int = 2, steps: int = 4, step_us: float = 10_000.0, t0: float = 1.0e6) -> dict:
+    """A tiny Kineto CPU trace of one rank: ``steps`` ProfilerStep annotations, each holding a matmul
+    and a gloo all_reduce with its record's arguments."""
+    pid = 100 + rank
+    ev: list[dict] = [{"ph": "M", "name": "thread_name", "pid": pid, "tid": 1, "args": {"name": "python"}}]
+    for s in range(steps):
+        ts = t0 + s * step_us
+        ev += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s + 1}", "pid": pid, "tid": 1,
+                "ts": ts, "dur": step_us - 10},
+               {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": pid, "tid": 1, "ts": ts + 100, "dur": 6000},
+               {"ph": "X", "cat": "cpu_op", "name": "gloo:all_reduce", "pid": pid, "tid": 1, "ts": ts + 6200,
+                "dur": 2000, "args": {"Collective name": "all_reduce", "In msg nelems": 1024,
+                                      "Out msg nelems": 1024, "dtype": "Float", "Group size": world}}]
+    return {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world},
+            "traceEvents": ev}
+
+
+def write_run(folder: Path, docs: list[dict]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for r, doc in enumerate(docs):
+        (folder / f"rank{r}.json").write_text(json.dumps(doc))
+    return folder
+
+
+def digest(root: Path) -> dict[str, str]:
+    paths = [root] if root.is_file() else sorted(root.rglob("*"))
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.is_file()}
+
+
+def run(capsys, *argv: str, ok=(0, 2)) -> tuple[int, str, str]:
+    """One verb under the contract."""
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    assert rc in ok, (rc, err)
+    assert "Traceback" not in err and "internal error" not in err, err
+    if rc == 2:
+        assert len(error_lines(err)) == 1, err
+    return rc, out, err
+
+
+def test_step_number_beyond_64_bits_is_no_step_marker(tmp_path, capsys):
+    """``ProfilerStep#`` followed by 31 digits was an internal error (the per-rank summary's encoder
+    cannot hold the number); no step counter torch keeps reaches it, so the annotation is not read as
+    a step."""
+    docs = [rank_doc(r) for r in range(2)]
+    for d in docs:
+        for i, e in enumerate(e for e in d["traceEvents"] if str(e.get("name")).startswith("ProfilerStep#")):
+            e["name"] = f"ProfilerStep#{10 ** 30 + i}"
+    run_dir = write_run(tmp_path / "run", docs)
+    before = digest(run_dir)
+    rc, out, _ = run(capsys, "analyze", "--json", "--no-progress", str(run_dir))
+    assert rc == 0
+    assert all(s.get("step") is None or s["step"] < 2 ** 63 for r in json.loads(out)["ranks"] for s in r["steps"])
+    run(capsys, "check", "--no-progress", str(run_dir), ok=(0, 1))
+    assert digest(run_dir) == before
