@@ -69,3 +69,44 @@ def test_step_number_beyond_64_bits_is_no_step_marker(tmp_path, capsys):
     assert all(s.get("step") is None or s["step"] < 2 ** 63 for r in json.loads(out)["ranks"] for s in r["steps"])
     run(capsys, "check", "--no-progress", str(run_dir), ok=(0, 1))
     assert digest(run_dir) == before
+
+
+def _saved(tmp_path: Path, capsys) -> tuple[Path, dict]:
+    run_dir = write_run(tmp_path / "run", [rank_doc(r) for r in range(2)])
+    _, out, _ = run(capsys, "analyze", "--json", "--no-progress", str(run_dir))
+    saved = tmp_path / "saved.json"
+    saved.write_text(out)
+    return saved, json.loads(out)
+
+
+def test_saved_json_reads_back_unchanged(tmp_path, capsys):
+    saved, doc = _saved(tmp_path, capsys)
+    _, out, _ = run(capsys, "analyze", "--json", "--no-progress", str(saved))
+    assert json.loads(out) == doc
+
+
+def test_saved_json_with_impossible_figures_is_refused(tmp_path, capsys):
+    """A saved ``--json`` was shown, gated on and compared as it was: an edited document with a share of
+    2.5, a negative idle time or an infinite step (1e400) came out of analyze, check and diff as
+    figures. It is held to the invariants every fresh analysis is held to, and refused naming the
+    first figure."""
+    saved, doc = _saved(tmp_path, capsys)
+    cases = [("ranks", 0, "steps", 0, "idle_us", -1.0, "idle_us is -1.0"),
+             ("ranks", 1, "steps", 1, "duration_us", "1e400", "duration_us is inf"),
+             ("straggler", "last_fraction", 2.5, "last-arrival share is 2.5"),
+             ("ranks", 0, "mean", "compute_us", 1e300, "step-adds-up")]
+    for *where, value, said in cases:
+        d = json.loads(json.dumps(doc))
+        t = d
+        for k in where[:-1]:
+            t = t[k]
+        t[where[-1]] = "@@" if value == "1e400" else value
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(d).replace('"@@"', "1e400"))
+        before = digest(bad)
+        for argv in (["analyze", "--json", "--no-progress"], ["check", "--no-progress"]):
+            rc, _, err = run(capsys, *argv, str(bad))
+            assert rc == 2 and "edited?" in err and said in err, (where, err)
+        rc, _, err = run(capsys, "diff", "--json", str(saved), str(bad), ok=(2,))
+        assert "edited?" in err
+        assert digest(bad) == before
