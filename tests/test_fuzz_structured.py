@@ -94,6 +94,7 @@ def test_saved_json_with_impossible_figures_is_refused(tmp_path, capsys):
     cases = [("ranks", 0, "steps", 0, "idle_us", -1.0, "idle_us is -1.0"),
              ("ranks", 1, "steps", 1, "duration_us", "1e400", "duration_us is inf"),
              ("straggler", "last_fraction", 2.5, "last-arrival share is 2.5"),
+             ("straggler", "spread_frac", 1e300, "spread_frac is 1e+300"),
              ("ranks", 0, "mean", "compute_us", 1e300, "step-adds-up")]
     for *where, value, said in cases:
         d = json.loads(json.dumps(doc))

@@ -235,10 +235,10 @@ _SIGNED = re.compile(r"^mean\.rank$|^clock\.ranks\[\d+\]\.(offset_us|drift_ppm|b
 
 def document_problems(a: Analysis) -> list[str]:
     """What rules out ``a``, read back from a saved ``--json`` document, as an analysis this program
-    wrote: a number that is not finite, or negative where no figure of ours is, and each violation of
-    the invariants its notes do not already name (a figure the writing run could not bound is kept
-    with a note; a document edited afterwards has none). Its figures are shown and gated on as they
-    are, so they are held to what every fresh analysis is held to."""
+    wrote: a number that is not finite, negative where no figure of ours is, or a share (``*_frac``)
+    above 1, and each violation of the invariants its notes do not already name (a figure the writing
+    run could not bound is kept with a note; a document edited afterwards has none). Its figures are
+    shown and gated on as they are, so they are held to what every fresh analysis is held to."""
     import msgspec
 
     out: list[str] = []
@@ -247,7 +247,8 @@ def document_problems(a: Analysis) -> list[str]:
         if isinstance(x, bool) or x is None or isinstance(x, str):
             return
         if isinstance(x, (int, float)):
-            if not math.isfinite(x) or (x < 0 and not _SIGNED.match(path)):
+            if not math.isfinite(x) or (x < 0 and not _SIGNED.match(path)) or \
+                    (path.endswith("_frac") and x > 1 + SHOWN_SHARE):   # every *_frac is a share
                 out.append(f"{path} is {x!r}")
         elif isinstance(x, dict):
             for k, v in x.items():
