@@ -111,3 +111,33 @@ def test_saved_json_with_impossible_figures_is_refused(tmp_path, capsys):
         rc, _, err = run(capsys, "diff", "--json", str(saved), str(bad), ok=(2,))
         assert "edited?" in err
         assert digest(bad) == before
+
+
+def test_selection_flags_read_as_numbers_or_refused(tmp_path, capsys):
+    """``--rank ²`` was an internal error ("²".isdigit() holds, int("²") raises); ``--steps`` with a step
+    number past 2^64 was one too (the per-rank summary's encoder); ``--steps 0-99999999999`` built a set
+    of 10^11 step numbers (memory and time without bound). Each is one line and exit 2 now."""
+    run_dir = write_run(tmp_path / "run", [rank_doc(r) for r in range(2)])
+    for flag, value, said in [("--rank", "²", "--rank"), ("--steps", "99999999999999999999", "--steps"),
+                              ("--steps", "0-99999999999", "more than 1,000,000 steps"), ("--steps", "٣", "--steps")]:
+        rc, _, err = run(capsys, "analyze", "--json", "--no-progress", flag, value, str(run_dir))
+        assert rc == 2 and said in err, (flag, value, err)
+    rc, out, _ = run(capsys, "analyze", "--json", "--no-progress", "--steps", " 2-3 ,4", str(run_dir))
+    assert rc == 0 and {s["step"] for r in json.loads(out)["ranks"] for s in r["steps"]} == {2, 3, 4}
+
+
+def test_thresholds_outside_their_meaning_are_refused(tmp_path, capsys):
+    """``--threshold severity_warning_frac=0`` was an internal error (ZeroDivisionError); NaN or inf made
+    every comparison false or true. A bar is a finite number above 0, a share at most 1, a probability
+    below 1: from the command line and from a --config file alike."""
+    run_dir = write_run(tmp_path / "run", [rank_doc(r) for r in range(2)])
+    for item in ["severity_warning_frac=0", "severity_warning_frac=nan", "exposed_comm_frac=1.5",
+                 "impact_confidence=1", "straggler_noise_z=inf", "small_message_bytes=-1"]:
+        rc, _, err = run(capsys, "check", "--no-progress", "--threshold", item, str(run_dir), ok=(2,))
+        assert item.split("=")[0] in err, err
+    cfg = tmp_path / "th.json"
+    cfg.write_text(json.dumps({"thresholds": {"severity_warning_frac": 0}}))
+    rc, _, err = run(capsys, "check", "--no-progress", "--config", str(cfg), str(run_dir), ok=(2,))
+    assert "severity_warning_frac" in err
+    run(capsys, "check", "--no-progress", "--threshold", "severity_error_frac=1", "--threshold",
+        "scaling_efficiency_low=10", str(run_dir), ok=(0, 1))
