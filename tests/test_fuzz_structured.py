@@ -141,3 +141,26 @@ def test_thresholds_outside_their_meaning_are_refused(tmp_path, capsys):
     assert "severity_warning_frac" in err
     run(capsys, "check", "--no-progress", "--threshold", "severity_error_frac=1", "--threshold",
         "scaling_efficiency_low=10", str(run_dir), ok=(0, 1))
+
+
+def test_step_series_records_off_the_writers_sequence_are_left_out(tmp_path, capsys):
+    """A step-series file doubled (written twice over) or with one step number damaged crashed the plot
+    (IndexError: it takes the steps as ascending). The writer numbers records one step apart, each
+    starting where the previous ended; a record off that sequence is left out and counted in a note."""
+    from fsdpdoctor.capture.series import encode_header, encode_records, read_series
+
+    ends = [int(1e9 + i * 5e7) for i in range(1, 41)]
+    good = encode_header(0, 2, 1_700_000_000 * 10 ** 9, 1) + encode_records(1, ends, int(1e9), 0, {})
+    damaged = bytearray(good)
+    damaged[40 + 20 * 10:40 + 20 * 10 + 4] = (4_000_000_000).to_bytes(4, "little")  # step of record 10
+    for name, data, dropped in [("doubled", good + good[40:], 40), ("damaged", bytes(damaged), 1)]:
+        run_dir = tmp_path / name
+        (run_dir / "steps").mkdir(parents=True)
+        (run_dir / "steps" / "rank0.steps").write_bytes(data)
+        s = read_series(run_dir / "steps" / "rank0.steps")
+        assert s.dropped == dropped and s.steps == sorted(set(s.steps)) and len(s.steps) == 40 - (name == "damaged")
+        before = digest(run_dir)
+        run(capsys, "steps", "--width", "80", str(run_dir), ok=(0,))
+        rc, out, _ = run(capsys, "steps", "--json", str(run_dir), ok=(0,))
+        assert f"{dropped} record(s) out of the writer's step sequence" in out
+        assert digest(run_dir) == before
