@@ -164,3 +164,15 @@ def test_step_series_records_off_the_writers_sequence_are_left_out(tmp_path, cap
         rc, out, _ = run(capsys, "steps", "--json", str(run_dir), ok=(0,))
         assert f"{dropped} record(s) out of the writer's step sequence" in out
         assert digest(run_dir) == before
+
+
+def test_scaling_work_per_step_is_a_finite_positive_number(tmp_path, capsys):
+    """``scaling --samples-per-step nan`` (or inf, 1e400) printed NaN/Infinity as work per step and
+    throughput in --json (``nan <= 0`` is false, so the check let it through)."""
+    one = write_run(tmp_path / "w1", [rank_doc(0, world=1)])
+    two = write_run(tmp_path / "w2", [rank_doc(r, world=2) for r in range(2)])
+    for value in ("nan", "inf", "1e400", "0"):
+        rc, _, err = run(capsys, "scaling", "--json", "--samples-per-step", value, str(one), str(two), ok=(2,))
+        assert "positive number" in err
+    rc, out, _ = run(capsys, "scaling", "--json", "--samples-per-step", "8", str(one), str(two), ok=(0,))
+    assert [r["work_per_step"] for r in json.loads(out)["runs"]] == [8.0, 16.0]
