@@ -176,3 +176,23 @@ def test_scaling_work_per_step_is_a_finite_positive_number(tmp_path, capsys):
         assert "positive number" in err
     rc, out, _ = run(capsys, "scaling", "--json", "--samples-per-step", "8", str(one), str(two), ok=(0,))
     assert [r["work_per_step"] for r in json.loads(out)["runs"]] == [8.0, 16.0]
+
+
+def test_hang_dump_counters_are_whole_non_negative_numbers(tmp_path, capsys):
+    """A flight-recorder entry with collective_seq_id -5 was shown as the collective where the ranks
+    diverge (``"seq": -5`` in --json); 2^70, true and 1.5 were read as numbers too. The dump's counters,
+    ids and clock readings are whole numbers in [0, 2^63): anything else is no reading, and an entry
+    without its sequence number is refused in one line."""
+    def dump(seq) -> str:
+        return json.dumps({"fsdpdoctor_hang": 1, "rank": 0, "world_size": 1, "flight_recorder": {"entries": [
+            {"collective_seq_id": seq, "profiling_name": "gloo:all_reduce", "process_group": ["0", "default_pg"],
+             "state": "scheduled"}]}})
+    for seq in (-5, 2 ** 70, True, 1.5, "x"):
+        run_dir = tmp_path / f"run{seq}"
+        (run_dir / "hang").mkdir(parents=True)
+        (run_dir / "hang" / "rank0.json").write_text(dump(seq))
+        rc, _, err = run(capsys, "hang", "--json", str(run_dir), ok=(2,))
+        assert "collective_seq_id" in err
+    (run_dir / "hang" / "rank0.json").write_text(dump("7"))
+    rc, out, _ = run(capsys, "hang", "--json", str(run_dir), ok=(0,))   # as text: read
+    assert json.loads(out)["ranks"][0]["current"]["seq"] == 7
