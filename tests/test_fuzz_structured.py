@@ -196,3 +196,39 @@ def test_hang_dump_counters_are_whole_non_negative_numbers(tmp_path, capsys):
     (run_dir / "hang" / "rank0.json").write_text(dump("7"))
     rc, out, _ = run(capsys, "hang", "--json", str(run_dir), ok=(0,))   # as text: read
     assert json.loads(out)["ranks"][0]["current"]["seq"] == 7
+
+
+def test_outputs_never_replace_a_device_a_pipe_or_a_link_to_one(tmp_path, capsys):
+    """``export --perfetto /dev/full`` (run as root by the campaign) renamed the trace over the machine's
+    /dev/full, leaving a regular file there and exit 0; /dev/null or /dev/stdout would have gone the same
+    way. Every output goes through trace/io.write_atomic, which now replaces only a regular file (or a
+    link to one). Checked on a named pipe and a link to it, never on /dev itself."""
+    import os
+    import stat
+
+    from fsdpdoctor.api import analyze, save_json
+
+    run_dir = write_run(tmp_path / "run", [rank_doc(r) for r in range(2)])
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "out.json"
+    link.symlink_to(fifo)
+    for target in (fifo, link):
+        rc, _, err = run(capsys, "export", "--no-progress", "--perfetto", str(target), str(run_dir), ok=(2,))
+        assert "not a regular file" in err and "named pipe" in err
+    rc, _, err = run(capsys, "check", "--no-progress", "--junit", str(fifo), str(run_dir), ok=(2,))
+    assert "named pipe" in err
+    try:
+        save_json(analyze(run_dir), link)
+    except Exception as exc:  # the notebook API raises the same InputError
+        assert "named pipe" in str(exc)
+    else:
+        raise AssertionError("save_json replaced a link to a named pipe")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and link.is_symlink()
+    # a link to a regular file is still replaced (never written through), as before
+    regular = tmp_path / "target.json"
+    regular.write_text("{}")
+    other = tmp_path / "other.json"
+    other.symlink_to(regular)
+    run(capsys, "export", "--no-progress", "--perfetto", str(other), str(run_dir), ok=(0,))
+    assert not other.is_symlink() and regular.read_text() == "{}"

@@ -209,6 +209,12 @@ def write_atomic(path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
     path = Path(path)
     if path.is_dir():
         raise InputError(path, "is a folder: name a file to write")
+    # only a regular file (or a link to one) is replaced: the rename would put a regular file in place
+    # of a device, a pipe or a link to one (--perfetto /dev/null or /dev/stdout, as root, replaced the
+    # machine's /dev/null or /dev/stdout with the trace)
+    for st in _stats(path):
+        if not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+            raise InputError(path, f"is {file_kind(st.st_mode)}, not a regular file: name a file to write")
     import secrets  # here: it loads OpenSSL (hmac), ~10 ms of every start
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -231,6 +237,17 @@ def write_atomic(path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
 
 # what the readers of a run folder take as theirs: traces, the manifest, summaries
 _READ_FROM_A_RUN = (".json", ".json.gz", ".msgpack")
+
+
+def _stats(path: Path) -> list[os.stat_result]:
+    """The status of ``path`` itself and, for a link, of what it points to (none where absent)."""
+    out = []
+    for follow in (False, True):
+        try:
+            out.append(os.stat(path, follow_symlinks=follow))
+        except OSError:
+            pass
+    return out
 
 
 def check_output(out, inputs) -> None:
