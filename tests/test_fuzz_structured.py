@@ -232,3 +232,21 @@ def test_outputs_never_replace_a_device_a_pipe_or_a_link_to_one(tmp_path, capsys
     other.symlink_to(regular)
     run(capsys, "export", "--no-progress", "--perfetto", str(other), str(run_dir), ok=(0,))
     assert not other.is_symlink() and regular.read_text() == "{}"
+
+
+def test_a_wrong_flag_or_value_is_one_line(capsys):
+    """argparse printed its usage block before the error (``trigger --steps 1e3``: two lines and more);
+    a wrong flag, value or verb is one line and exit 2, as every other bad input, its text made visible."""
+    import pytest
+
+    for argv, said in [(["trigger", "--steps", "1e3", "x"], "invalid int value: '1e3'"),
+                       (["diff", "--base-window", "a", "x", "y"], "--base-window"),
+                       (["anlyze", "x"], "invalid choice: 'anlyze'"),
+                       (["analyze", "--bogus", "x"], "unrecognized arguments: --bogus"),
+                       (["analyze", "--jobs", "\x1b]0;t\x07", "x"], "\\x1b"),
+                       (["analyze"], "required")]:
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and len(error_lines(err)) == 1 and said in err, (argv, err)
+        assert "\x1b" not in err and "--help" in err
