@@ -250,3 +250,20 @@ def test_a_wrong_flag_or_value_is_one_line(capsys):
         err = capsys.readouterr().err
         assert exc.value.code == 2 and len(error_lines(err)) == 1 and said in err, (argv, err)
         assert "\x1b" not in err and "--help" in err
+
+
+def test_a_step_series_under_another_ranks_name_is_skipped(tmp_path, capsys):
+    """rank7.steps holding rank 0's series (a copy) was plotted as a second rank 0, without a word; the
+    writer names each file by its rank, so a file whose header says otherwise is skipped and named."""
+    from fsdpdoctor.capture.series import encode_header, encode_records
+
+    (tmp_path / "steps").mkdir()
+    for r in (0, 1):
+        data = encode_header(r, 2, 1_700_000_000 * 10 ** 9, 1) + encode_records(1, [2 * 10 ** 9, 3 * 10 ** 9],
+                                                                                 10 ** 9, 0, {})
+        (tmp_path / "steps" / f"rank{r}.steps").write_bytes(data)
+    (tmp_path / "steps" / "rank7.steps").write_bytes((tmp_path / "steps" / "rank0.steps").read_bytes())
+    rc, out, _ = run(capsys, "steps", "--json", str(tmp_path), ok=(0,))
+    doc = json.loads(out)
+    assert [s["rank"] for s in doc["ranks"]] == [0, 1]
+    assert any("rank7.steps" in n and "says rank 0" in n for n in doc["notes"])

@@ -97,6 +97,9 @@ def read_series(path: Path) -> StepSeries:
     magic, rank, world, origin_ns, pid = HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise ValueError(f"{p.name}: not a step series (no {MAGIC.decode()} header)")
+    named = p.name[len("rank"):-len(SUFFIX)] if p.name.startswith("rank") and p.name.endswith(SUFFIX) else ""
+    if named.isascii() and named.isdigit() and int(named) != rank:   # the writer names it by its rank
+        raise ValueError(f"{p.name}: the header says rank {rank} (a copy of another rank's series?)")
     body = len(data) - HEADER.size
     n = body // RECORD.size
     s = StepSeries(rank=rank, world_size=world, origin_unix_s=origin_ns / 1e9, pid=pid, cut=bool(body % RECORD.size))
