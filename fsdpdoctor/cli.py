@@ -47,6 +47,16 @@ VERBS: tuple[tuple[str, str], ...] = (
 )
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A wrong flag or value is one line and exit 2, as every other bad input (argparse printed its
+    usage block first: four lines and more)."""
+
+    def error(self, message: str):
+        from fsdpdoctor.visible_text import visible
+
+        self.exit(2, f"{self.prog}: error: {visible(message)} (see {self.prog} --help)\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; with ``only``, a verb's name, that verb alone is declared (its
     subparser and flags: what its command line can reach, ~2 ms of CPU less than twelve subparsers
@@ -54,7 +64,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     (``--help``, and the choices a misspelt verb is told)."""
     from importlib import import_module
 
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="fsdpdoctor",
         description="Profile and diagnose PyTorch DDP/FSDP training jobs from torch.profiler traces.",
     )

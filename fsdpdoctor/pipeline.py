@@ -120,6 +120,10 @@ def _read_saved(path: Path, ranks: list[int] | None, steps: set[int] | None) -> 
         a = parse_bounded(Analysis.from_json, read_raw(path), path, "--json document")
     except (ValueError, TypeError) as exc:  # msgspec.ValidationError is a ValueError
         raise InputError(str(path), f"not a readable fsdpdoctor --json document: {exc}") from None
+    wrong = invariants.document_problems(a)
+    if wrong:
+        more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise InputError(str(path), f"not an analysis as fsdpdoctor writes it (edited?): {wrong[0]}{more}")
     if ranks is not None:
         have = [r.rank for r in a.ranks]
         a.ranks = [r for r in a.ranks if r.rank in set(ranks)]

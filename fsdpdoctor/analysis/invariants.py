@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Literal
 
 from fsdpdoctor.results.serial import result
@@ -224,6 +225,41 @@ def _shares(a: Analysis) -> list[Violation]:
     if a.straggler:
         unit("straggler spread share", a.straggler.spread_frac)
         unit("straggler last-arrival share", a.straggler.last_fraction)
+    return out
+
+
+# the figures of an analysis that are signed by definition: the job mean's rank (-1, "all ranks") and a
+# rank's clock offset, drift and their bounds against the reference rank (docs/json-schema.md)
+_SIGNED = re.compile(r"^mean\.rank$|^clock\.ranks\[\d+\]\.(offset_us|drift_ppm|bound_lo_us|bound_hi_us)$")
+
+
+def document_problems(a: Analysis) -> list[str]:
+    """What rules out ``a``, read back from a saved ``--json`` document, as an analysis this program
+    wrote: a number that is not finite, negative where no figure of ours is, or a share (``*_frac``)
+    above 1, and each violation of the invariants its notes do not already name (a figure the writing
+    run could not bound is kept with a note; a document edited afterwards has none). Its figures are
+    shown and gated on as they are, so they are held to what every fresh analysis is held to."""
+    import msgspec
+
+    out: list[str] = []
+
+    def walk(x, path: str) -> None:
+        if isinstance(x, bool) or x is None or isinstance(x, str):
+            return
+        if isinstance(x, (int, float)):
+            if not math.isfinite(x) or (x < 0 and not _SIGNED.match(path)) or \
+                    (path.endswith("_frac") and x > 1 + SHOWN_SHARE):   # every *_frac is a share
+                out.append(f"{path} is {x!r}")
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{path}.{k}" if path else str(k))
+        elif isinstance(x, list):
+            for i, v in enumerate(x):
+                walk(v, f"{path}[{i}]")
+
+    walk(msgspec.to_builtins(a), "")
+    named = " ".join(n for n in a.notes if n.startswith("invariant "))
+    out += [str(v) for v in check(a) if f"invariant {v.invariant}" not in named]
     return out
 
 

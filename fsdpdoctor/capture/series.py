@@ -77,6 +77,7 @@ class StepSeries:
     duration_s: list[float] = field(default_factory=list)
     wait_s: list[float | None] = field(default_factory=list)
     cut: bool = False     # the file ends inside a record (the writer was stopped mid-write)
+    dropped: int = 0      # records out of the writer's sequence, left out (a damaged or doubled file)
 
 
 def read_series(path: Path) -> StepSeries:
@@ -96,10 +97,27 @@ def read_series(path: Path) -> StepSeries:
     magic, rank, world, origin_ns, pid = HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise ValueError(f"{p.name}: not a step series (no {MAGIC.decode()} header)")
+    named = p.name[len("rank"):-len(SUFFIX)] if p.name.startswith("rank") and p.name.endswith(SUFFIX) else ""
+    if named.isascii() and named.isdigit() and int(named) != rank:   # the writer names it by its rank
+        raise ValueError(f"{p.name}: the header says rank {rank} (a copy of another rank's series?)")
     body = len(data) - HEADER.size
     n = body // RECORD.size
     s = StepSeries(rank=rank, world_size=world, origin_unix_s=origin_ns / 1e9, pid=pid, cut=bool(body % RECORD.size))
-    for step, start_ns, dur_us, wait_us in RECORD.iter_unpack(memoryview(data)[HEADER.size:HEADER.size + n * RECORD.size]):
+    records = list(RECORD.iter_unpack(memoryview(data)[HEADER.size:HEADER.size + n * RECORD.size]))
+    # the writer numbers its records one step apart, each starting where the previous one ended
+    # (coordinator._flush): record k is step first + k for the first step that most records agree on. A
+    # record off that sequence, or starting before the one kept before it, was not written as it reads
+    # (a damaged or doubled file): it is left out and counted, never plotted or measured
+    offsets: dict[int, int] = {}
+    for k, rec in enumerate(records):
+        offsets[rec[0] - k] = offsets.get(rec[0] - k, 0) + 1
+    first = max(offsets, key=offsets.__getitem__) if offsets else 0
+    last_start = -1
+    for k, (step, start_ns, dur_us, wait_us) in enumerate(records):
+        if step != first + k or start_ns < last_start:
+            s.dropped += 1
+            continue
+        last_start = start_ns
         s.steps.append(step)
         s.start_s.append(start_ns / 1e9)
         s.duration_s.append(dur_us / 1e6)

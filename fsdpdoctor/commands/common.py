@@ -29,10 +29,16 @@ def parse_ranks(values: list[str] | None) -> list[int] | None:
             part = part.strip()
             if not part:
                 continue
-            if not part.isdigit():
+            if not (part.isascii() and part.isdigit()):   # "²".isdigit() holds, int("²") raises
                 raise InputError(None, f"--rank expects non-negative integers, got {part!r}")
             out.append(int(part))
     return out
+
+
+# a step number has at most 18 digits (trace/vocabulary.STEP_NAME: torch counts steps in 64 bits), and
+# one range names at most a million steps (far more than any recording profiles; each is held in a set)
+MAX_STEP = 10 ** 18 - 1
+MAX_RANGE = 1_000_000
 
 
 def parse_steps(spec: str | None) -> set[int] | None:
@@ -44,17 +50,28 @@ def parse_steps(spec: str | None) -> set[int] | None:
         try:
             if "-" in part:
                 a, b = part.split("-", 1)
-                lo, hi = int(a), int(b)
+                lo, hi = _step_number(a), _step_number(b)
                 if hi < lo:
                     raise ValueError
+                if hi - lo >= MAX_RANGE:
+                    raise InputError(None, f"--steps {part!r} names more than {MAX_RANGE:,} steps (name the steps "
+                                           "the recording holds, e.g. 3-5,7)")
                 out.update(range(lo, hi + 1))
             elif part:
-                out.add(int(part))
+                out.add(_step_number(part))
         except ValueError:
-            raise InputError(None, f"--steps: cannot read {part!r} (use e.g. 3-5,7)") from None
+            raise InputError(None, f"--steps: cannot read {part!r} (use e.g. 3-5,7; step numbers up to "
+                                   f"{MAX_STEP})") from None
     if not out:  # an empty set would select nothing, and read downstream as no selection at all
         raise InputError(None, f"--steps {spec!r} names no step (use e.g. 3-5,7)")
     return out
+
+
+def _step_number(text: str) -> int:
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_STEP:
+        raise ValueError(text)
+    return int(text)
 
 
 def parse_thresholds(args) -> dict[str, float]:

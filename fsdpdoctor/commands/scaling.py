@@ -14,8 +14,8 @@ def _positive(v: str) -> float:
         x = float(v)
     except ValueError:
         raise InputError(None, f"expected a positive number, got {v!r}") from None
-    if x <= 0:
-        raise InputError(None, f"expected a positive number, got {v!r}")
+    if not 0 < x < 1e15:   # NaN and inf too: work per step and throughput are products of it
+        raise InputError(None, f"expected a positive number below 10^15, got {v!r}")
     return x
 
 

@@ -8,6 +8,7 @@ mapping).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,8 +166,24 @@ def resolve(overrides: dict[str, float] | None) -> dict[str, float]:
     for k, v in (overrides or {}).items():
         if k not in BY_NAME:
             raise InputError(None, f"unknown threshold {k!r} (known: {', '.join(sorted(BY_NAME))})")
-        values[k] = float(v)
+        values[k] = _within_meaning(BY_NAME[k], v)
     return values
+
+
+def _within_meaning(t: Threshold, v) -> float:
+    """``v`` as ``t``'s value, or an InputError where no value of its unit reads so: a bar is a finite
+    number above 0 (a rule divides by it or scales by it: 0 or NaN made every comparison false or raised
+    ZeroDivisionError), a share at most 1, a probability below 1 (a 100 % interval is infinite)."""
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise InputError(None, f"threshold {t.name}: {v!r} is not a number") from None
+    top, top_said = ((1.0, "at most 1") if t.unit.startswith("share") else
+                     (math.nextafter(1.0, 0.0), "below 1") if t.unit.startswith("probability") else
+                     (math.inf, "finite"))
+    if not (math.isfinite(x) and 0 < x <= top):
+        raise InputError(None, f"threshold {t.name} = {v!r}: a {t.unit} above 0 and {top_said}")
+    return x
 
 
 def parse_assignment(item: str) -> tuple[str, float]:

@@ -128,10 +128,14 @@ def _frames(raw, path: Path) -> list[Frame]:
 
 
 def _int(v) -> int | None:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
+    """A count, id, line or clock reading of a dump (all whole numbers in [0, 2^63) as torch and the
+    watchdog write them), or None: a negative, fractional, boolean or 64-bit-overflowing value is no
+    reading of any of them (a sequence number of -5 was shown as the collective where ranks diverge)."""
+    if isinstance(v, str) and v.isascii() and v.isdigit():
+        v = int(v)
+    elif isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2 ** 63 else None
 
 
 def _fr_entry(e, path: Path) -> FrEntry:
@@ -142,7 +146,8 @@ def _fr_entry(e, path: Path) -> FrEntry:
     seq = _int(e.get("collective_seq_id"))
     name = e.get("profiling_name")
     if seq is None or not isinstance(name, str):
-        raise _bad(path, "a flight-recorder entry lacks collective_seq_id/profiling_name")
+        raise _bad(path, "a flight-recorder entry lacks collective_seq_id (a non-negative integer) "
+                         "or profiling_name")
     backend, _, op = name.rpartition(":")
     frames = _frames(e.get("frames"), path)[::-1]  # torch lists the innermost frame first
     return FrEntry(group=group, seq=seq, op=op or name, backend=backend or None,

@@ -221,7 +221,7 @@ def write_atomic(path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
         _write_into_special(path, data)
         return
     if mode and not stat.S_ISREG(mode):
-        raise InputError(path, "is a device or socket, not a file: name a file to write")
+        raise InputError(path, f"is {file_kind(mode)}, not a regular file: name a file to write")
     import secrets  # here: it loads OpenSSL (hmac), ~10 ms of every start
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")

@@ -27,6 +27,9 @@ def open_steps(run_dir: Path | str) -> StepsResult:
         if s.cut:
             notes.append(f"rank {s.rank}: the series ends inside a record (the job stopped mid-write); "
                          "whole records kept")
+        if s.dropped:
+            notes.append(f"rank {s.rank}: {s.dropped} record(s) out of the writer's step sequence left out "
+                         "(a damaged or doubled file)")
         series.append(s)
     if not series:
         extra = f" ({'; '.join(notes)})" if notes else ""

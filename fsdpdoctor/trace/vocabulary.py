@@ -11,8 +11,9 @@ import re
 
 from fsdpdoctor.trace.table import KERNEL, MEMCPY, MEMSET, RUNTIME, category_code
 
-# torch.profiler's annotation of step N (``prof.step()``)
-STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+# torch.profiler's annotation of step N (``prof.step()``); a step counter is a 64-bit integer, so a
+# number of more than 18 digits is no step torch counted (and would not fit the summary's integers)
+STEP_NAME = re.compile(r"^ProfilerStep#(\d{1,18})$")
 
 # torch.distributed's host ops: c10d's (eager) and the functional collectives' (traced, DTensor)
 C10D_PREFIXES = ("c10d::", "_c10d_functional::", "c10d_functional::")
