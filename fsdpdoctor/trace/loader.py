@@ -10,7 +10,7 @@ import stat
 from array import array
 from itertools import count
 from pathlib import Path
-from struct import error as StructError, pack_into
+from struct import error as StructError
 from typing import Callable
 
 import msgspec
@@ -31,7 +31,7 @@ from fsdpdoctor.trace.io import gzip_size, inflate, is_gzip, missing_reason, rea
 from fsdpdoctor.trace.vocabulary import STEP_NAME, keeps_args
 from fsdpdoctor.trace.table import (
     CATEGORY_NAMES, DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, RankTrace, Track, category_code,
-    distinct, in_set,
+    distinct, float64_column, in_set, packed, packed_int32,
 )
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)
@@ -206,18 +206,18 @@ def _columns_fast(events: list):
         n = len(xs)
         kid, ki = _key_ids(xs)
         ni: dict = {}
-        nid = _int32([ni.setdefault(k[0], len(ni)) for k in ki])[kid]
+        nid = packed_int32([ni.setdefault(k[0], len(ni)) for k in ki])[kid]
         names = list(ni)
         if not all(type(k) is str for k in names):
             return None
         ti: dict = {}
-        trk = _int32([ti.setdefault((k[2], k[3]), len(ti)) for k in ki])[kid]
+        trk = packed_int32([ti.setdefault((k[2], k[3]), len(ti)) for k in ki])[kid]
         track_keys = list(ti)
         ci: dict = {}
-        cat_ix = _int32([ci.setdefault(k[1], len(ci)) for k in ki])[kid]
+        cat_ix = packed_int32([ci.setdefault(k[1], len(ci)) for k in ki])[kid]
         cat_values = list(ci)
-        ts = _float64([e.ts for e in xs], None)  # a missing time reads as NaN: refused below
-        dur = _float64([e.dur for e in xs], 0.0)
+        ts = float64_column([e.ts for e in xs], None)  # a missing time reads as NaN: refused below
+        dur = float64_column([e.dur for e in xs], 0.0)
     except (TypeError, ValueError, OverflowError, StructError):
         return None
     if ts.shape != (n,) or dur.shape != (n,) or not (np.isfinite(ts).all() and np.isfinite(dur).all()):
@@ -231,29 +231,6 @@ def _columns_fast(events: list):
     corr, args = found
     tracks = [Track(pid=k[0], tid=k[1]) for k in track_keys]
     return names, nid, cat, ts, dur, trk, corr, tracks, thread_names, args, memory_events, 0, categories
-
-
-def _packed(values, code: str, dtype) -> np.ndarray:
-    """``values`` (a sequence) as a new array, written by ``struct`` in C: per value a few conversions,
-    not numpy's type discovery and packing of each object (``np.array``/``np.fromiter`` of a list);
-    raises struct.error for a value that is not a number of that kind."""
-    out = np.empty(len(values), dtype=dtype)
-    pack_into(f"{len(values)}{code}", out, 0, *values)
-    return out
-
-
-def _int32(values) -> np.ndarray:
-    return _packed(values, "i", np.int32)
-
-
-def _float64(values: tuple, none) -> np.ndarray:
-    """Times as doubles (``_packed``); what it refuses (None, text) converted by numpy as before: None as
-    ``none`` (NaN when that is None), text parsed."""
-    try:
-        return _packed(values, "d", np.float64)
-    except StructError:
-        return np.array([none if v is None else v for v in values] if none is not None else values,
-                        dtype=np.float64)
 
 
 def _read_non_complete(events: list, thread_names: dict, memory_events: list) -> bool:
@@ -282,10 +259,10 @@ def _key_ids(xs: list):
     built by a comprehension: ~25 % less than ``map(attrgetter(4 fields))`` (v100 pieces)."""
     ki: dict = {}
     n = len(xs)
-    first = _packed(list(map(ki.setdefault, [(e.name, e.cat, e.pid, e.tid) for e in xs], count())), "q",
+    first = packed(list(map(ki.setdefault, [(e.name, e.cat, e.pid, e.tid) for e in xs], count())), "q",
                     np.int64)
     dense = np.empty(n, dtype=np.int32)
-    dense[_packed(list(ki.values()), "q", np.int64)] = np.arange(len(ki), dtype=np.int32)
+    dense[packed(list(ki.values()), "q", np.int64)] = np.arange(len(ki), dtype=np.int32)
     return dense[first], ki
 
 
@@ -315,7 +292,7 @@ def _ids_and_args(xs: list, cat: np.ndarray, keeps: np.ndarray):
     if set(map(type, values)) != {int}:  # one C pass, not a Python test per id
         values = [_corr_value(v) for v in values]
     try:
-        corr[dev] = _packed(values, "q", np.int64)
+        corr[dev] = packed(values, "q", np.int64)
     except (OverflowError, StructError):
         return None
     named = [ca.collective for ca in parsed]
