@@ -106,9 +106,14 @@ def check_routing_skew(a, manifest: dict) -> None:
     assert s.exchange_kind == "all_to_all" and skew * 0.9 < s.exchange_ratio < skew * 1.1
     waiter = next(r for r in a.ranks if r.rank != slow)
     # the others wait in the exchange: never longer than they spend in all-to-alls, and at least the
-    # largest part of the slow rank's extra compute (its expert's backward is two thirds of it)
+    # largest part of the slow rank's extra compute (its expert's backward is two thirds of it; 0.58-0.64
+    # of it in five quiet runs here). Where the recording shows the cores contended (k = alone / beside
+    # speed >= 1.5), the slow rank's compute is timed partly beside the waiter, slower by up to k, and the
+    # extra it shows is inflated by up to k (seen in a quiet fresh-clone CI run beside another torchrun job:
+    # wait 98 ms, extra 203 ms, k = 1.75)
+    k = s.alone_speed / s.beside_speed if contended else 1.0
     assert s.wait_us <= waiter.mean.comm_by_kind["all_to_all"].exposed_us
-    assert s.wait_us >= 0.5 * s.extra_us
+    assert s.wait_us >= 0.5 * s.extra_us / k, (s.wait_us, s.extra_us, k)
 
 
 @requires_torch
