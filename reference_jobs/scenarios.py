@@ -126,7 +126,8 @@ USER_JOB_RULES = [r for r in RULE_IDS if r in RULES or r in ("ranks-never-commun
 USER_JOB_PARAMS = {
     "launch": "torchrun",        # torchrun (init_process_group) / accelerate (cpu=True) /
                                  # accelerate_default (no cpu flag: DistributedType.NO) / no_process_group
-    "act_ckpt": "none",          # none / checkpoint_wrapper (apply_activation_checkpointing) / hf
+    "act_ckpt": "none",          # none / checkpoint_wrapper (apply_activation_checkpointing) / hf /
+                                 # torch_checkpoint (user_loops.py: checkpoint() called in the forward)
     "item_sleep_ms": 0.0,        # sleep in Dataset.__getitem__ (per sample)
     "num_workers": 0,
     "straggler": "none",         # none / matmul / sleep, on slow_rank before every forward
@@ -134,7 +135,9 @@ USER_JOB_PARAMS = {
     "slow_rank": 1,
     "length_skew": 1.0,          # seq_encoder.py: slow_rank's sequences are this many times longer
     "expert_skew": 1.0,          # moe.py: slow_rank's expert gets this many times the tokens of each other one
-    "loop": "plain",             # frameworks.py: plain / lightning / lbfgs / hf_trainer (who runs the step)
+    "loop": "plain",             # frameworks.py: plain / lightning / lbfgs / hf_trainer (who runs the step);
+                                 # user_loops.py: vit_fsdp2_bf16_ckpt / gru_lm / gru_lm_sync_every /
+                                 # mlp_loss_allreduce
     "periodic": "none",          # periodic.py: checkpoint / eval on rank 0 every `every` steps
     "every": 4,
     "units": "per_block",        # wrapping.py: per_block / fsdp2_root_only / fsdp1_no_policy /
@@ -261,6 +264,25 @@ USER_SCENARIOS: dict[str, dict] = {
         script="metric_sync.py", wrap="ddp",
         injects="nothing (healthy): graph network, DDP with ZeroRedundancyOptimizer (parameters broadcast after "
                 "every step)", params={"variant": "zero"}, must=[]),
+    "vit_fsdp2_bf16_ckpt": dict(
+        script="user_loops.py", wrap="fsdp2",
+        injects="small ViT, fully_shard per block with MixedPrecisionPolicy(param_dtype=bfloat16), every block "
+                "recomputed in backward (torch.utils.checkpoint in the forward)",
+        params={"loop": "vit_fsdp2_bf16_ckpt", "act_ckpt": "torch_checkpoint"}, must=["activation-recompute"]),
+    "gru_lm_amp_accum": dict(
+        script="user_loops.py", wrap="ddp",
+        injects="nothing (healthy): GRU language model, DDP gradient_as_bucket_view=True, "
+                "autocast(cpu, bfloat16), 3 micro-steps, first 2 in no_sync()",
+        params={"loop": "gru_lm"}, must=[]),
+    "gru_lm_amp_accum_sync_every": dict(
+        script="user_loops.py", wrap="ddp",
+        injects="the same GRU language model, 3 micro-steps without no_sync() (all-reduce every micro-step)",
+        params={"loop": "gru_lm_sync_every"}, must=["grad-accum-without-no-sync"]),
+    "mlp_loss_allreduce": dict(
+        script="user_loops.py", wrap="ddp",
+        injects="nothing (healthy): MLP, DDP, zero_grad(set_to_none=False), dist.all_reduce of the loss and "
+                ".item() for the log every step (one scalar; the .item() is a host sync, free on CPU)",
+        params={"loop": "mlp_loss_allreduce"}, must=["host-sync"]),
     "cnn_no_process_group": dict(
         script="cnn.py", wrap="none",
         injects="torchrun without init_process_group: two independent models, no communication",

@@ -35,6 +35,9 @@ REQUIRED = [
     "syncbn_ddp", "periodic_checkpoint", "periodic_eval",
     # FSDP units: per block, one unit (FSDP2 root only, FSDP1 without a policy), two faults at once
     "wrap_fsdp2_per_block", "wrap_fsdp2_root_only", "wrap_fsdp1_no_policy", "wrap_fsdp1_no_prefetch_slow_collate",
+    # loops written otherwise: FSDP2 mixed precision with checkpoint() in the forward, DDP autocast and
+    # gradient_as_bucket_view with and without no_sync(), a per-step loss all_reduce beside DDP's
+    "vit_fsdp2_bf16_ckpt", "gru_lm_amp_accum", "gru_lm_amp_accum_sync_every", "mlp_loss_allreduce",
 ]
 MUST = {
     # forward_prefetch=False in every FSDP1 scenario but fsdp1_forward_prefetch (the on/off pair)
@@ -73,10 +76,16 @@ MUST = {
                                             "input-bound"],
     "gcn_metric_sync_step": ["metric-sync"],
     "gcn_clip_fsdp1": ["fsdp-forward-prefetch-off"],
+    "vit_fsdp2_bf16_ckpt": ["activation-recompute"],
+    "gru_lm_amp_accum_sync_every": ["grad-accum-without-no-sync"],
+    # the log's .item() after the loss all_reduce: a host sync, named (free on CPU); the all_reduce itself
+    # is neither gradient sync nor a metric-sync finding
+    "mlp_loss_allreduce": ["host-sync"],
 }
 HEALTHY = ["fsdp1_backward_pre", "fsdp2_default", "ddp_default", "dataloader_fixed", "grad_accum_no_sync"]
 HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp", "seq_ddp", "moe_balanced", "mixer_plain",
-                     "mixer_lightning", "mixer_lbfgs", "syncbn_ddp", "wrap_fsdp2_per_block"]
+                     "mixer_lightning", "mixer_lbfgs", "syncbn_ddp", "wrap_fsdp2_per_block",
+                     "gru_lm_amp_accum"]
 UNSYNCHRONIZED = {"hf_accelerate_unsynchronized", "cnn_no_process_group"}
 
 
