@@ -109,9 +109,21 @@ def test_single_bucket_hides_all_but_the_last_bucket(traces_dir):
 
 
 def test_bucket_sizes_follow_ddp():
-    assert bucket_sizes(3.7 * MIB, 25 * MIB) == [FIRST_BUCKET_BYTES, pytest.approx(2.7 * MIB)]
-    assert bucket_sizes(0.5 * MIB, 25 * MIB) == [0.5 * MIB]
-    assert len(bucket_sizes(60 * MIB, 25 * MIB)) == 4 and sum(bucket_sizes(60 * MIB, 25 * MIB)) == 60 * MIB
+    # bucket_cap_mb unset: a 1 MiB first bucket, then 25 MiB each
+    assert bucket_sizes(3.7 * MIB, None) == [FIRST_BUCKET_BYTES, pytest.approx(2.7 * MIB)]
+    assert bucket_sizes(0.5 * MIB, None) == [0.5 * MIB]
+    assert len(bucket_sizes(60 * MIB, None)) == 4 and sum(bucket_sizes(60 * MIB, None)) == 60 * MIB
+    # a cap passed caps the first bucket too (torch 2.13, measured: 2.3 MB of gradients are two buckets with
+    # the argument unset and one with bucket_cap_mb=25), so 25 passed is not the default
+    assert bucket_sizes(3.7 * MIB, 25 * MIB) == [3.7 * MIB]
+    assert bucket_sizes(1.0 * MIB, 0.25 * MIB) == [0.25 * MIB] * 4
+
+
+def test_the_fix_back_to_default_buckets_drops_the_argument(traces_dir):
+    """ddp_one_bucket (bucket_cap_mb=1000, 3.7 MB of gradients): bucket_cap_mb=25 passed would keep them in
+    one bucket on torch 2.13; the default's buckets need the argument left out."""
+    _, f = finding(traces_dir / "ddp_one_bucket", "ddp-single-bucket")
+    assert f.fix.startswith("DDP(model)  # bucket_cap_mb unset, now 1000") and "bucket_cap_mb=25" not in f.fix
 
 
 def test_find_unused_needs_the_per_parameter_record(traces_dir, tmp_path):

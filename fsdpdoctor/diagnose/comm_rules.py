@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fsdpdoctor.diagnose.ddp_rules import default_buckets_fix
 from fsdpdoctor.diagnose.facts import straggler_wait_us
 from fsdpdoctor.diagnose.framework import RuleContext, rank_steps, rule, sync_confidence
 from fsdpdoctor.diagnose.noise import per_step, per_step_calls
@@ -72,7 +73,7 @@ def _comm_fix(ctx: RuleContext, kind: str) -> str:
         cap = w.get("bucket_cap_mb")
         parts = []
         if cap is not None and not 10 <= float(cap) <= 50:
-            parts.append(f"DDP(model, bucket_cap_mb=25)  # now {cap}")
+            parts.append(default_buckets_fix(cap))
         parts += ["accumulate gradients over micro-steps under no_sync() to all-reduce less often",
                   "all-reduce in bf16 (register_comm_hook(None, bf16_compress_hook))",
                   "a larger per-rank batch (more compute per all-reduce)"]

@@ -10,9 +10,14 @@ from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct, size
 
 
-DDP_DEFAULT_BUCKET_MB = 25   # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25), in MiB
+DDP_DEFAULT_BUCKET_MB = 25   # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=None): 25 MiB, in MiB
 MIB = 1 << 20
 FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+# The 1 MiB first bucket is DDP's only while bucket_cap_mb is left unset: a value passed, even 25, caps the first
+# bucket too (torch 2.13, _BucketCapacityConfig). Measured here with _get_ddp_logging_data()'s
+# rebuilt_bucket_sizes: 2.3 MB of gradients give two buckets (1.06 + 1.22 MB) with the argument unset and one
+# with bucket_cap_mb=25. So the fix that restores the default buckets drops the argument, never sets it to 25.
+DEFAULT_BUCKETS_FIX = "DDP(model)  # bucket_cap_mb unset"
 TARGET_BUCKETS = 4           # what the fix below aims at for a model whose gradients fit one default bucket
 BACKWARD_SHARE = 2 / 3       # backward's share of forward + backward compute (two matmuls per weight to one)
 # Where the ranks fill the host's cores (CPU/gloo: one compute thread per core), a collective that overlaps
@@ -30,12 +35,21 @@ def overlap_cost(ctx: RuleContext) -> float:
     return SHARED_CORE_COST if ctx.traits.shared_host_cores else 0.0
 
 
-def bucket_sizes(grad_bytes: float, cap_bytes: float) -> list[float]:
-    """The buckets DDP forms for ``grad_bytes`` of gradients under a cap: the first holds at most 1 MiB
-    (dist._DEFAULT_FIRST_BUCKET_BYTES, so that reduction starts early), the rest at most the cap each."""
+def default_buckets_fix(cap) -> str:
+    """The fix back to DDP's default buckets from the cap set now (``cap``: the manifest's bucket_cap_mb)."""
+    return DEFAULT_BUCKETS_FIX + (f", now {cap}" if cap is not None else "")
+
+
+def bucket_sizes(grad_bytes: float, cap_bytes: float | None) -> list[float]:
+    """The buckets DDP forms for ``grad_bytes`` of gradients under a cap (``None``: bucket_cap_mb unset): the
+    first holds at most 1 MiB where the cap is unset (dist._DEFAULT_FIRST_BUCKET_BYTES, so that reduction
+    starts early), at most the cap where one is passed; the rest at most the cap each. A byte model: DDP closes
+    a bucket at the parameter that reaches its cap, so real buckets run over by up to one parameter."""
     if grad_bytes <= 0:
         return [0.0]
-    first = min(FIRST_BUCKET_BYTES, grad_bytes)
+    first_cap = FIRST_BUCKET_BYTES if cap_bytes is None else cap_bytes
+    cap_bytes = DDP_DEFAULT_BUCKET_MB * MIB if cap_bytes is None else cap_bytes
+    first = min(first_cap, grad_bytes)
     rest = grad_bytes - first
     n = math.ceil(rest / cap_bytes) if rest > 0 else 0
     return [first] + [cap_bytes] * max(n - 1, 0) + ([rest - cap_bytes * (n - 1)] if n else [])
@@ -112,9 +126,8 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
         new_cap = None
         if raised or not grad_bytes:
             # a cap raised above the default is the cause: the known-wrong setting gets a warning floor
-            fix = (f"DDP(model, bucket_cap_mb={DDP_DEFAULT_BUCKET_MB})  # now {cap}" if raised else
-                   f"DDP(model, bucket_cap_mb={DDP_DEFAULT_BUCKET_MB}) (the default); do not raise it above the "
-                   "model's gradient size")
+            fix = (default_buckets_fix(cap) if raised else
+                   f"{DEFAULT_BUCKETS_FIX} (the default); do not raise it above the model's gradient size")
         elif grad_bytes < ctx.th["small_message_bytes"]:
             fix = None  # every gradient fits one latency-bound message: more buckets add latency, not overlap
         else:
@@ -125,7 +138,7 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             fix = (f"DDP(model, bucket_cap_mb={target:g})  # now {cap if cap is not None else 'the default'}: all "
                    f"{size(grad_bytes)} of gradients fit one bucket, so the all-reduce waits for the whole backward")
         if fix is not None:
-            sizes = bucket_sizes(grad_bytes, (new_cap or DDP_DEFAULT_BUCKET_MB) * MIB)
+            sizes = bucket_sizes(grad_bytes, None if new_cap is None else new_cap * MIB)
             saving, samples, note = _bucket_saving(ctx, grad_ar, sizes)
             ev.append(Evidence(note, time_us=saving))
             out.append(ctx.finding(
@@ -148,7 +161,7 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             "ddp-tiny-buckets", f"DDP uses {per_backward:.0f} tiny buckets per backward", exposed_ar,
             f"Gradients are all-reduced in {per_backward:.0f} buckets of {size(mean_bytes)} on average; each "
             f"all-reduce pays a fixed latency, {ms(busy)} of all-reduce per step in total.",
-            f"DDP(model, bucket_cap_mb=25)  # now {cap}" if cap is not None else "DDP(model, bucket_cap_mb=25)",
+            default_buckets_fix(cap),
             confidence=0.85, floor="warning", source=wrap_site(ctx),
             samples=per_step_calls(ctx.a, grad_ar, lambda c: c.exposed_us),
             evidence=[Evidence(f"{per_backward:.0f} all-reduces per backward, mean {size(mean_bytes)} "
