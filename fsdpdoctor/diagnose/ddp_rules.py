@@ -37,7 +37,9 @@ def overlap_cost(ctx: RuleContext) -> float:
 
 def default_buckets_fix(cap) -> str:
     """The fix back to DDP's default buckets from the cap set now (``cap``: the manifest's bucket_cap_mb)."""
-    return DEFAULT_BUCKETS_FIX + (f", now {cap}" if cap is not None else "")
+    if cap is None:
+        return DEFAULT_BUCKETS_FIX
+    return f"{DEFAULT_BUCKETS_FIX}, now {cap:g}" if isinstance(cap, (int, float)) else f"{DEFAULT_BUCKETS_FIX}, now {cap}"
 
 
 def bucket_sizes(grad_bytes: float, cap_bytes: float | None) -> list[float]:
