@@ -283,6 +283,15 @@ USER_SCENARIOS: dict[str, dict] = {
         injects="nothing (healthy): MLP, DDP, zero_grad(set_to_none=False), dist.all_reduce of the loss and "
                 ".item() for the log every step (one scalar; the .item() is a host sync, free on CPU)",
         params={"loop": "mlp_loss_allreduce"}, must=["host-sync"]),
+    "gru_lm_static_graph": dict(
+        script="user_loops.py", wrap="ddp",
+        injects="nothing (healthy): the same GRU language model, DDP static_graph=True, one micro-step per step",
+        params={"loop": "gru_lm_static"}, must=[]),
+    "mlp_compiled_loss_allreduce": dict(
+        script="user_loops.py", wrap="ddp",
+        injects="the loop of mlp_loss_allreduce with torch.compile(DDP(model)) (TorchDynamo's DDPOptimizer splits "
+                "the graph at the buckets): the .item() is the one host sync", params={"loop": "mlp_compiled"},
+        must=["host-sync"]),
     "cnn_no_process_group": dict(
         script="cnn.py", wrap="none",
         injects="torchrun without init_process_group: two independent models, no communication",

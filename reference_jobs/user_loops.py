@@ -6,13 +6,18 @@ reference job uses:
   recomputed in backward (``torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`` called in
   the model's forward, not a wrapper): the recompute is its one injected cost;
 - ``gru_lm_amp_accum`` (healthy): a GRU language model under DDP with ``gradient_as_bucket_view=True``
-  (``static_graph=True`` fails its first ``no_sync()`` micro-step in torch 2.13: reducer assert), the forward under ``torch.autocast("cpu", torch.bfloat16)``, three
-  micro-steps per optimizer step with the first two in ``no_sync()``;
+  (with ``static_graph=True`` torch 2.13's reducer asserts on the first ``no_sync()`` micro-step:
+  ``gru_lm_static_graph`` runs it without accumulation), the forward under
+  ``torch.autocast("cpu", torch.bfloat16)``, three micro-steps per optimizer step with the first two in
+  ``no_sync()``;
 - ``gru_lm_amp_accum_sync_every``: the same without ``no_sync()`` (all-reduce every micro-step);
 - ``mlp_loss_allreduce``: an MLP regressor under DDP with a hand-written loop that keeps its
   gradients (``zero_grad(set_to_none=False)``) and averages the loss over the ranks for its log every
   step (``dist.all_reduce`` of one scalar, then ``.item()``): a real extra collective, small and cheap, that
-  must not be taken for gradient sync, and a real host sync (free on CPU, named at info).
+  must not be taken for gradient sync, and a real host sync (free on CPU, named at info);
+- ``mlp_compiled_loss_allreduce``: the same loop with ``torch.compile(DDP(model))``;
+- ``gru_lm_static_graph`` (healthy): the GRU language model under DDP with ``static_graph=True``, one
+  micro-step per optimizer step.
 
     torchrun --nproc_per_node 2 reference_jobs/user_loops.py --scenario mlp_loss_allreduce --out runs/u
 """
@@ -89,10 +94,10 @@ def vit_fsdp2(rank: int, steps: int):
     return model, opt, train_step, BATCH
 
 
-def gru_lm(rank: int, steps: int, no_sync: bool):
-    model = DDP(GRULanguageModel(), gradient_as_bucket_view=True)
+def gru_lm(rank: int, steps: int, no_sync: bool, static: bool = False):
+    model = DDP(GRULanguageModel(), gradient_as_bucket_view=True, static_graph=static)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    accum = 3
+    accum = 1 if static else 3
     g = torch.Generator().manual_seed(rank)
     batches = iter([torch.randint(VOCAB, (LM_BATCH, SEQ + 1), generator=g) for _ in range(steps * accum)])
 
@@ -111,8 +116,10 @@ def gru_lm(rank: int, steps: int, no_sync: bool):
     return model, opt, train_step, LM_BATCH * accum
 
 
-def mlp_loss_allreduce(rank: int, steps: int, world: int):
+def mlp_loss_allreduce(rank: int, steps: int, world: int, compiled: bool = False):
     model = DDP(nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1)))
+    if compiled:
+        model = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     g = torch.Generator().manual_seed(rank)
     batches = iter([(torch.randn(64, 256, generator=g), torch.randn(64, 1, generator=g)) for _ in range(steps)])
@@ -138,8 +145,10 @@ def main(argv=None) -> int:
         model, opt, train_step, per_rank = vit_fsdp2(rank, steps)
     elif p["loop"] in ("gru_lm", "gru_lm_sync_every"):
         model, opt, train_step, per_rank = gru_lm(rank, steps, no_sync=p["loop"] == "gru_lm")
+    elif p["loop"] == "gru_lm_static":
+        model, opt, train_step, per_rank = gru_lm(rank, steps, no_sync=False, static=True)
     else:
-        model, opt, train_step, per_rank = mlp_loss_allreduce(rank, steps, world)
+        model, opt, train_step, per_rank = mlp_loss_allreduce(rank, steps, world, compiled=p["loop"] == "mlp_compiled")
     scenario = {"name": args.scenario, "injects": sc["injects"], "params": p}
     elapsed = jobkit.run_steps(args, steps, train_step, model=model, optimizer=opt, scenario=scenario,
                                samples_per_step=per_rank * world)

@@ -89,7 +89,7 @@ def test_fix_uses_manifest_configuration():
     a = open_analysis(TRACES / "ddp_one_bucket")
     f = next(f for f in a.findings if f.id == "ddp-single-bucket")
     cap = a.job.wrapping_details["bucket_cap_mb"]
-    assert f"now {cap}" in f.fix
+    assert f"now {cap:g}" in f.fix and "bucket_cap_mb=25" not in f.fix
 
 
 def test_threshold_override_changes_verdict():

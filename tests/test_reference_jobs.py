@@ -38,6 +38,8 @@ REQUIRED = [
     # loops written otherwise: FSDP2 mixed precision with checkpoint() in the forward, DDP autocast and
     # gradient_as_bucket_view with and without no_sync(), a per-step loss all_reduce beside DDP's
     "vit_fsdp2_bf16_ckpt", "gru_lm_amp_accum", "gru_lm_amp_accum_sync_every", "mlp_loss_allreduce",
+    # the same loss all_reduce under torch.compile(DDP(model)); DDP static_graph=True
+    "mlp_compiled_loss_allreduce", "gru_lm_static_graph",
 ]
 MUST = {
     # forward_prefetch=False in every FSDP1 scenario but fsdp1_forward_prefetch (the on/off pair)
@@ -81,11 +83,12 @@ MUST = {
     # the log's .item() after the loss all_reduce: a host sync, named (free on CPU); the all_reduce itself
     # is neither gradient sync nor a metric-sync finding
     "mlp_loss_allreduce": ["host-sync"],
+    "mlp_compiled_loss_allreduce": ["host-sync"],
 }
 HEALTHY = ["fsdp1_backward_pre", "fsdp2_default", "ddp_default", "dataloader_fixed", "grad_accum_no_sync"]
 HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp", "seq_ddp", "moe_balanced", "mixer_plain",
                      "mixer_lightning", "mixer_lbfgs", "syncbn_ddp", "wrap_fsdp2_per_block",
-                     "gru_lm_amp_accum"]
+                     "gru_lm_amp_accum", "gru_lm_static_graph"]
 UNSYNCHRONIZED = {"hf_accelerate_unsynchronized", "cnn_no_process_group"}
 
 
