@@ -39,7 +39,8 @@ def default_buckets_fix(cap) -> str:
     """The fix back to DDP's default buckets from the cap set now (``cap``: the manifest's bucket_cap_mb)."""
     if cap is None:
         return DEFAULT_BUCKETS_FIX
-    return f"{DEFAULT_BUCKETS_FIX}, now {cap:g}" if isinstance(cap, (int, float)) else f"{DEFAULT_BUCKETS_FIX}, now {cap}"
+    now = f"{cap:g}" if isinstance(cap, (int, float)) else cap
+    return f"{DEFAULT_BUCKETS_FIX}, now {now}"
 
 
 def bucket_sizes(grad_bytes: float, cap_bytes: float | None) -> list[float]:
