@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,10 +109,8 @@ def read_series(path: Path) -> StepSeries:
     # (coordinator._flush): record k is step first + k for the first step that most records agree on. A
     # record off that sequence, or starting before the one kept before it, was not written as it reads
     # (a damaged or doubled file): it is left out and counted, never plotted or measured
-    offsets: dict[int, int] = {}
-    for k, rec in enumerate(records):
-        offsets[rec[0] - k] = offsets.get(rec[0] - k, 0) + 1
-    first = max(offsets, key=offsets.__getitem__) if offsets else 0
+    offsets = Counter(rec[0] - k for k, rec in enumerate(records))
+    first = offsets.most_common(1)[0][0] if offsets else 0
     last_start = -1
     for k, (step, start_ns, dur_us, wait_us) in enumerate(records):
         if step != first + k or start_ns < last_start:

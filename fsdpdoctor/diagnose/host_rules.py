@@ -258,9 +258,10 @@ def _straggler_explains_comm(ctx: RuleContext) -> float:
 @rule(ids=("host-sync",), thresholds=("host_sync_per_step",))
 def host_sync(ctx: RuleContext) -> list[Finding]:
     out = []
+    device = ctx.traits.device_timeline
+    # us: on device traces the bubble after each sync; on host-only traces nothing waits (0), the finding
+    # is structural (facts.reported_syncs)
     for src, hs, per_rank_step, us in reported_syncs(ctx):
-        device = ctx.traits.device_timeline
-        # device traces: the bubble after each sync; host-only traces: nothing waits, the finding is structural
         names = list(dict.fromkeys(h.name for h in hs))
         label = ", ".join(".item()" if "local_scalar" in n else n for n in names[:3])
         where = f"your code at {src}" if src else "code outside DDP/FSDP/optimizer internals (no user frame found)"

@@ -124,12 +124,10 @@ def result(cls=None, /, **options):
     compiles the source of every generated method at every start, and these classes are loaded by every
     verb."""
     def wrap(c):
-        if not _plain_fields(c, options):   # what only the generated __init__ does
-            c = dataclass(c, repr=False, eq=False, **options)
-            fields = dataclasses.fields(c)
-        else:
-            c = dataclass(c, repr=False, eq=False, **dict(options, init=False))
-            fields = dataclasses.fields(c)
+        plain = _plain_fields(c, options)   # else what only the generated __init__ does
+        c = dataclass(c, repr=False, eq=False, **(dict(options, init=False) if plain else options))
+        fields = dataclasses.fields(c)
+        if plain:
             c.__init__ = _init_of(c, fields)
         c._repr_fields = tuple(f.name for f in fields if f.repr)
         c._eq_fields = tuple(f.name for f in fields if f.compare)

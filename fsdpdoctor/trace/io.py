@@ -211,12 +211,12 @@ def write_atomic(path, data: bytes | str | Callable[[BinaryIO], None]) -> None:
     named pipe) is written into, never renamed over: run as root, a rename would replace the system's
     device node with a plain file (``--perfetto /dev/full`` did)."""
     path = Path(path)
-    if path.is_dir():
-        raise InputError(path, "is a folder: name a file to write")
     try:
-        mode = os.stat(path).st_mode
+        mode = os.stat(path).st_mode   # through a link: what a write would reach
     except OSError:
         mode = 0
+    if stat.S_ISDIR(mode):
+        raise InputError(path, "is a folder: name a file to write")
     if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
         _write_into_special(path, data)
         return
