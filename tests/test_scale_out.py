@@ -215,7 +215,7 @@ def test_capture_writes_a_summary_beside_the_trace(tmp_path):
 def test_columnar_and_per_event_readings_agree_on_real_traces():
     import numpy as np
 
-    from fsdpdoctor.trace import loader
+    from fsdpdoctor.trace import columns
     from fsdpdoctor.trace.events import decode_trace
     from fsdpdoctor.trace.io import read_bytes
 
@@ -225,8 +225,8 @@ def test_columnar_and_per_event_readings_agree_on_real_traces():
                   PUBLIC / "mi300_rccl_ddp_act_checkpoint" / "resnet_act_checkpoint.json.gz"]
     for f in files:
         _, events, _ = decode_trace(read_bytes(f), f)
-        fast = loader._columns_fast(list(events))
-        slow = loader._columns_per_event(list(events))
+        fast = columns.from_events(list(events))
+        slow = columns.per_event(list(events))
         assert fast is not None
         for a, b in zip(fast, slow):
             if isinstance(a, np.ndarray):

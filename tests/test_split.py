@@ -332,7 +332,7 @@ def test_streamed_gzip_with_a_frame_held_by_another_thread(stream_small, monkeyp
     its views itself, and reads the file as the whole reading does."""
     import sys
 
-    from fsdpdoctor.trace.loader import _columns_fast
+    from fsdpdoctor.trace.columns import from_events as _columns_fast
 
     held = []
 

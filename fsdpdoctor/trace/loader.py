@@ -7,10 +7,7 @@ import errno
 import os
 import re
 import stat
-from array import array
-from itertools import count
 from pathlib import Path
-from struct import error as StructError
 from typing import Callable
 
 import msgspec
@@ -23,16 +20,12 @@ import fsdpdoctor.trace.kind as kind
 import fsdpdoctor.trace.quality as quality
 import fsdpdoctor.trace.split as split
 from fsdpdoctor.trace.manifest import read_manifest
-from fsdpdoctor.trace.events import (
-    CorrArgs, corr_args, decode_trace, is_blank, memory_args, memory_args_list, raw_args,
-)
+from fsdpdoctor.trace.columns import PROCESS_TID, from_bytes, from_events, per_event
+from fsdpdoctor.trace.events import decode_trace, is_blank, raw_args
 from fsdpdoctor.trace.limits import MAX_NAME_CHARS, bounded_name
 from fsdpdoctor.trace.io import gzip_size, inflate, is_gzip, missing_reason, read_bytes, read_raw, shown
-from fsdpdoctor.trace.vocabulary import STEP_NAME, keeps_args
-from fsdpdoctor.trace.table import (
-    CATEGORY_NAMES, DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, RankTrace, Track, category_code,
-    distinct, float64_column, in_set, packed, packed_int32,
-)
+from fsdpdoctor.trace.vocabulary import STEP_NAME
+from fsdpdoctor.trace.table import DEVICE_CATEGORIES, PYFUNC, RankTrace, Track, distinct
 
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.I)
 
@@ -101,9 +94,9 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
     if not isinstance(dist, dict):
         dist = {}
     if cols is None:
-        cols = _columns_fast(events)
+        cols = from_events(events)
     if cols is None:  # an event of an odd shape somewhere: the tolerant per-event reading
-        cols = _columns_per_event(events)
+        cols = per_event(events)
     if not len(cols[3]):
         raise InputError(path, quality.without_spans(events))
     events.clear()  # the structs are no longer needed: free them before building the trace
@@ -158,244 +151,9 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
     )
 
 
-_KEPT_PHASES = frozenset(("M", "i", "I"))
-# the key under which a process's name and labels are kept among the thread names: a tid no thread has
-PROCESS_TID = "\x00process"
-_NEEDS_CORR = np.array([KERNEL, RUNTIME, MEMCPY, MEMSET], dtype=np.int8)
-_corr_list_decoder = msgspec.json.Decoder(list[CorrArgs])
-
-
-def _non_complete(e, thread_names: dict, memory_events: list) -> None:
-    """Metadata and instant events: thread names and allocator samples are all we keep."""
-    ph = e.ph
-    if ph == "M" and e.name == "thread_name":
-        a = raw_args(e.args)
-        # gloo threads may be named twice ("python3" then "pt_gloo_runloop"): keep the last
-        thread_names[(e.pid, e.tid)] = str(a.get("name", ""))
-    elif ph == "M" and e.name in ("process_name", "process_labels"):
-        # a process's name and labels, kept beside the thread names under a tid no thread has
-        a = raw_args(e.args)
-        key = (e.pid, PROCESS_TID)
-        text = str(a.get("name", a.get("labels", "")))
-        thread_names[key] = f"{thread_names[key]} | {text}" if thread_names.get(key) else text
-    elif (ph == "i" or ph == "I") and e.name == "[memory]":
-        _add_samples(memory_events, [e], [memory_args(e.args)])
-
-
-def _add_samples(memory_events: list, events: list, args: list) -> None:
-    """Allocator samples as (phase, ts, raw args, ``MemoryArgs``); one without a total is no sample.
-    ``trace.quality`` checks them; ``allocator_samples`` gives them back as Chrome events."""
-    memory_events.extend([(e.ph, e.ts, bytes(e.args), a) for e, a in zip(events, args) if a.total is not None])
-
-
 def allocator_samples(t: RankTrace) -> list[dict]:
     """The checked allocator samples of a trace as the profiler wrote them (Chrome ``[memory]`` events)."""
     return [{"name": "[memory]", "ph": ph, "ts": ts, "args": raw_args(raw)} for ph, ts, raw, _ in t.memory_events]
-
-
-def _columns_fast(events: list):
-    """Columns by whole-list passes (comprehensions, ``map``, ``struct``), ~3x faster than a loop with appends.
-    None when some event has an odd shape (unhashable name, text time...): the caller then reads
-    event by event, skipping and counting the unreadable ones."""
-    thread_names: dict[tuple, str] = {}
-    memory_events: list[dict] = []
-    try:
-        xs = [e for e in events if e.ph == "X"]
-        if len(xs) != len(events) and not _read_non_complete(events, thread_names, memory_events):
-            return None
-        n = len(xs)
-        kid, ki = _key_ids(xs)
-        ni: dict = {}
-        nid = packed_int32([ni.setdefault(k[0], len(ni)) for k in ki])[kid]
-        names = list(ni)
-        if not all(type(k) is str for k in names):
-            return None
-        ti: dict = {}
-        trk = packed_int32([ti.setdefault((k[2], k[3]), len(ti)) for k in ki])[kid]
-        track_keys = list(ti)
-        ci: dict = {}
-        cat_ix = packed_int32([ci.setdefault(k[1], len(ci)) for k in ki])[kid]
-        cat_values = list(ci)
-        ts = float64_column([e.ts for e in xs], None)  # a missing time reads as NaN: refused below
-        dur = float64_column([e.dur for e in xs], 0.0)
-    except (TypeError, ValueError, OverflowError, StructError):
-        return None
-    if ts.shape != (n,) or dur.shape != (n,) or not (np.isfinite(ts).all() and np.isfinite(dur).all()):
-        return None
-    cat = np.array([category_code(c) for c in cat_values], dtype=np.int8)[cat_ix] if n else np.empty(0, np.int8)
-    categories = _category_counts(cat_values, np.bincount(cat_ix, minlength=len(cat_values)) if n else [])
-    keep_name = np.fromiter(map(_keeps_args, names), bool, len(names))
-    found = _ids_and_args(xs, cat, keep_name[nid])
-    if found is None:
-        return None
-    corr, args = found
-    tracks = [Track(pid=k[0], tid=k[1]) for k in track_keys]
-    return names, nid, cat, ts, dur, trk, corr, tracks, thread_names, args, memory_events, 0, categories
-
-
-def _read_non_complete(events: list, thread_names: dict, memory_events: list) -> bool:
-    """Thread names and memory records from the events that are not complete spans; False when one has no
-    phase (the per-event reading counts it). Flow arrows ("s"/"f") are most of them: skipped first, cheaply."""
-    rest = [e for e in events if e.ph != "X" and e.ph != "f" and e.ph != "s"]
-    samples = []
-    for e in [e for e in rest if e.ph.__class__ is not str or e.ph in _KEPT_PHASES]:
-        if e.ph.__class__ is not str:
-            return False
-        if e.name == "[memory]" and e.ph != "M":
-            samples.append(e)
-        else:
-            _non_complete(e, thread_names, memory_events)
-    if samples:  # all in one decode: a memory-profiled trace holds 10^4-10^5 of them
-        _add_samples(memory_events, samples, memory_args_list([e.args for e in samples]))
-    return True
-
-
-def _key_ids(xs: list):
-    """Each span's (name, category, pid, tid) key numbered densely in order of first appearance, and the keys.
-
-    One dict lookup per event: a few thousand distinct keys, from which names, tracks and categories are
-    numbered in order of first appearance (as if each had its own pass, ~1.7 ms less on 27 k events);
-    ``map`` in C, each event given the position of the first event of its key, renumbered densely; the keys
-    built by a comprehension: ~25 % less than ``map(attrgetter(4 fields))`` (v100 pieces)."""
-    ki: dict = {}
-    n = len(xs)
-    first = packed(list(map(ki.setdefault, [(e.name, e.cat, e.pid, e.tid) for e in xs], count())), "q",
-                    np.int64)
-    dense = np.empty(n, dtype=np.int32)
-    dense[packed(list(ki.values()), "q", np.int64)] = np.arange(len(ki), dtype=np.int32)
-    return dense[first], ki
-
-
-def _ids_and_args(xs: list, cat: np.ndarray, keeps: np.ndarray):
-    """The correlation id of every span (-1 without one) and the args kept (rows whose name keeps them, and
-    communication kernels); None when an id cannot be read. Device and runtime rows' ids come from one
-    decode of all their args at once."""
-    n = len(xs)
-    corr = np.full(n, -1, dtype=np.int64)
-    args: dict[int, dict] = {}
-    for r in (np.nonzero(keeps)[0] if n else np.empty(0, np.int64)).tolist():
-        a = raw_args(xs[r].args)
-        args[r] = a
-        corr[r] = _corr_value(a.get("correlation", -1))
-    dev = (np.nonzero(in_set(cat, _NEEDS_CORR, len(CATEGORY_NAMES)) & ~keeps)[0] if n else
-           np.empty(0, np.int64)).tolist()
-    raws = [xs[r].args for r in dev]
-    if not all(raws):  # rows without args have no id to read
-        dev, raws = [r for r, a in zip(dev, raws) if a], [a for a in raws if a]
-    if not dev:
-        return corr, args
-    try:
-        parsed = _corr_list_decoder.decode(b"".join((b"[", b",".join(raws), b"]")))
-    except msgspec.MsgspecError:
-        return None
-    values = [ca.correlation for ca in parsed]
-    if set(map(type, values)) != {int}:  # one C pass, not a Python test per id
-        values = [_corr_value(v) for v in values]
-    try:
-        corr[dev] = packed(values, "q", np.int64)
-    except (OverflowError, StructError):
-        return None
-    named = [ca.collective for ca in parsed]
-    if named.count(None) != len(named):  # communication kernels: their args are kept
-        for r, c in zip(dev, named):
-            if c is not None and cat[r] == KERNEL:
-                args[r] = raw_args(xs[r].args)
-    return corr, args
-
-
-_keeps: dict[str, bool] = {}  # keeps_args by name, across the pieces of a trace (a regex match each)
-
-
-def _keeps_args(name: str) -> bool:
-    got = _keeps.get(name)
-    if got is None:
-        if len(_keeps) > 1 << 16:
-            _keeps.clear()
-        got = _keeps[name] = keeps_args(name)
-    return got
-
-
-def _category_counts(values: list, counts) -> dict[str, int]:
-    """Complete events per category as written (``trace/kind.py`` names an accelerator by them)."""
-    out: dict[str, int] = {}
-    for v, c in zip(values, counts):
-        key = v if isinstance(v, str) else "" if v is None else str(v)
-        out[key] = out.get(key, 0) + int(c)
-    return out
-
-
-def _corr_value(cid) -> int:
-    return int(cid) if isinstance(cid, (int, float)) and not isinstance(cid, bool) and cid == cid else -1
-
-
-def _columns_per_event(events: list):
-    """One event at a time; an event whose fields cannot be read is skipped and counted."""
-    name_index: dict[str, int] = {}
-    track_index: dict[tuple, int] = {}
-    tracks: list[Track] = []
-    thread_names: dict[tuple, str] = {}
-    memory_events: list[dict] = []
-    n_id, cats, tss, durs, trk, corr = array("i"), array("b"), array("d"), array("d"), array("i"), array("q")
-    args: dict[int, dict] = {}
-    keep_name: dict[int, bool] = {}
-    categories: dict[str, int] = {}
-    unreadable = 0
-    for i, e in enumerate(events):
-        events[i] = None  # free each event as soon as it is read: lower peak memory
-        try:
-            if e.ph.__class__ is not str:
-                raise TypeError("phase is not text")
-            if e.ph != "X":
-                _non_complete(e, thread_names, memory_events)
-                continue
-            if e.ts is None:
-                raise ValueError("no time")
-            ts, dur = float(e.ts), float(e.dur or 0.0)
-            if ts != ts or dur != dur or abs(ts) == float("inf") or abs(dur) == float("inf"):
-                raise ValueError("not a finite time")
-            name = e.name
-            if not isinstance(name, str):
-                raise TypeError("name is not text")  # the sanitizer drops and counts it
-            key = (e.pid, e.tid)
-            hash(key)
-            raw_cat = e.cat if isinstance(e.cat, str) or e.cat is None else str(e.cat)
-            code = category_code(raw_cat)
-            a = cid = None
-            nid = name_index.get(name)
-            keep = keep_name.get(nid) if nid is not None else keeps_args(name)
-            if keep:
-                a = raw_args(e.args)
-                cid = a.get("correlation", -1)
-            elif code in (KERNEL, RUNTIME, MEMCPY, MEMSET) and e.args:
-                ca = corr_args(e.args)
-                cid = ca.correlation
-                if code == KERNEL and ca.collective is not None:
-                    a = raw_args(e.args)
-        except (TypeError, ValueError, AttributeError, OverflowError, msgspec.MsgspecError):
-            unreadable += 1
-            continue
-        if nid is None:
-            nid = name_index[name] = len(name_index)
-            keep_name[nid] = bool(keep)
-        t = track_index.get(key)
-        if t is None:
-            t = track_index[key] = len(tracks)
-            tracks.append(Track(pid=key[0], tid=key[1]))
-        row = len(tss)
-        if a is not None:
-            args[row] = a
-        categories[raw_cat or ""] = categories.get(raw_cat or "", 0) + 1
-        n_id.append(nid)
-        cats.append(code)
-        tss.append(ts)
-        durs.append(dur)
-        trk.append(t)
-        corr.append(_corr_value(cid))
-    names = list(name_index)
-    return (names, np.frombuffer(n_id, dtype=np.int32).copy(), np.frombuffer(cats, dtype=np.int8).copy(),
-            np.frombuffer(tss, dtype=np.float64).copy(), np.frombuffer(durs, dtype=np.float64).copy(),
-            np.frombuffer(trk, dtype=np.int32).copy(), np.frombuffer(corr, dtype=np.int64).copy(), tracks,
-            thread_names, args, memory_events, unreadable, categories)
 
 
 def load_file(path: Path, pieces: int = 1) -> RankTrace:
@@ -404,7 +162,7 @@ def load_file(path: Path, pieces: int = 1) -> RankTrace:
     reread = lambda: decode_trace(read_bytes(path), path)[1]  # noqa: E731
     size = gzip_size(raw) if is_gzip(raw) else 0
     if size >= split.STREAM_MIN_BYTES and (pieces < 2 or size < split.SPLIT_MIN_BYTES):
-        got = split.stream_columns(raw, path, _columns_fast)  # inflated and decoded a piece at a time
+        got = split.stream_columns(raw, path, from_events, from_bytes)  # inflated and decoded a piece at a time
         if got is not None:
             del raw
             return build_rank_trace(got[0], [], "kineto", path, reread=reread, columns=got[1])
@@ -413,7 +171,8 @@ def load_file(path: Path, pieces: int = 1) -> RankTrace:
     if is_blank(data):
         raise InputError(path, "empty file")
     if len(data) >= split.PIECES_MIN_BYTES:
-        got = split.decode_columns(data, path, pieces if len(data) >= split.SPLIT_MIN_BYTES else 1, _columns_fast)
+        got = split.decode_columns(data, path, pieces if len(data) >= split.SPLIT_MIN_BYTES else 1, from_events,
+                                   from_bytes)
         if got is not None:
             del data
             return build_rank_trace(got[0], [], "kineto", path, reread=reread, columns=got[1])

@@ -101,13 +101,13 @@ def cut_points(data: bytes, start: int, end: int, pieces: int) -> list[tuple[int
     return ranges
 
 
-def _piece_columns(data: bytes, begin: int, end: int, columns, path=""):
+def _piece_columns(data: bytes, begin: int, end: int, columns, path="", scan=None):
     """The columns of the events in ``data[begin:end]``, decoded in pieces of about ``PIECE_BYTES``
     one after the other; None when some piece is not a clean run of readable events. Progress is told
     in bytes of the whole file, at the pace of this range (the shares of one file go at one pace)."""
     parts = []
     for b, e in cut_points(data, begin - 1, end, max(1, (end - begin) // PIECE_BYTES)):
-        part = _one_piece(memoryview(data)[b:e], columns)
+        part = _one_piece(memoryview(data)[b:e], columns, scan)
         if part is None:
             return None
         parts.append(part)
@@ -119,9 +119,17 @@ def _piece_columns(data: bytes, begin: int, end: int, columns, path=""):
 _UNREADABLE = 11
 
 
-def _one_piece(piece, columns):
+def _one_piece(piece, columns, scan=None):
     """The columns of a run of whole events (the bytes between two event boundaries), or None when
-    they are not that, or hold an event of an odd shape, or events the tolerant reading must count."""
+    they are not that, or hold an event of an odd shape, or events the tolerant reading must count.
+    ``scan`` reads them from the bytes (``columns.from_bytes``) when it can; else they are decoded."""
+    if scan is not None:
+        try:
+            part = scan(piece)
+        except Exception:  # noqa: BLE001 - the decoding reading below decides, and reports
+            part = None
+        if part is not None:
+            return part
     try:
         events = _events_decoder.decode(b"".join((b"[", piece, b"]")))
         part = columns(events) if events else None
@@ -132,7 +140,7 @@ def _one_piece(piece, columns):
     return part
 
 
-def stream_columns(raw: bytes, path, columns):
+def stream_columns(raw: bytes, path, columns, scan=None):
     """(document fields, columns) of a gzip-compressed Kineto trace, inflated and decoded a piece at
     a time: the JSON is never whole in memory (a 1 GB trace needs its columns, not 1 GB more) and each
     piece is decoded while its bytes are still in the CPU caches. None on any doubt (another layout,
@@ -156,7 +164,7 @@ def stream_columns(raw: bytes, path, columns):
             if head is None:
                 head, pos = _events_open(pending)
             if head is not None:
-                pos = _decode_whole_pieces(pending, pos, columns, parts)
+                pos = _decode_whole_pieces(pending, pos, columns, parts, scan)
                 if pos < 0:
                     return None
             if d.eof:
@@ -168,7 +176,7 @@ def stream_columns(raw: bytes, path, columns):
     del pending[:pos]
     if head is None or d.unused_data:
         return None
-    return _last_piece(pending, head, columns, parts, path)
+    return _last_piece(pending, head, columns, parts, path, scan)
 
 
 def _events_open(pending: bytearray) -> tuple[bytes | None, int]:
@@ -179,7 +187,7 @@ def _events_open(pending: bytearray) -> tuple[bytes | None, int]:
     return (bytes(pending[:m.end()]), m.end()) if m else (None, 0)
 
 
-def _decode_whole_pieces(pending: bytearray, pos: int, columns, parts: list) -> int:
+def _decode_whole_pieces(pending: bytearray, pos: int, columns, parts: list, scan=None) -> int:
     """Decode the pieces of about PIECE_BYTES that end between two events, while two pieces' worth is
     pending (the cut is looked for beyond the first); where decoding goes on, or -1 when a piece cannot be
     decoded."""
@@ -187,7 +195,7 @@ def _decode_whole_pieces(pending: bytearray, pos: int, columns, parts: list) -> 
         cut = _BOUNDARY.search(pending, pos + PIECE_BYTES)
         if cut is None:
             break  # one event longer than a piece: read on
-        part = _decode_slice(pending, pos, cut.start() + 1, columns)
+        part = _decode_slice(pending, pos, cut.start() + 1, columns, scan)
         if part is None:
             return -1
         parts.append(part)
@@ -195,14 +203,14 @@ def _decode_whole_pieces(pending: bytearray, pos: int, columns, parts: list) -> 
     return pos
 
 
-def _last_piece(pending: bytearray, head: bytes, columns, parts: list, path):
+def _last_piece(pending: bytearray, head: bytes, columns, parts: list, path, scan=None):
     """The events left after the stream ended, up to the array's close, and the document's fields around
     the array: (document fields, columns), or None on any doubt."""
     end = array_close(pending, 0)
     if end is None:
         return None
     if pending[:end].strip():
-        part = _decode_slice(pending, 0, end, columns)
+        part = _decode_slice(pending, 0, end, columns, scan)
         if part is None:
             return None
         parts.append(part)
@@ -212,12 +220,12 @@ def _last_piece(pending: bytearray, head: bytes, columns, parts: list, path):
     return meta, parts[0] if len(parts) == 1 else join_columns(parts)
 
 
-def _decode_slice(buf: bytearray, begin: int, end: int, columns):
+def _decode_slice(buf: bytearray, begin: int, end: int, columns, scan=None):
     """``_one_piece`` of ``buf[begin:end]`` without copying it first. The views are released before
     returning: ``buf`` is resized next, which a view still referenced (a profiler thread sampling
     this frame, as Dask workers do) would refuse with a BufferError."""
     with memoryview(buf) as whole, whole[begin:end] as piece:
-        return _one_piece(piece, columns)
+        return _one_piece(piece, columns, scan)
 
 
 def _document_fields(outside: bytes, path) -> dict | None:
@@ -230,11 +238,12 @@ def _document_fields(outside: bytes, path) -> dict | None:
     return meta if fmt == "kineto" and not events else None
 
 
-def decode_columns(data: bytes, path, workers: int, columns):
+def decode_columns(data: bytes, path, workers: int, columns, scan=None):
     """(document fields, columns) of a Kineto trace decoded in pieces by ``workers`` processes
     (1: this one only), or None.
 
-    ``columns`` turns a list of decoded events into the loader's column tuple (or None)."""
+    ``columns`` turns a list of decoded events into the loader's column tuple (or None); ``scan``, when
+    given, reads a piece's bytes into that tuple first (or None: then the piece is decoded)."""
     if data[:1] not in (b"{", b"\n", b" ", b"\r", b"\t"):
         return None
     if workers > 1 and not can_fork():
@@ -248,9 +257,9 @@ def decode_columns(data: bytes, path, workers: int, columns):
         return None
     ranges = cut_points(data, start, end, workers)
     if len(ranges) < 2:
-        got = _piece_columns(data, start + 1, end, columns, path)
+        got = _piece_columns(data, start + 1, end, columns, path, scan)
         return None if got is None else (meta, got)
-    parts = forked_shares([lambda b=b, e=e: _piece_columns(data, b, e, columns, path) for b, e in ranges])
+    parts = forked_shares([lambda b=b, e=e: _piece_columns(data, b, e, columns, path, scan) for b, e in ranges])
     if any(p is None for p in parts):  # a failed share (``_one_piece`` refuses unreadable events too)
         return None
     return meta, join_columns(parts)
