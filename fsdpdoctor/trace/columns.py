@@ -25,7 +25,7 @@ from fsdpdoctor.trace.table import (
 from fsdpdoctor.trace.vocabulary import keeps_args
 
 try:  # built from _scan.c at install; without a compiler the Python readings do all the work
-    from fsdpdoctor.trace import _scan
+    from fsdpdoctor.trace._scan import scan as _scan
 except ImportError:  # pragma: no cover - depends on the install
     _scan = None
 # FSDPDOCTOR_NO_SCANNER=1: the Python readings only (the tests compare the two)
@@ -272,7 +272,7 @@ def from_bytes(piece):
     the decoding readings (an escaped name, a field written twice, an unknown phase, text for a time...)."""
     if not SCANNER:
         return None
-    got = _scan.scan(piece)
+    got = _scan(piece)
     if got is None:
         return None
     names, nid, cat_values, cat_ix, track_keys, trk, ts, dur, args_lo, args_hi, corr, coll, others = got
