@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import reprlib
+import sys
 from dataclasses import dataclass
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
@@ -40,12 +41,24 @@ def _plain_fields(c, options: dict) -> bool:
         return False
     for klass in c.__mro__[:-1]:
         for name, note in klass.__dict__.get("__annotations__", {}).items():
-            if not isinstance(note, str) or "InitVar" in note or "KW_ONLY" in note or "ClassVar" in note:
+            if isinstance(note, str):
+                if "InitVar" in note or "KW_ONLY" in note or "ClassVar" in note:
+                    return False
+            elif _special(note):
                 return False
             value = klass.__dict__.get(name)
             if isinstance(value, dataclasses.Field) and (not value.init or value.kw_only is True):
                 return False
     return True
+
+
+def _special(note) -> bool:
+    """An annotation (an object: the modules the decoders read have no ``from __future__ import
+    annotations``) that only the generated ``__init__`` handles: ``InitVar``, ``KW_ONLY``, ``ClassVar``."""
+    if note is dataclasses.KW_ONLY or note is dataclasses.InitVar or isinstance(note, dataclasses.InitVar):
+        return True
+    typing = sys.modules.get("typing")  # not loaded: no annotation is a ClassVar
+    return typing is not None and (note is typing.ClassVar or getattr(note, "__origin__", None) is typing.ClassVar)
 
 
 # instances made by ``_init_of``'s closures before the class's compiled ``__init__`` replaces them
