@@ -117,7 +117,24 @@ def test_lowered_search_answers_as_the_case_insensitive_one():
 
     names = [DEEPEP, VLLM, TRTLLM, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "sm90_XMMA_GEMM_AllGather_epilogue",
              "EP::Internode::Combine", "K_ALL_TO_ALL", "\u017f_all_reduce", "\u0130_MULTIMEM_ALL_REDUCE",
-             "\u212a_reduce_scatter_conv", "cutlass_80_tensorop_s1688gemm", ""]
+             "\u212a_reduce_scatter_conv", "cutlass_80_tensorop_s1688gemm", "",
+             # each alternative once (the searches are skipped for a name with none of their needles)
+             "x_ep::intranode::y", "hcom_allreduce_1", "a ccl_comm b", "ccl::allreduce", "One_Shot_All_Reduce",
+             "cross_device_reduce_2stage", "mscclpp::x", "multimem_one_shot", "xdispatch", "x dispatch y", "Combine",
+             "AllToAll", "allto_all", "all_toall", "ATTENTION", "mma_", "NCCL:all_reduce", "c10d::allreduce_",
+             "_C10D_FUNCTIONAL::x", "Record_Param_Comms", "gloo:x", "XCCL:y", "rcclKernel", "foo nccl", "\u212a_nccl"]
+    from fsdpdoctor.trace import vocabulary
+
     for pattern, found in ((c._LIBRARY_COMM, c._library_comm), (c._COLLECTIVE_WORD, c._collective_word),
-                           (c._FLOP_HEAVY, c._flop_heavy)):
+                           (c._FLOP_HEAVY, c._flop_heavy), (vocabulary._COMM_NAME, vocabulary.is_comm_name)):
+        assert [found(n) for n in names] == [pattern.search(n) is not None for n in names], pattern.pattern
+
+
+def test_device_span_names_read_as_the_case_insensitive_search():
+    """trace.kind's copy and wait spans (found_in, with needles): the answers of the re.I patterns."""
+    from fsdpdoctor.trace import kind
+
+    names = ["DMA", "MemCopy", "mem_copy", "H2D", "DtoH", "memcpy", "d2h", "HtoD", "Event_Record", "recordEvent",
+             "record_event", "Sync", "fence", "signal", "Barrier", "\u017fync", "\u212aernel", "matmul", "", "WAIT"]
+    for pattern, found in ((kind._COPY_SPAN, kind._copy_span), (kind._WAIT_SPAN, kind._wait_span)):
         assert [found(n) for n in names] == [pattern.search(n) is not None for n in names], pattern.pattern

@@ -64,3 +64,32 @@ def test_a_class_with_post_init_keeps_dataclass_init():
             self.b = self.a * 2
 
     assert WithPost(3).b == 6
+
+
+@pytest.mark.parametrize("hot", [False, True])
+def test_a_frozen_result_answers_as_a_frozen_dataclass(monkeypatch, hot):
+    """@result(frozen=True) (closures for __init__, __setattr__, __delattr__, __hash__): the same
+    objects, errors, hashes and equality as @dataclass(frozen=True)."""
+    if hot:
+        monkeypatch.setattr(serial, "_HOT", 0)
+
+    def body():
+        return {"__annotations__": {"a": "int", "b": "str", "c": "tuple", "d": "float"},
+                "c": (), "d": field(default=0.5, compare=False), "__module__": __name__}
+    ours = result(frozen=True)(type("Made", (), body()))
+    theirs = dataclasses.dataclass(frozen=True)(type("Made", (), body()))
+    for cls in (ours, theirs):
+        assert dataclasses.is_dataclass(cls)
+    x, y = ours(1, "x", (2,)), theirs(1, "x", (2,))
+    assert repr(x) == repr(y) and hash(x) == hash(y) and hash(ours(1, "x", (2,), 9.0)) == hash(x)
+    assert x == ours(1, "x", (2,), 7.0) and x != ours(2, "x") and x != y
+    assert dataclasses.replace(x, a=5).a == 5 and dataclasses.replace(y, a=5).a == 5
+    for obj in (x, y):
+        with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'a'"):
+            obj.a = 2
+        with pytest.raises(dataclasses.FrozenInstanceError, match="cannot assign to field 'z'"):
+            obj.z = 2
+        with pytest.raises(dataclasses.FrozenInstanceError, match="cannot delete field 'b'"):
+            del obj.b
+    for args, kw in CALLS:
+        assert _outcome(ours, args, kw) == _outcome(theirs, args, kw), (args, kw)

@@ -140,3 +140,23 @@ def test_rows_of_names_by_index_or_by_test_are_the_definition():
             rows = np.nonzero(mask)[0]
             want = rows[np.argsort(t.ts[rows], kind="stable")]
             assert np.array_equal(t._rows_of_ids(ids, cat), want), (size, cat)
+
+
+def test_known_t_quantiles_are_the_computed_ones():
+    """diagnose.stats keeps the quantiles of the default levels as numbers: they must be what the
+    bisection computes (the same float here; another CPU's pow may differ in the last bit), for an int
+    and an integral float df alike."""
+    from fsdpdoctor.diagnose import stats
+
+    for p, known in stats._KNOWN.items():
+        for df, q in enumerate(known, start=1):
+            stats.t_quantile.cache_clear()
+            saved, stats._KNOWN = stats._KNOWN, {}
+            try:
+                computed = stats.t_quantile(p, df)
+            finally:
+                stats._KNOWN = saved
+            stats.t_quantile.cache_clear()
+            assert math.isclose(q, computed, rel_tol=1e-12) and q == stats.t_quantile(p, float(df)), (p, df)
+    stats.t_quantile.cache_clear()
+    assert stats.t_quantile(0.5 + 0.90 / 2, 7) == stats._KNOWN[0.95][6]

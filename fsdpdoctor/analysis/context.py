@@ -152,7 +152,7 @@ class RankContext:
         corr = self.t.corr[rows]
         if not len(keys):
             return np.full(len(corr), -1, dtype=np.int64)
-        i = np.minimum(np.searchsorted(keys, corr), len(keys) - 1)
+        i = np.minimum(keys.searchsorted(corr), len(keys) - 1)
         found = np.where((keys[i] == corr) & (corr >= 0), launch[i], -1)
         # one timer tick of slack: host and device times are rounded to the microsecond apart
         causal = self.t.ts[rows] >= self.t.ts[np.maximum(found, 0)] - 1.0
@@ -218,11 +218,11 @@ class RankContext:
             pos = a
             while len(inside):
                 s0 = inside[0, 0]
-                k = np.searchsorted(fs, pos, "left")
+                k = fs.searchsorted(pos, "left")
                 start = fs[k] if k < len(fs) and fs[k] <= s0 else pos
-                k = np.searchsorted(fs, s0, "right")
+                k = fs.searchsorted(s0, "right")
                 nxt = fs[k] if k < len(fs) and fs[k] < b else b
-                last = np.searchsorted(inside[:, 0], nxt, "left")   # backward ops starting before it
+                last = inside[:, 0].searchsorted(nxt, "left")   # backward ops starting before it
                 end = float(inside[max(last - 1, 0), 1])
                 out.append((start, end))
                 inside = inside[max(last, 1):]
@@ -249,7 +249,7 @@ class RankContext:
         b = self.backward_set
         if len(b) == 0:
             return "forward"
-        k = np.searchsorted(b[:, 0], t, side="right")
+        k = b[:, 0].searchsorted(t, side="right")
         if k < len(b) and (step_end is None or b[k, 0] <= step_end):
             return "forward"
         return "other"
@@ -273,8 +273,8 @@ class RankContext:
             got = self._by_track[id(rows)] = (rows, rows[order], tracks, self.t.ts[rows][order],
                                               self.end[rows][order])
         _, srows, tracks, starts, ends = got
-        lo, hi = np.searchsorted(tracks, track, "left"), np.searchsorted(tracks, track, "right")
-        k = lo + int(np.searchsorted(starts[lo:hi], t, "right"))  # rows of the track starting at or before t
+        lo, hi = tracks.searchsorted(track, "left"), tracks.searchsorted(track, "right")
+        k = lo + int(starts[lo:hi].searchsorted(t, "right"))  # rows of the track starting at or before t
         # the latest of them still running at t: look back in growing chunks (nested frames are near k)
         stop, width = k, 32
         while stop > lo:
@@ -283,7 +283,7 @@ class RankContext:
             if len(hit):
                 j = begin + int(hit[-1])
                 # rows starting at that same time: the first of them (in rows order) that holds t
-                first = lo + int(np.searchsorted(starts[lo:hi], starts[j], "left"))
+                first = lo + int(starts[lo:hi].searchsorted(starts[j], "left"))
                 # (lexsort is stable: rows that start together keep their order in ``rows``)
                 return int(srows[first + int(np.nonzero(ends[first:j + 1] >= t)[0][0])])
             stop, width = begin, width * 4

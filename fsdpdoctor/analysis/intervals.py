@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 EMPTY = np.empty((0, 2), dtype=np.float64)
+# (searches are the array method: np.searchsorted adds ~0.5 us a call through its Python wrapper, and
+# `analyze` asks ~1,500 single points on v100)
 
 
 def as_set(starts, ends) -> np.ndarray:
@@ -54,8 +56,8 @@ def intersect(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if not len(a) or not len(b):
         return EMPTY
     # for each interval of a, the range of b intervals that may overlap it
-    lo = np.searchsorted(b[:, 1], a[:, 0], side="right")
-    hi = np.searchsorted(b[:, 0], a[:, 1], side="left")
+    lo = b[:, 1].searchsorted(a[:, 0], side="right")
+    hi = b[:, 0].searchsorted(a[:, 1], side="left")
     counts = np.maximum(hi - lo, 0)
     if counts.sum() == 0:
         return EMPTY
@@ -79,8 +81,8 @@ def subtract(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _gaps_within(b: np.ndarray, start: float, end: float) -> np.ndarray:
     """[start, end) minus the set b, from the rows of b that reach into it (a few searches, no sweep)."""
-    i = np.searchsorted(b[:, 1], start, side="right")
-    j = np.searchsorted(b[:, 0], end, side="left")
+    i = b[:, 1].searchsorted(start, side="right")
+    j = b[:, 0].searchsorted(end, side="left")
     if i >= j:
         return np.array([[start, end]], dtype=np.float64) if end > start else EMPTY
     inner = b[i:j]
@@ -105,8 +107,8 @@ def clip(a: np.ndarray, start: float, end: float) -> np.ndarray:
     """The part of set a inside [start, end): its rows that reach into the window, ends cut to it."""
     if not len(a) or end <= start:
         return EMPTY
-    i = np.searchsorted(a[:, 1], start, side="right")
-    j = np.searchsorted(a[:, 0], end, side="left")
+    i = a[:, 1].searchsorted(start, side="right")
+    j = a[:, 0].searchsorted(end, side="left")
     if i >= j:
         return EMPTY
     out = a[i:j].copy()
@@ -121,7 +123,7 @@ def contains(s: np.ndarray, x):
     x = np.asarray(x, dtype=np.float64)
     if not len(s):
         return np.zeros(x.shape, dtype=bool)
-    k = np.searchsorted(s[:, 0], x, side="right") - 1
+    k = s[:, 0].searchsorted(x, side="right") - 1
     return (k >= 0) & (s[np.maximum(k, 0), 1] >= x)
 
 
@@ -136,7 +138,7 @@ def overlap_each(starts: np.ndarray, ends: np.ndarray, s: np.ndarray) -> np.ndar
     cum = np.concatenate([[0.0], np.cumsum(s[:, 1] - s[:, 0])])
 
     def covered_before(x):
-        k = np.searchsorted(s[:, 0], x, side="right")  # intervals starting at or before x
+        k = s[:, 0].searchsorted(x, side="right")  # intervals starting at or before x
         full = cum[np.maximum(k - 1, 0)]
         part = np.where(k > 0, np.clip(x - s[np.maximum(k - 1, 0), 0], 0, None), 0.0)
         part = np.minimum(part, np.where(k > 0, s[np.maximum(k - 1, 0), 1] - s[np.maximum(k - 1, 0), 0], 0.0))
@@ -161,8 +163,8 @@ def share_density(starts, ends, within: np.ndarray | None = None) -> tuple[np.nd
     if b.size < 2:
         return b[:1], np.zeros(1)
     left = b[:-1]
-    active = (np.searchsorted(np.sort(starts), left, side="right")
-              - np.searchsorted(np.sort(ends), left, side="right"))
+    active = ((np.sort(starts)).searchsorted(left, side="right")
+              - (np.sort(ends)).searchsorted(left, side="right"))
     weight = np.where(active > 0, 1.0 / np.maximum(active, 1), 0.0)
     if within is not None:
         weight = weight * contains_open(within, (left + b[1:]) / 2)
@@ -186,5 +188,5 @@ def contains_open(s: np.ndarray, x) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     if not len(s):
         return np.zeros(x.shape, dtype=bool)
-    k = np.searchsorted(s[:, 0], x, side="right") - 1
+    k = s[:, 0].searchsorted(x, side="right") - 1
     return (k >= 0) & (s[np.maximum(k, 0), 1] > x)

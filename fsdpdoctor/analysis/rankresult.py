@@ -8,7 +8,7 @@ trace, with a hash of its content, stamped with the trace's identity (``TraceSta
 ``ANALYSIS_VERSION``.
 """
 
-from __future__ import annotations
+# Annotations are objects, not text: see results/analysis.py (the decoder of RankResult reads them all).
 
 import os
 import stat

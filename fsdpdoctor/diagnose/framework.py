@@ -18,7 +18,7 @@ stays in that band beyond the run's own step-to-step noise (diagnose/noise.py).
 from __future__ import annotations
 
 import builtins
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Iterable, Iterator, Literal, Mapping, get_args
 
 from fsdpdoctor.diagnose.noise import EXPLICIT, SAMPLES_KEY, gate_by_noise
@@ -133,7 +133,7 @@ Part = Literal["exposed_comm_us", "idle_us", "data_loading_us", "compute_us", "o
 BUSY_PARTS = ("compute_us", "optimizer_us")
 
 
-@dataclass(frozen=True)
+@result(frozen=True)
 class Rule:
     """A rule as the framework sees it: the function, the ids it may emit, the thresholds it reads, and
     for ids whose impact is time inside one part of the step (their exposed collectives are exposed

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.io import read_text
+from fsdpdoctor.results.serial import result
 from fsdpdoctor.trace.limits import parse_bounded
 
 
-@dataclass(frozen=True)
+@result(frozen=True)
 class Threshold:
     """One tunable bar of the rules: its default, unit, meaning and where the value comes from."""
 

@@ -5,7 +5,9 @@ All times are microseconds (``*_us``), sizes bytes, bandwidths GB/s (1e9 B/s).
 ``to_dict`` gives the versioned JSON schema documented in docs/json-schema.md.
 """
 
-from __future__ import annotations
+# Annotations are objects, not text (no ``from __future__ import annotations``): the rank-summary
+# decoder built at every start would compile each text one (analysis/rankresult.py: 231 in all, ~25 M
+# instructions). So a class comes after the classes its fields name.
 
 import json
 from dataclasses import field
@@ -103,6 +105,64 @@ class StepBreakdown:
     @property
     def overlap_frac(self) -> float | None:
         return self.overlapped_comm_us / self.comm_us if self.comm_us > 0 else None
+
+
+@result
+class DialectTraits:
+    """What a trace dialect can and cannot show; rules ask these, never the dialect's name.
+
+    Filled by the dialect that read the rank (see analysis/dialects once it exists).
+    """
+
+    name: str = "gloo-cpu"               # "nccl-gpu" (NCCL/RCCL kernels) or "gloo-cpu" (gloo worker spans)
+    device_timeline: bool = False        # kernels on device streams with launch->start: GPU idle is measurable
+    async_collectives: bool = False      # collectives can run beside compute (own stream); False: host blocks
+    shared_host_cores: bool = True       # ranks compete for the same CPU cores (exposure is contention-prone)
+    has_message_sizes: bool = False      # sizes (and dtypes) are recorded per collective
+
+
+@result
+class InputKind:
+    """What one rank's file is, decided once at the front door (``trace/kind.py``) with its evidence:
+    who wrote it, which device timeline it holds, how its steps are marked and how far its host and
+    device clocks agree. ``unknown`` names what cannot be read from it: the figures that depend on
+    it are withheld, not shown as zeros."""
+
+    producer: str = "kineto"             # "kineto", "legacy-autograd" (the list export); other writers are refused
+    device: str = "none"                 # "cuda", "rocm", "copies-only", "mtia", "xpu", "hpu", "npu",
+    #                                      "privateuse1", "missing" (launches, no device events), "none"
+    steps: str = "none"                  # "profiler-step", "cycles", "none"
+    evidence: list[str] = field(default_factory=list)   # what each of the above was read from
+    unknown: list[str] = field(default_factory=list)    # what cannot be read, said where the user looks first
+    backward_links: int = 0              # host->device links whose device start precedes the launch
+    links: int = 0                       # host->device links (launch -> device event) in the trace
+    clock_offset_us: float | None = None  # device clock shift applied to the device events (None: none)
+    generic: bool = False                # another accelerator's device spans read by their shape (kind.py)
+
+    @property
+    def device_known(self) -> bool:
+        """Whether device figures can be read from this input (or it ran on the host alone)."""
+        return self.device in ("cuda", "rocm", "xpu", "copies-only", "none") or self.generic
+
+    @property
+    def device_word(self) -> str:
+        """What the texts call the device: "GPU" for a CUDA/ROCm timeline (or none, or a missing one),
+        else the accelerator the input ran on ("MTIA", "XPU", "NPU"...)."""
+        return "GPU" if self.device in ("cuda", "rocm", "copies-only", "missing", "none") else self.device.upper()
+
+    def line(self) -> str:
+        """One line for the report header."""
+        device = _DEVICES.get(self.device) or (f"{self.device.upper()} spans (read generically)" if self.generic
+                                               else f"{self.device.upper()} events (not analysed)")
+        return f"{_PRODUCERS.get(self.producer, self.producer)}; device {device}; " \
+               f"steps: {_STEPS.get(self.steps, self.steps)}"
+
+
+_PRODUCERS = {"kineto": "torch.profiler (Kineto)", "legacy-autograd": "legacy autograd-profiler export",
+              "unknown": "unknown writer"}
+_DEVICES = {"cuda": "CUDA kernels", "rocm": "ROCm kernels", "xpu": "XPU kernels", "copies-only": "copies only (no kernel)",
+            "missing": "timeline missing", "none": "none (host only)"}
+_STEPS = {"profiler-step": "ProfilerStep", "cycles": "profiler cycles", "none": "no step markers"}
 
 
 @result
@@ -233,64 +293,6 @@ class ClockReport:
                 by.setdefault(r.rank, r)   # the first, as a search finds it
             index = self.__dict__["_index"] = (key, by)
         return index[1].get(rank)
-
-
-@result
-class DialectTraits:
-    """What a trace dialect can and cannot show; rules ask these, never the dialect's name.
-
-    Filled by the dialect that read the rank (see analysis/dialects once it exists).
-    """
-
-    name: str = "gloo-cpu"               # "nccl-gpu" (NCCL/RCCL kernels) or "gloo-cpu" (gloo worker spans)
-    device_timeline: bool = False        # kernels on device streams with launch->start: GPU idle is measurable
-    async_collectives: bool = False      # collectives can run beside compute (own stream); False: host blocks
-    shared_host_cores: bool = True       # ranks compete for the same CPU cores (exposure is contention-prone)
-    has_message_sizes: bool = False      # sizes (and dtypes) are recorded per collective
-
-
-@result
-class InputKind:
-    """What one rank's file is, decided once at the front door (``trace/kind.py``) with its evidence:
-    who wrote it, which device timeline it holds, how its steps are marked and how far its host and
-    device clocks agree. ``unknown`` names what cannot be read from it: the figures that depend on
-    it are withheld, not shown as zeros."""
-
-    producer: str = "kineto"             # "kineto", "legacy-autograd" (the list export); other writers are refused
-    device: str = "none"                 # "cuda", "rocm", "copies-only", "mtia", "xpu", "hpu", "npu",
-    #                                      "privateuse1", "missing" (launches, no device events), "none"
-    steps: str = "none"                  # "profiler-step", "cycles", "none"
-    evidence: list[str] = field(default_factory=list)   # what each of the above was read from
-    unknown: list[str] = field(default_factory=list)    # what cannot be read, said where the user looks first
-    backward_links: int = 0              # host->device links whose device start precedes the launch
-    links: int = 0                       # host->device links (launch -> device event) in the trace
-    clock_offset_us: float | None = None  # device clock shift applied to the device events (None: none)
-    generic: bool = False                # another accelerator's device spans read by their shape (kind.py)
-
-    @property
-    def device_known(self) -> bool:
-        """Whether device figures can be read from this input (or it ran on the host alone)."""
-        return self.device in ("cuda", "rocm", "xpu", "copies-only", "none") or self.generic
-
-    @property
-    def device_word(self) -> str:
-        """What the texts call the device: "GPU" for a CUDA/ROCm timeline (or none, or a missing one),
-        else the accelerator the input ran on ("MTIA", "XPU", "NPU"...)."""
-        return "GPU" if self.device in ("cuda", "rocm", "copies-only", "missing", "none") else self.device.upper()
-
-    def line(self) -> str:
-        """One line for the report header."""
-        device = _DEVICES.get(self.device) or (f"{self.device.upper()} spans (read generically)" if self.generic
-                                               else f"{self.device.upper()} events (not analysed)")
-        return f"{_PRODUCERS.get(self.producer, self.producer)}; device {device}; " \
-               f"steps: {_STEPS.get(self.steps, self.steps)}"
-
-
-_PRODUCERS = {"kineto": "torch.profiler (Kineto)", "legacy-autograd": "legacy autograd-profiler export",
-              "unknown": "unknown writer"}
-_DEVICES = {"cuda": "CUDA kernels", "rocm": "ROCm kernels", "xpu": "XPU kernels", "copies-only": "copies only (no kernel)",
-            "missing": "timeline missing", "none": "none (host only)"}
-_STEPS = {"profiler-step": "ProfilerStep", "cycles": "profiler cycles", "none": "no step markers"}
 
 
 @result

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import reprlib
+import sys
 from dataclasses import dataclass
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
@@ -32,15 +33,18 @@ def _shared_eq(self, other):
 
 
 def _plain_fields(c, options: dict) -> bool:
-    """Whether ``_init_of`` writes the class's ``__init__``: not where it defines its own, or is frozen,
-    has ``__post_init__``, ``InitVar`` or ``ClassVar`` annotations, keyword-only or non-init fields."""
-    if options.get("init", True) is False or options.get("frozen") or options.get("kw_only"):
+    """Whether ``_init_of`` writes the class's ``__init__``: not where it defines its own, has
+    ``__post_init__``, ``InitVar`` or ``ClassVar`` annotations, keyword-only or non-init fields."""
+    if options.get("init", True) is False or options.get("kw_only"):
         return False
     if "__init__" in c.__dict__ or hasattr(c, "__post_init__"):
         return False
     for klass in c.__mro__[:-1]:
         for name, note in klass.__dict__.get("__annotations__", {}).items():
-            if not isinstance(note, str) or "InitVar" in note or "KW_ONLY" in note or "ClassVar" in note:
+            if isinstance(note, str):
+                if "InitVar" in note or "KW_ONLY" in note or "ClassVar" in note:
+                    return False
+            elif _special(note):
                 return False
             value = klass.__dict__.get(name)
             if isinstance(value, dataclasses.Field) and (not value.init or value.kw_only is True):
@@ -48,11 +52,20 @@ def _plain_fields(c, options: dict) -> bool:
     return True
 
 
+def _special(note) -> bool:
+    """An annotation (an object: the modules the decoders read have no ``from __future__ import
+    annotations``) that only the generated ``__init__`` handles: ``InitVar``, ``KW_ONLY``, ``ClassVar``."""
+    if note is dataclasses.KW_ONLY or note is dataclasses.InitVar or isinstance(note, dataclasses.InitVar):
+        return True
+    typing = sys.modules.get("typing")  # not loaded: no annotation is a ClassVar
+    return typing is not None and (note is typing.ClassVar or getattr(note, "__origin__", None) is typing.ClassVar)
+
+
 # instances made by ``_init_of``'s closures before the class's compiled ``__init__`` replaces them
 _HOT = 100
 
 
-def _init_of(c, fields):
+def _init_of(c, fields, frozen: bool = False):
     """The ``__init__`` @dataclass would write for ``c`` (the same arguments, defaults, factories, errors
     for a missing, unexpected or repeated argument, attributes set in field order), made of closures
     until the class has made ``_HOT`` instances, then the one @dataclass compiles (a closure's instance
@@ -63,18 +76,19 @@ def _init_of(c, fields):
     fills = [(f.name, f.default, f.default_factory) for f in fields]
     own = f"{c.__qualname__}.__init__()"
     made = [0]
+    assign = object.__setattr__ if frozen else setattr
 
     def __init__(self, *args, **kw):
         made[0] += 1
         if made[0] > _HOT:
-            c.__init__ = compiled = _compiled_init(c, fields)
+            c.__init__ = compiled = _compiled_init(c, fields, frozen)
             return compiled(self, *args, **kw)
         if len(args) == len(names) and not kw:
             values = args
         else:
             values = _bound(own, names, fills, args, kw)
         for name, value in zip(names, values):
-            setattr(self, name, value)
+            assign(self, name, value)
 
     __init__.__qualname__ = f"{c.__qualname__}.__init__"
     __init__.__module__ = c.__module__
@@ -106,7 +120,7 @@ def _bound(own: str, names: tuple, fills: list, args: tuple, kw: dict) -> list:
     return values
 
 
-def _compiled_init(c, fields):
+def _compiled_init(c, fields, frozen: bool = False):
     """The ``__init__`` @dataclass generates for ``c``'s fields, made on a copy of their declarations."""
     ns = {"__annotations__": {f.name: f.type for f in fields}, "__module__": c.__module__,
           "__qualname__": c.__qualname__}
@@ -115,25 +129,56 @@ def _compiled_init(c, fields):
             ns[f.name] = dataclasses.field(default_factory=f.default_factory)
         elif f.default is not dataclasses.MISSING:
             ns[f.name] = f.default
-    return dataclass(type(c.__name__, (), ns), repr=False, eq=False).__init__
+    return dataclass(type(c.__name__, (), ns), repr=False, eq=False, frozen=frozen).__init__
+
+
+def _frozen(c, names: tuple[str, ...]) -> None:
+    """The ``__setattr__``, ``__delattr__`` and ``__hash__`` @dataclass(frozen=True) generates for ``c``
+    (the same errors, and the hash of the tuple of the compared fields), as closures."""
+    def __setattr__(self, name, value):
+        if type(self) is c or name in names:
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+        super(c, self).__setattr__(name, value)
+
+    def __delattr__(self, name):
+        if type(self) is c or name in names:
+            raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+        super(c, self).__delattr__(name)
+
+    for fn in (__setattr__, __delattr__):
+        if fn.__name__ in c.__dict__:
+            raise TypeError(f"Cannot overwrite attribute {fn.__name__} in class {c.__name__}")
+        fn.__qualname__ = f"{c.__qualname__}.{fn.__name__}"
+        setattr(c, fn.__name__, fn)
+    c._hash_fields = tuple(f.name for f in dataclasses.fields(c) if (f.compare if f.hash is None else f.hash))
+    c.__hash__ = _shared_hash
+
+
+def _shared_hash(self) -> int:
+    return hash(tuple(getattr(self, n) for n in type(self)._hash_fields))
 
 
 def result(cls=None, /, **options):
     """``@dataclass`` with one shared ``__repr__`` and ``__eq__`` (the same text and the same answers)
     instead of a pair generated for each class, and an ``__init__`` not compiled (``_init_of``): @dataclass
     compiles the source of every generated method at every start, and these classes are loaded by every
-    verb."""
+    verb. A frozen class gets its ``__setattr__``, ``__delattr__`` and ``__hash__`` as closures too."""
     def wrap(c):
         plain = _plain_fields(c, options)   # else what only the generated __init__ does
-        c = dataclass(c, repr=False, eq=False, **(dict(options, init=False) if plain else options))
+        if options.get("frozen") and ("__hash__" in c.__dict__ or "__eq__" in c.__dict__):
+            plain = False   # @dataclass keeps a class's own hash: left to it
+        frozen = plain and bool(options.get("frozen"))   # the closures of _frozen, not compiled methods
+        c = dataclass(c, repr=False, eq=False, **(dict(options, init=False, frozen=False) if plain else options))
         fields = dataclasses.fields(c)
         if plain:
-            c.__init__ = _init_of(c, fields)
+            c.__init__ = _init_of(c, fields, frozen)
         c._repr_fields = tuple(f.name for f in fields if f.repr)
         c._eq_fields = tuple(f.name for f in fields if f.compare)
         c.__repr__ = reprlib.recursive_repr()(_shared_repr)
         c.__eq__ = _shared_eq
         c.__hash__ = None   # as @dataclass(eq=True) leaves a mutable class: unhashable
+        if frozen:
+            _frozen(c, tuple(f.name for f in fields))
         return c
 
     return wrap if cls is None else wrap(cls)

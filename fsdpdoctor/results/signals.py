@@ -4,7 +4,7 @@ trace, activation recompute and CPU offload.
 
 All times are microseconds (``*_us``)."""
 
-from __future__ import annotations
+# Annotations are objects, not text: see results/analysis.py.
 
 from dataclasses import field
 

@@ -6,7 +6,7 @@ bytes means we only pay for the arguments we actually read (collectives,
 correlation ids), which is a small fraction of the events.
 """
 
-from __future__ import annotations
+# Annotations are objects, not text: see results/analysis.py (the decoders here are built at import).
 
 import re
 from pathlib import Path

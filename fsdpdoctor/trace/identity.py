@@ -16,7 +16,7 @@ What each field can tell (measured on the bundled, CUDA and public traces):
   by different processes do not.
 """
 
-from __future__ import annotations
+# Annotations are objects, not text: see results/analysis.py (RankIdentity is in every RankResult).
 
 from pathlib import Path
 from typing import Any

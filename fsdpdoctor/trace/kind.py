@@ -17,7 +17,7 @@ from fsdpdoctor.trace.table import (
     ACCELERATOR, ANNOTATION, CPU_OP, DEVICE_CATEGORIES, KERNEL, MEMCPY, MEMSET, OTHER, PYFUNC, RUNTIME, RankTrace,
     category_code, distinct,
 )
-from fsdpdoctor.trace.vocabulary import LIBRARY_ANNOTATIONS, STEP_NAME
+from fsdpdoctor.trace.vocabulary import LIBRARY_ANNOTATIONS, STEP_NAME, found_in
 
 # the legacy autograd profiler's list export (torch.autograd.profiler EventList.export_chrome_trace,
 # still what a torch build without Kineto writes): no "cat", host ops on the pid "CPU functions" (the
@@ -198,6 +198,9 @@ def _gpu_only_ops(t: RankTrace) -> tuple[int, str] | None:
 # event (no work: idle, as a CUDA stream's gap); everything else on a device queue is work (a kernel)
 _COPY_SPAN = re.compile(r"dma|memcpy|mem_?copy|copy|h2d|d2h|htod|dtoh", re.I)
 _WAIT_SPAN = re.compile(r"wait|event_record|record_?event|sync|fence|signal|barrier", re.I)
+# by vocabulary.found_in: each alternative holds a needle ("memcpy" no "copy"); ~10x faster per name
+_copy_span = found_in(_COPY_SPAN, ("dma", "memcpy", "copy", "h2d", "d2h", "htod", "dtoh"))
+_wait_span = found_in(_WAIT_SPAN, ("wait", "event_record", "record", "sync", "fence", "signal", "barrier"))
 
 
 def read_accelerator(t: RankTrace, evidence: list[str] | None = None) -> str | None:
@@ -228,8 +231,8 @@ def read_accelerator(t: RankTrace, evidence: list[str] | None = None) -> str | N
     if not len(spans):
         t._ids_by_cat = None
         return "no spans on a device stream or queue, only host-side events"
-    copy = np.array([_COPY_SPAN.search(n) is not None for n in t.names], dtype=bool)
-    wait = np.array([_WAIT_SPAN.search(n) is not None for n in t.names], dtype=bool)
+    copy = np.array([_copy_span(n) for n in t.names], dtype=bool)
+    wait = np.array([_wait_span(n) for n in t.names], dtype=bool)
     ids = t.name_id[spans]
     t.cat[spans[copy[ids]]] = MEMCPY
     t.cat[spans[wait[ids] & ~copy[ids]]] = OTHER

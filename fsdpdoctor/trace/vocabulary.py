@@ -8,6 +8,7 @@ Every module that recognises one by name takes the name from here; a dialect
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 from fsdpdoctor.trace.table import KERNEL, MEMCPY, MEMSET, RUNTIME, category_code
 
@@ -55,6 +56,38 @@ def reads_args(name, cat) -> bool:
     return keeps_args(name) or category_code(cat) in (KERNEL, RUNTIME, MEMCPY, MEMSET)
 
 
+# _COMM_NAME of an ASCII name, lowered: its prefixes and libraries by str methods (the re.I search
+# tried every position of every distinct name, 300-character kernels included: 4x slower)
+_COMM_PREFIXES = tuple(p.lower() for p in COMM_OPS + LIBRARY_ANNOTATIONS)
+
+
 def is_comm_name(name: str) -> bool:
     """Whether an event of this name is communication (an op, an annotation or a kernel)."""
+    if name.isascii():   # else case folding may differ from str.lower: the pattern decides
+        low = name.lower()
+        return low.startswith(_COMM_PREFIXES) or any(lib in low for lib in KERNEL_LIBRARIES)
     return _COMM_NAME.search(name) is not None
+
+
+def found_in(pattern: re.Pattern, needles: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether ``pattern`` (re.I, its letters in lower case) occurs in a name: an ASCII name is lowered
+    and searched case-sensitively, the same answer 2-4x faster on 300-character C++ kernel names (a
+    case-insensitive search tries every position: 30 -> 13 ms for these three on the v100 and ResNet
+    kernel names); any other name, whose case folding may differ from ``str.lower``, as written.
+    ``needles``: words one of which every match holds; a lowered name with none of them is no match
+    without a search (most kernel names: the search still tried every position, ~45 M instructions of
+    `analyze` on v100 for analysis.collectives' three and ``is_comm_name``)."""
+    if pattern.pattern != pattern.pattern.lower() or not pattern.flags & re.I:
+        raise ValueError(f"not a lower-case re.I pattern: {pattern.pattern}")
+    folded = re.compile(pattern.pattern)
+
+    def found(name: str) -> bool:
+        if not name.isascii():
+            return pattern.search(name) is not None
+        low = name.lower()
+        for needle in needles:
+            if needle in low:
+                return folded.search(low) is not None
+        return False
+
+    return found
