@@ -2,7 +2,9 @@
 
 A rank's trace of 10^5..10^6 events spends most of its load time in two steps that work event by
 event: the JSON decode and the column building. So the ``traceEvents`` array is cut at event
-boundaries, each piece is decoded and turned into columns, and the columns are joined in file order.
+boundaries, each piece is read into columns (by the compiled scanner, ``columns.from_bytes``, where it
+is sure of every event; else decoded by msgspec and turned into columns), and the columns are joined
+in file order.
 
 In this process the pieces are small (``PIECE_BYTES``) and decoded one after the other: only one
 piece's event objects are alive at a time, they stay in the CPU caches for the column passes, and
@@ -252,10 +254,10 @@ def _last_piece(pending: bytes, head: bytes, columns, parts: list, path, scan=No
     return meta, parts[0] if len(parts) == 1 else join_columns(parts)
 
 
-def _decode_slice(buf: bytes | bytearray, begin: int, end: int, columns, scan=None):
+def _decode_slice(buf: bytes, begin: int, end: int, columns, scan=None):
     """``_one_piece`` of ``buf[begin:end]`` without copying it first. The views are released before
-    returning: ``buf`` is resized next, which a view still referenced (a profiler thread sampling
-    this frame, as Dask workers do) would refuse with a BufferError."""
+    returning, so that a frame still referenced (a profiler thread sampling it, as Dask workers do)
+    holds no export of the chunk: a bytearray given here could be resized after."""
     with memoryview(buf) as whole, whole[begin:end] as piece:
         return _one_piece(piece, columns, scan)
 
