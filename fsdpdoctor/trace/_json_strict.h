@@ -3,6 +3,11 @@
  * NULL (or 0) on what it does not accept; the scanner then stands aside. Included by _scan.c only. */
 #ifndef FSDPDOCTOR_JSON_STRICT_H
 #define FSDPDOCTOR_JSON_STRICT_H
+/* eight bytes are read as one little-endian word (the first byte lowest) with GCC/Clang builtins:
+ * elsewhere the build fails, the extension is optional, and traces are read by msgspec */
+#if !defined(__GNUC__) || !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "fsdpdoctor's trace scanner needs GCC or Clang on a little-endian machine"
+#endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
