@@ -10,7 +10,6 @@ import random
 from pathlib import Path
 
 import msgspec
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
