@@ -212,14 +212,17 @@ def _last_boundary(data: bytes, start: int):
         end = brace
 
 
-def _decode_chunk(tail: bytes, out: bytes, start: int, columns, parts: list, scan=None) -> bytes | None:
+def _decode_chunk(tail: bytes | bytearray, out: bytes, start: int, columns, parts: list,
+                  scan=None) -> bytes | bytearray | None:
     """Decode the events of ``tail + out[start:]`` up to the last event boundary in ``out``, in pieces of
     about PIECE_BYTES: the event ``tail`` begins, joined to its end in ``out``, then the rest in ``out``
     itself. What follows the last boundary is returned (an event cut by the chunk's end); None when a
     piece cannot be decoded."""
     last = _last_boundary(out, start)
-    if last is None:
-        return tail + out[start:]  # no boundary: one event longer than the chunk, read on
+    if last is None:  # no boundary: one event longer than the chunk, read on (appended in place: linear)
+        tail = tail if isinstance(tail, bytearray) else bytearray(tail)
+        tail += memoryview(out)[start:]
+        return tail
     begin = start
     if tail:
         first = _BOUNDARY.search(out, start)
