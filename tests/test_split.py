@@ -149,6 +149,25 @@ def test_metadata_after_the_events_with_a_bracket_in_a_string(tmp_path, split_sm
     _same(_whole(p), load_file(p, 2))
 
 
+def test_log_lines_after_the_events_do_not_hide_the_array_end(tmp_path, stream_small, monkeypatch):
+    """HTA's traces end with an "INFO" array of profiler log lines, many holding a "]" (``...cpp:1058]``):
+    the array's end is still found, so the file is read in pieces, streamed or not, not whole."""
+    info = [f"W1127 CuptiActivityProfiler.cpp:{1000 + i}] line {i} [x]" for i in range(60)]
+    doc = {"schemaVersion": 1, "traceEvents": _events(300), "INFO": info, "traceName": "t"}
+    p = tmp_path / "rank0.json.gz"
+    p.write_bytes(gzip.compress(json.dumps(doc, indent=1).encode()))
+    data = gzip.decompress(p.read_bytes())
+    start, end = split.events_span(data)
+    assert json.loads(data[start:end + 1]) == doc["traceEvents"]
+    got = []
+    real = split._last_piece
+    monkeypatch.setattr(split, "_last_piece", lambda *a, **k: got.append(real(*a, **k)) or got[-1])
+    streamed = load_file(p, 1)
+    assert got and got[0] is not None   # the stream read it: no second reading of the whole file
+    monkeypatch.setattr(split, "STREAM_MIN_BYTES", 1 << 62)
+    _same(_whole(p), streamed)
+
+
 def test_cut_inside_nested_objects_falls_back(tmp_path, split_small, monkeypatch):
     # every event's args hold a list of objects: the byte search may cut inside one; a cut piece is not
     # valid JSON on its own, and the file is then read whole with the same result

@@ -55,7 +55,12 @@ _BOUNDARY_BEFORE = re.compile(rb"\}\s*,\s*\{\Z")  # a boundary that ends where t
 _BOUNDARY_REACH = 256  # whitespace looked through before an event's "{"
 _KEY = b'"traceEvents"'
 _OPEN = re.compile(rb"\s*:\s*\[")
-_TAIL_TRIES = 16          # "]" found after the array's own, inside the keys that follow it
+_TAIL_TRIES = 16          # "]" found after the array's own, inside the keys that follow it, tried by a decode
+# what follows the events array's "]": the next key, or the document's end. A "]" inside a string (HTA's
+# traces end with an "INFO" array of log lines, "CuptiActivityProfiler.cpp:1058] ...") is passed over
+# without a decode: 16 to 30 of them used up the tries, and the file was read three times (4-5 s, not 0.5)
+_AFTER_CLOSE = re.compile(rb'\s*(?:,\s*"|\}\s*\Z)')
+_CLOSE_LOOKS = 1 << 14    # "]" looked at from the end at most (a bound on a pathological tail)
 
 
 def events_span(data: bytes) -> tuple[int, int] | None:
@@ -75,11 +80,14 @@ def array_close(data, lo: int) -> int | None:
     """Offset of the ``]`` closing the events array, searched from the end back to ``lo``: the rest of
     the document after it must parse as the object's other keys; arrays among those keys end in such
     a "]" too, so the earliest one that parses is the array's."""
-    found, end = None, len(data)
-    for _ in range(_TAIL_TRIES):
+    found, end, tries = None, len(data), 0
+    for _ in range(_CLOSE_LOOKS):
         end = data.rfind(b"]", lo, end)
-        if end < 0:
+        if end < 0 or tries == _TAIL_TRIES:
             break
+        if _AFTER_CLOSE.match(data, end + 1) is None:
+            continue
+        tries += 1
         tail = bytes(data[end + 1:]).strip()
         if tail == b"}":
             found = end
