@@ -53,6 +53,7 @@ SPLIT_MIN_BYTES = 64 << 20
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _BOUNDARY_BEFORE = re.compile(rb"\}\s*,\s*\{\Z")  # a boundary that ends where the search ends
 _BOUNDARY_REACH = 256  # whitespace looked through before an event's "{"
+_NOT_SPACE = re.compile(rb"\S")
 _KEY = b'"traceEvents"'
 _OPEN = re.compile(rb"\s*:\s*\[")
 _TAIL_TRIES = 16          # "]" found after the array's own, inside the keys that follow it, tried by a decode
@@ -164,6 +165,7 @@ def stream_columns(raw: bytes, path, columns, scan=None):
     copies of the whole JSON: 65 M instructions on the 33 MB v100 trace)."""
     d = inflater()
     rest, tail, head, parts = raw, b"", None, []  # tail: inflated, not yet decoded
+    before = bytearray()  # the document's start while the events array has not opened (the first chunk, normally)
     cap, inflated = inflate_cap(len(raw), whole=False), 0
     try:
         while True:
@@ -174,11 +176,14 @@ def stream_columns(raw: bytes, path, columns, scan=None):
                 raise too_inflated(path, len(raw), cap)
             bytes_read(path, len(raw) - len(rest), len(raw))
             start = 0
-            if head is None:  # the document's start, before the events: the first chunk, normally
-                out, tail = tail + out, b""
-                head, start = _events_open(out)
-                if head is None:
-                    tail = out
+            if head is None:
+                before += out
+                first = _NOT_SPACE.search(before)
+                if first is not None and before[first.start()] != ord("{"):
+                    return None   # not an object (an event list, a byte-order mark...): read whole, once
+                head, start = _events_open(before)
+                if head is not None:
+                    out, before = bytes(before), None
             if head is not None:
                 if d.eof:
                     tail += out[start:]   # to the array's end: the last piece reads it
