@@ -90,8 +90,7 @@ def from_events(events: list):
         return None
     if ts.shape != (n,) or dur.shape != (n,) or not (np.isfinite(ts).all() and np.isfinite(dur).all()):
         return None
-    cat = np.array([category_code(c) for c in cat_values], dtype=np.int8)[cat_ix] if n else np.empty(0, np.int8)
-    categories = _category_counts(cat_values, np.bincount(cat_ix, minlength=len(cat_values)) if n else [])
+    cat, categories = _category_column(cat_values, cat_ix)
     keep_name = np.fromiter(map(_keeps_args, names), bool, len(names))
     found = _ids_and_args(xs, cat, keep_name[nid])
     if found is None:
@@ -181,6 +180,15 @@ def _keeps_args(name: str) -> bool:
             _keeps.clear()
         got = _keeps[name] = keeps_args(name)
     return got
+
+
+def _category_column(cat_values: list, cat_ix: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+    """Each row's category code, from the categories as written (numbered by first appearance, ``cat_ix``
+    a row's number), and the complete events per category as written."""
+    if not len(cat_ix):
+        return np.empty(0, np.int8), {}
+    cat = np.array([category_code(c) for c in cat_values], dtype=np.int8)[cat_ix]
+    return cat, _category_counts(cat_values, np.bincount(cat_ix, minlength=len(cat_values)))
 
 
 def _category_counts(values: list, counts) -> dict[str, int]:
@@ -282,23 +290,21 @@ def from_bytes(piece):
         events = _events_decoder.decode(b"[" + b",".join([bytes(piece[a:b]) for a, b in others]) + b"]")
         if not _read_non_complete(events, thread_names, memory_events):
             return None
-    n = len(ts) // 8
     nid, cat_ix, trk = (np.frombuffer(c, dtype=np.int32) for c in (nid, cat_ix, trk))
     ts, dur = np.frombuffer(ts, dtype=np.float64), np.frombuffer(dur, dtype=np.float64)
     corr, lo, hi = (np.frombuffer(c, dtype=np.int64) for c in (corr, args_lo, args_hi))
-    cat = np.array([category_code(c) for c in cat_values], dtype=np.int8)[cat_ix] if n else np.empty(0, np.int8)
-    categories = _category_counts(cat_values, np.bincount(cat_ix, minlength=len(cat_values)) if n else [])
-    keeps = np.fromiter(map(_keeps_args, names), bool, len(names))[nid] if n else np.zeros(0, bool)
+    cat, categories = _category_column(cat_values, cat_ix)
+    keeps = np.fromiter(map(_keeps_args, names), bool, len(names))[nid]
     # the scanner read every args object's correlation; the loader keeps it for device and runtime rows
     # only, and reads the kept rows' from their whole args, as ``from_events`` does
-    dev = in_set(cat, _NEEDS_CORR, len(CATEGORY_NAMES)) & ~keeps if n else np.zeros(0, bool)
+    dev = in_set(cat, _NEEDS_CORR, len(CATEGORY_NAMES)) & ~keeps
     corr[~dev] = -1
     args: dict[int, dict] = {}
     for r in np.nonzero(keeps)[0].tolist():
         a = raw_args(bytes(piece[lo[r]:hi[r]])) if hi[r] > lo[r] else {}
         args[r] = a
         corr[r] = _corr_value(a.get("correlation", -1))
-    named = dev & (np.frombuffer(coll, dtype=np.uint8) != 0) & (cat == KERNEL) if n else dev
+    named = dev & (np.frombuffer(coll, dtype=np.uint8) != 0) & (cat == KERNEL)
     for r in np.nonzero(named)[0].tolist():  # communication kernels: their args are kept
         args[r] = raw_args(bytes(piece[lo[r]:hi[r]]))
     tracks = [Track(pid=k[0], tid=k[1]) for k in track_keys]

@@ -28,7 +28,7 @@ import msgspec
 import numpy as np
 
 from fsdpdoctor.engines.forking import can_fork, forked_shares
-from fsdpdoctor.trace.events import _events_decoder, decode_trace
+from fsdpdoctor.trace.events import _FIRST_TOKEN, _events_decoder, decode_trace
 from fsdpdoctor.trace.io import GZIP_ERRORS, bytes_read, inflater
 from fsdpdoctor.trace.limits import inflate_cap, too_inflated
 
@@ -53,7 +53,6 @@ SPLIT_MIN_BYTES = 64 << 20
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _BOUNDARY_BEFORE = re.compile(rb"\}\s*,\s*\{\Z")  # a boundary that ends where the search ends
 _BOUNDARY_REACH = 256  # whitespace looked through before an event's "{"
-_NOT_SPACE = re.compile(rb"\S")
 _KEY = b'"traceEvents"'
 _OPEN = re.compile(rb"\s*:\s*\[")
 _TAIL_TRIES = 16          # "]" found after the array's own, inside the keys that follow it, tried by a decode
@@ -178,7 +177,7 @@ def stream_columns(raw: bytes, path, columns, scan=None):
             start = 0
             if head is None:
                 before += out
-                first = _NOT_SPACE.search(before)
+                first = _FIRST_TOKEN.search(before)
                 if first is not None and before[first.start()] != ord("{"):
                     return None   # not an object (an event list, a byte-order mark...): read whole, once
                 head, start = _events_open(before)
