@@ -30,7 +30,30 @@ def test_fix_delivered(capsys, traces_dir, fault, fix, fid):
     assert fx["measured_us"] == pytest.approx(d["step"]["diff"])
     assert fx["measured_lo_us"] <= fx["predicted_us"] <= fx["measured_hi_us"] or \
         abs(fx["measured_us"] - fx["predicted_us"]) <= 0.35 * abs(fx["predicted_us"])
-    assert fx["text"].startswith(f"{fid} gone: predicted -") and "delivered" in fx["text"]
+    assert fx["text"].startswith(f"{fid} gone: analyze BASE predicted -") and "delivered" in fx["text"]
+
+
+@pytest.mark.parametrize("fault, fix, fid", [("dataloader_slow", "dataloader_fixed", "input-bound"),
+                                              ("ddp_one_bucket", "ddp_default", "ddp-single-bucket"),
+                                              ("grad_accum_sync_every", "grad_accum_no_sync",
+                                               "grad-accum-without-no-sync")])
+def test_diff_holds_the_tool_to_what_analyze_printed(capsys, traces_dir, fault, fix, fid):
+    # one prediction from analyze to diff: the saving and interval `analyze BASE` printed, read from BASE
+    main(["analyze", str(traces_dir / fault), "--json"])
+    printed = next(f for f in json.loads(capsys.readouterr().out)["findings"] if f["id"] == fid)
+    main(["analyze", str(traces_dir / fault)])
+    console = " ".join(capsys.readouterr().out.split())
+    d = diff_doc(capsys, traces_dir / fault, traces_dir / fix)
+    fx = {f["id"]: f for f in d["fixes"]}[fid]
+    assert fx["predicted_us"] == pytest.approx(-printed["impact_us"])
+    lo, hi = printed["impact_interval_us"]
+    assert (fx["predicted_lo_us"], fx["predicted_hi_us"]) == (pytest.approx(-hi), pytest.approx(-lo))
+    main(["diff", str(traces_dir / fault), str(traces_dir / fix)])
+    out = " ".join(capsys.readouterr().out.split())
+    said = f"{fid} gone: analyze BASE predicted {-printed['impact_us'] / 1e3:+.1f} ms [{-hi / 1e3:+.1f}, {-lo / 1e3:+.1f}]"
+    assert said in out
+    # and it is the number the analyze console showed for that finding
+    assert f"{printed['impact_us'] / 1e3:.1f}" in console
 
 
 def test_a_fix_beyond_the_one_proposed_saves_more_than_predicted(capsys, traces_dir):
@@ -71,10 +94,10 @@ def test_console_and_check_baseline_list_the_fix(capsys, traces_dir):
     predicted = f"{-d['fixes'][0]['predicted_us'] / 1e3:.1f}"   # the finding's own impact, as it is today
     main(["diff", str(traces_dir / "dataloader_slow"), str(traces_dir / "dataloader_fixed")])
     out = capsys.readouterr().out
-    assert f"input-bound gone: predicted -{predicted} ms, measured" in " ".join(out.split())
+    assert f"input-bound gone: analyze BASE predicted -{predicted} ms [" in " ".join(out.split())
     rc = main(["check", str(traces_dir / "dataloader_fixed"), "--baseline", str(traces_dir / "dataloader_slow")])
     out = " ".join(capsys.readouterr().out.split())
-    assert rc == 0 and f"fixed input-bound gone: predicted -{predicted} ms" in out and ": delivered" in out
+    assert rc == 0 and f"fixed input-bound gone: analyze BASE predicted -{predicted} ms" in out and ": delivered" in out
     main(["check", str(traces_dir / "dataloader_fixed"), "--baseline", str(traces_dir / "dataloader_slow"), "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert doc["baseline"]["fixes"][0]["outcome"] == "delivered"
@@ -96,3 +119,27 @@ def _est(diff, lo, hi):
 ])
 def test_judgement(pred, est, want):
     assert _judge(pred, est, 0.35) == want
+
+
+def test_judgement_with_the_prediction_interval():
+    # intervals that overlap agree only where the prediction's own is as tight as the tolerance
+    assert _judge(-100, _est(-57, -86, -28), 0.35, (-120, -80)) == "delivered"
+    assert _judge(-100, _est(-57, -86, -28), 0.35, (-180, -20)) == "less-than-predicted"
+    assert _judge(-100, _est(-57, -86, -28), 0.35, (-108, -95)) == "less-than-predicted"
+
+
+def test_a_partial_fix_is_held_to_the_base_prediction():
+    # a second, partial fix: the finding shrank from 101.6 to 20.0 ms. The prediction is what analyze BASE
+    # printed (101.6 and its interval), not base minus new (81.6), and NEW's remainder is said beside it
+    from fsdpdoctor.diagnose.fix_outcomes import fix_outcomes
+    from fsdpdoctor.results import Analysis
+    from fsdpdoctor.results.comparison import FindingChange
+
+    ch = FindingChange("input-bound", "t", "better", True, "data_loading", 101_600.0, 20_000.0, 0.5, 0.1,
+                       "error", "warning", base_impact_interval_us=[95_000.0, 108_000.0])
+    base = Analysis.__new__(Analysis)
+    base.findings = []
+    [fx] = fix_outcomes(base, [ch], _est(-57.5e3, -86.7e3, -28.2e3), 0.35)
+    assert fx.predicted_us == -101_600.0 and (fx.predicted_lo_us, fx.predicted_hi_us) == (-108_000.0, -95_000.0)
+    assert fx.remaining_us == 20_000.0 and "still 20.0 ms in NEW" in fx.text
+    assert "predicted -101.6 ms [-108.0, -95.0]" in fx.text and fx.outcome == "less-than-predicted"

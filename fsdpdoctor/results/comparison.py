@@ -81,6 +81,8 @@ class FindingChange:
     new_impact_frac: float | None
     base_severity: Severity | None
     new_severity: Severity | None
+    # the interval of the saving ``analyze BASE`` printed beside base_impact_us (None: it printed none)
+    base_impact_interval_us: list[float] | None = None
     time: Estimate | None = None         # the component's time per step
     share: Estimate | None = None        # and its share of the step
 
@@ -99,7 +101,9 @@ class FixOutcome:
 
     id: str
     status: FindingStatus                # "gone" or "better"
-    predicted_us: float | None           # predicted change of the step (negative: faster); None: within caused_by's
+    # the change of the step ``analyze BASE`` predicted for its fix (negative: faster), read from BASE's finding
+    # (its impact, the same number and interval analyze printed); None: within caused_by's
+    predicted_us: float | None
     caused_by: str | None                # a consequence: its saving is counted in its root's
     together: list[str]                  # every finding the measured change is shared by (this one included)
     predicted_total_us: float            # their predictions summed (roots only)
@@ -109,6 +113,9 @@ class FixOutcome:
     level: float
     outcome: FixOutcomeKind
     text: str
+    predicted_lo_us: float | None = None   # the interval of predicted_us as analyze BASE printed it
+    predicted_hi_us: float | None = None
+    remaining_us: float | None = None      # "better": what the finding still costs in NEW
 
 
 @dataclass
