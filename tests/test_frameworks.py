@@ -190,6 +190,25 @@ def test_run_folder_with_user_json(tmp_path):
     assert any("config.json, trainer_state.json skipped" in n for n in a.data_quality.notes)
 
 
+def test_run_folder_with_user_json_named_for_ranks(tmp_path):
+    """The user's own per-rank JSON (a step log per rank) beside the traces manifest.json lists: its name gives
+    a rank, but that rank's listed trace is here, so it is skipped with a note, not read as a trace."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(TRACES / "mixer_plain", run)
+    (run / "job_steps_rank0.json").write_text('{"steps": [1, 2, 3], "loss": [2.3, 2.1, 2.0]}')
+    (run / "job_steps_rank1.json").write_text('[{"step": 1, "ms": 61.0}]')
+    a = open_analysis(run, use_summaries=False)
+    assert [r.rank for r in a.ranks] == [0, 1]
+    note = next(n for n in a.data_quality.notes if "job_steps_rank0.json" in n)
+    assert "rank 0's listed trace is rank0.json.gz" in note and "job_steps_rank1.json" in note
+    # a renamed copy of a rank's trace whose listed file is absent is still read
+    (run / "rank1.json.gz").rename(run / "copy_rank1.json.gz")
+    (run / "job_steps_rank1.json").unlink()
+    assert [r.rank for r in open_analysis(run, use_summaries=False).ranks] == [0, 1]
+
+
 def test_metric_sync_named_and_found():
     """torchmetrics with dist_sync_on_step=True (gcn_metric_sync_step): every step's 6 barriers and 10 all-gathers
     are the metrics library's, found as metric-sync with the metrics' fix; synced at the epoch's end

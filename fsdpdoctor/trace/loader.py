@@ -219,17 +219,26 @@ def _not_a_file(p: Path) -> str | None:
 def _listed_only(manifest: dict | None, files: list[Path], notes: list[str]) -> list[Path]:
     """The files the manifest lists (``files``, ``cycle_files``) where it lists any that are here, and those
     whose name gives a rank (a trace renamed or copied in): a run folder also holds the user's own JSON (a
-    trainer state, a step log), named as skipped, not read."""
-    listed: set[str] = set()
+    trainer state, a step log), named as skipped, not read. A file named for a rank whose listed trace is
+    here (``job_steps_rank0.json`` beside ``rank0.json.gz``) is the user's too: that rank is already read."""
+    listed: dict[str, str] = {}   # file name -> the rank it is listed for
     for key in ("files", "cycle_files"):
         v = (manifest or {}).get(key)
-        for names in (v.values() if isinstance(v, dict) else ()):
-            listed.update(n for n in ([names] if isinstance(names, str) else names if isinstance(names, list) else ())
-                          if isinstance(n, str))
-    if not any(f.name in listed for f in files):
+        for rank, names in (v.items() if isinstance(v, dict) else ()):
+            listed.update((n, str(rank)) for n in ([names] if isinstance(names, str) else
+                                                    names if isinstance(names, list) else ()) if isinstance(n, str))
+    here = {f.name for f in files}
+    if not here & set(listed):
         return files
-    keep = [f for f in files if f.name in listed or rank_from_filename(f) is not None]
-    others = [shown(f.name) for f in files if f not in keep]
+    covered = {rank: name for name, rank in listed.items() if name in here}
+    keep, others = [], []
+    for f in files:
+        r = rank_from_filename(f)
+        if f.name in listed or (r is not None and str(r) not in covered):
+            keep.append(f)
+        else:
+            others.append(shown(f.name) + (f" (rank {r}'s listed trace is {shown(covered[str(r)])})"
+                                           if r is not None else ""))
     if others:
         notes.append(f"{', '.join(others[:5])}{' ...' if len(others) > 5 else ''} skipped: not a trace manifest.json "
                      "lists")
