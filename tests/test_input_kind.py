@@ -600,3 +600,54 @@ def test_a_file_without_categories_or_torch_ops_is_another_tools_and_refused(tmp
     rc, out, err = _cli("analyze", str(path))
     assert rc == 2 and not out and len(err.strip().splitlines()) == 1
     assert "not a torch.profiler recording: a CUDA API trace (36 events without categories, no torch op)" in err
+
+
+CUDA_DDP = TRACES / "cuda" / "ddp_default"
+
+
+def _without_device_events(dst: Path, keep_runtime: bool) -> Path:
+    """A copy of the H100 DDP recording with its device events (kernels, copies, their links) removed, and
+    its runtime/driver calls too unless ``keep_runtime``: the document still declares the GPU."""
+    import shutil
+
+    drop = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "ac2g"}
+    if not keep_runtime:
+        drop |= {"cuda_runtime", "cuda_driver"}
+    dst.mkdir()
+    shutil.copy(CUDA_DDP / "manifest.json", dst)
+    d = json.loads(gzip.open(CUDA_DDP / "rank0.json.gz").read())
+    d["traceEvents"] = [e for e in d["traceEvents"] if e.get("cat") not in drop]
+    with gzip.open(dst / "rank0.json.gz", "wt", compresslevel=1) as fh:
+        fh.write(json.dumps(d))
+    return dst
+
+
+@pytest.mark.skipif(not CUDA_DDP.is_dir(), reason="needs traces/cuda")
+def test_gpu_declared_without_device_events(tmp_path):
+    """A CUDA job (NCCL, an H100 in deviceProperties) whose trace holds no device event and no runtime call is a
+    GPU trace without device events, not a host-only CPU trace: what could not be measured is said and the
+    breakdown withheld. With the launches kept it stays the missing timeline; a CPU job's trace declaring the
+    host's GPUs (gloo) stays host-only, with the declaration in the evidence."""
+    a = open_analysis(_without_device_events(tmp_path / "empty", keep_runtime=False), use_summaries=False)
+    kind = a.job.input_kind
+    assert kind.device == "empty" and not kind.device_known and kind.device_word == "GPU"
+    assert kind.unknown[0].startswith("GPU trace without device events: 1 GPU(s) declared (NVIDIA H100")
+    assert "could not be measured" in kind.unknown[0]
+    assert a.mean is None and any(n.startswith("step breakdown withheld: GPU trace without device events")
+                                  for n in a.notes)
+    rc, out, _ = _cli("analyze", str(tmp_path / "empty"))
+    assert rc == 0 and "GPU (no device events) trace" in out and "CPU trace" not in out
+    missing = open_analysis(_without_device_events(tmp_path / "launches", keep_runtime=True), use_summaries=False)
+    assert missing.job.input_kind.device == "missing"
+    # the same events with a gloo backend: the host's GPUs listed, not used
+    cpu = tmp_path / "cpu"
+    _without_device_events(cpu, keep_runtime=False)
+    d = json.loads(gzip.open(cpu / "rank0.json.gz").read())
+    d["distributedInfo"]["backend"] = "gloo"
+    with gzip.open(cpu / "rank0.json.gz", "wt", compresslevel=1) as fh:
+        fh.write(json.dumps(d))
+    m = json.loads((cpu / "manifest.json").read_text())
+    m["backend"] = "gloo"
+    (cpu / "manifest.json").write_text(json.dumps(m))
+    kind = open_analysis(cpu, use_summaries=False).job.input_kind
+    assert kind.device == "none" and any("read as a host-only job" in e for e in kind.evidence)

@@ -22,6 +22,8 @@ def trace_family(job) -> str:
     kind = job.input_kind
     if kind is not None and kind.device == "missing":
         return "GPU (no device timeline)"
+    if kind is not None and kind.device == "empty":
+        return "GPU (no device events)"
     if kind is not None and (not kind.device_known or kind.generic or kind.device_word != "GPU"):
         return kind.device.upper()  # MTIA, HPU, XPU...: never "GPU" for another accelerator's timeline
     return job.dialect.upper()

@@ -130,7 +130,8 @@ class InputKind:
 
     producer: str = "kineto"             # "kineto", "legacy-autograd" (the list export); other writers are refused
     device: str = "none"                 # "cuda", "rocm", "copies-only", "mtia", "xpu", "hpu", "npu",
-    #                                      "privateuse1", "missing" (launches, no device events), "none"
+    #                                      "privateuse1", "missing" (launches, no device events), "empty"
+    #                                      (GPUs declared and used, no device event at all), "none"
     steps: str = "none"                  # "profiler-step", "cycles", "none"
     evidence: list[str] = field(default_factory=list)   # what each of the above was read from
     unknown: list[str] = field(default_factory=list)    # what cannot be read, said where the user looks first
@@ -148,7 +149,8 @@ class InputKind:
     def device_word(self) -> str:
         """What the texts call the device: "GPU" for a CUDA/ROCm timeline (or none, or a missing one),
         else the accelerator the input ran on ("MTIA", "XPU", "NPU"...)."""
-        return "GPU" if self.device in ("cuda", "rocm", "copies-only", "missing", "none") else self.device.upper()
+        return "GPU" if self.device in ("cuda", "rocm", "copies-only", "missing", "empty", "none") \
+            else self.device.upper()
 
     def line(self) -> str:
         """One line for the report header."""
@@ -161,7 +163,7 @@ class InputKind:
 _PRODUCERS = {"kineto": "torch.profiler (Kineto)", "legacy-autograd": "legacy autograd-profiler export",
               "unknown": "unknown writer"}
 _DEVICES = {"cuda": "CUDA kernels", "rocm": "ROCm kernels", "xpu": "XPU kernels", "copies-only": "copies only (no kernel)",
-            "missing": "timeline missing", "none": "none (host only)"}
+            "missing": "timeline missing", "empty": "declared, no device events", "none": "none (host only)"}
 _STEPS = {"profiler-step": "ProfilerStep", "cycles": "profiler cycles", "none": "no step markers"}
 
 

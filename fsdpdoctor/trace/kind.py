@@ -177,7 +177,34 @@ def _device(t: RankTrace, meta: dict, kind: InputKind) -> None:
         unknown.append(f"device timeline missing: {n} host op(s) that run only on a GPU ({name}...), no device "
                        "events (was the profiler started with ProfilerActivity.CUDA?)")
         return
-    kind.device = "none"
+    _declared_but_empty(meta, kind)
+
+
+def _declared_but_empty(meta: dict, kind: InputKind) -> None:
+    """No device event, no launch: a host-only recording, unless the document declares GPUs
+    (``deviceProperties``) and says the job used them (the NCCL backend, which runs on GPUs only). Then it
+    is a GPU trace without device events: what ran on the device, and so the step's parts, cannot be
+    measured (the host's ops only queue the device's work), and the breakdown is withheld."""
+    props = meta.get("deviceProperties")
+    gpus = [d for d in props if isinstance(d, dict)] if isinstance(props, list) else []
+    dist_info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    backend = str(dist_info.get("backend") or "")
+    if not gpus:
+        kind.device = "none"
+        return
+    names = sorted({str(d.get("name") or "GPU") for d in gpus})
+    declared = f"{len(gpus)} GPU(s) declared ({', '.join(names[:2])}) in deviceProperties"
+    if "nccl" not in backend.lower():
+        kind.device = "none"
+        kind.evidence.append(f"{declared}, but no device event, no launch and no GPU backend: read as a host-only "
+                             "job (the profiler lists the host's GPUs whether the job uses them or not)")
+        return
+    kind.device = "empty"
+    kind.evidence.append(f"{declared} and backend {backend}; no kernel, copy, launch or runtime call")
+    kind.unknown.append(f"GPU trace without device events: {declared} and the {backend} backend, but no kernel, "
+                        "copy or runtime call was recorded, so the device's compute, idle and overlap with "
+                        "communication could not be measured (was the profiler started with "
+                        "ProfilerActivity.CUDA, and did CUPTI record?)")
 
 
 # host ops that exist only on a GPU (cuDNN, MIOpen): a recording that holds them ran on one, whatever the
