@@ -144,6 +144,28 @@ def test_start_up_inside_the_window_is_set_aside():
     assert f.severity != "error"  # four steps, one of them start-up: not enough to fail a gate
 
 
+def test_cold_start_is_named_apart_from_the_steady_state_in_the_header():
+    """startup_in_window's first step holds the process's GPU start-up (context, function attributes): the
+    header names it as the cold start of that step with its one-off calls, and gives the steady state's idle
+    and causes from the other steps, instead of calling the start-up "launch" idle."""
+    from fsdpdoctor.report.console import gpu_lines
+
+    a = open_analysis(TRACES / "cuda" / "startup_in_window", use_summaries=False)
+    (g,) = a.signals.gpu_idle
+    assert g.startup_steps == [0]
+    line = gpu_lines(a).plain
+    assert "cold start: step #0 idle" in line and "one-off start-up: cudaDeviceGetStreamPriorityRange" in line
+    steady = [st for st in g.steps if st.step != 0]
+    assert f"steady state ({len(steady)} steps): idle " in line
+    # the steady state's launch idle is the other steps', far below the mean over the window the header used
+    launch = sum(st.by_cause["launch"] for st in steady) / len(steady)
+    assert launch < 0.1 * g.by_cause["launch"]
+    assert "launch" not in line.split("steady state", 1)[0]   # the cold start is not called launch idle
+    # a run without start-up in its window keeps the one list of causes
+    plain = gpu_lines(open_analysis(TRACES / "cuda" / "ddp_default", use_summaries=False)).plain
+    assert "cold start" not in plain and "launch" in plain
+
+
 def test_a_copies_only_device_timeline_is_read_as_a_device_timeline():
     """--which copies_only (recorded on an H200): a loop that stages a batch on the GPU and reads 64 rows back
     one .cpu() at a time, with no arithmetic on the device: 264 copies and no kernel. It is a device

@@ -122,8 +122,11 @@ def gpu_idle(ctx: RankContext, windows: list[StepWindow], options: dict | None =
     _queue(ctx, dev, windows, out)
     startup, calls = _startup_set(ctx, in_steps)
     if calls:
-        out.startup_idle_us = iv.total(iv.intersect(idle_all, startup)) / n
+        cold = iv.intersect(idle_all, startup)
+        out.startup_idle_us = iv.total(cold) / n
         out.startup_calls = calls
+        # the steps holding it: the report sets this cold start apart from the steady state
+        out.startup_steps = [w.step for w in windows if w.step is not None and iv.total(iv.clip(cold, w.start, w.end))]
     captures = _capture_set(ctx, in_steps)
     if len(captures):
         out.graph_captures = len(captures)

@@ -72,10 +72,8 @@ def gpu_lines(a: Analysis) -> Text:
         idle = sum(g.idle_us for g in idles) / n
         step = idle / max(sum(g.idle_frac for g in idles) / n, 1e-9)
         causes = {c: sum(g.by_cause.get(c, 0.0) for g in idles) / n for c in idles[0].by_cause}
-        parts = ", ".join(f"{c.replace('_', ' ')} {ms(v)}" for c, v in sorted(causes.items(), key=lambda kv: -kv[1])
-                          if v >= 0.005 * step)
         word = a.job.input_kind.device_word if a.job is not None and a.job.input_kind is not None else "GPU"
-        out.append(f"\n{word} idle {ms(idle)} ({pct(idle / step if step else None)}): {parts or '-'}")
+        out.append(f"\n{word} idle {ms(idle)} ({pct(idle / step if step else None)})" + _idle_parts(idles, causes, step))
         q = [g.queue_delay_median_us for g in idles if g.queue_delay_median_us is not None]
         if q:
             out.append(f"; kernels start {sorted(q)[len(q) // 2]:.0f} us after launch (median)")
@@ -88,6 +86,30 @@ def gpu_lines(a: Analysis) -> Text:
         out.append(f"\nhost<->device copies: HtoD {ms(sum(o.h2d_us for o in offs) / n)}, DtoH "
                    f"{ms(sum(o.d2h_us for o in offs) / n)}, exposed {ms(sum(o.exposed_us for o in offs) / n)}")
     return out
+
+
+def _by_cause(causes: dict[str, float], step_us: float) -> str:
+    return ", ".join(f"{c.replace('_', ' ')} {ms(v)}" for c, v in sorted(causes.items(), key=lambda kv: -kv[1])
+                     if v >= 0.005 * step_us) or "-"
+
+
+def _idle_parts(idles, causes: dict[str, float], step_us: float) -> str:
+    """": launch 2.0 ms, ..." or, where steps hold one-time start-up (context creation, library handles, module
+    loads: ``startup_calls``), the cold start named apart from the steady state: "; cold start: step #0 idle
+    595 ms (one-off start-up: cudaFree 3100.0 ms, ...); steady state (3 steps): idle 3.1 ms per step: launch..."."""
+    cold = sorted({s for g in idles for s in g.startup_steps})
+    steady = [st for g in idles for st in g.steps if st.step not in cold]
+    if not cold or not steady:
+        return ": " + _by_cause(causes, step_us)
+    calls = next((g.startup_calls for g in idles if g.startup_calls), [])
+    first = [st for g in idles for st in g.steps if st.step in cold]
+    mean = {c: sum(st.by_cause.get(c, 0.0) for st in steady) / len(steady) for c in causes}
+    idle = sum(st.idle_us for st in steady) / len(steady)
+    dur = sum(st.duration_us for st in steady) / len(steady)
+    return (f"; cold start: step{'s' if len(cold) > 1 else ''} {', '.join(f'#{s}' for s in cold)} idle "
+            f"{ms(sum(st.idle_us for st in first) / len(first))} (one-off start-up: {', '.join(calls[:2])}); "
+            f"steady state ({len({st.step for st in steady})} steps): idle {ms(idle)} per step "
+            f"({pct(idle / dur if dur else None)}): {_by_cause(mean, dur)}")
 
 
 def straggler_line(a: Analysis) -> str | None:

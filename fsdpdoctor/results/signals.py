@@ -100,6 +100,7 @@ class GpuIdle:
     capture_idle_us: float = 0.0          # mean per step of the idle inside a capture (kernels recorded, not run)
     startup_idle_us: float = 0.0          # mean per step of the idle inside one-time start-up calls (not savable)
     startup_calls: list[str] = field(default_factory=list)  # the longest of them, "cudaFree 9012.3 ms"
+    startup_steps: list[int] = field(default_factory=list)  # the steps that hold it (the cold start)
 
 
 @result
