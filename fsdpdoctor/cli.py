@@ -58,6 +58,27 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {visible(message)} (see {self.prog} --help)\n")
 
 
+class _Version(argparse.Action):
+    """``--version``: the version and whether the compiled trace scanner reads the traces (looked up only
+    when asked: it loads the trace package)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from fsdpdoctor.trace import scanner
+
+        print(f"fsdpdoctor {__version__}\ntrace scanner: {scanner.state()}")
+        parser.exit(0)
+
+
+def _say_missing_scanner() -> None:
+    """An install without the compiled scanner (no C compiler at install) still reads every trace, more
+    slowly: said once per command, on stderr, so that stdout (--json) stays the document."""
+    from fsdpdoctor.trace import scanner
+
+    note = scanner.missing()
+    if note:
+        print(f"fsdpdoctor: trace scanner {note}", file=sys.stderr)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; with ``only``, a verb's name, that verb alone is declared (its
     subparser and flags: what its command line can reach, ~2 ms of CPU less than twelve subparsers
@@ -69,7 +90,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="fsdpdoctor",
         description="Profile and diagnose PyTorch DDP/FSDP training jobs from torch.profiler traces.",
     )
-    parser.add_argument("--version", action="version", version=f"fsdpdoctor {__version__}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and the trace scanner's state")
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND")
     named = only is not None and any(name == only for name, _ in VERBS)
     for name, line in VERBS:
@@ -94,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     _numpy_one_thread()
+    _say_missing_scanner()
     # fewer young-generation collections while a verb runs: the loaded tables and results are few large
     # objects, but their making allocates many small ones (v100: 45 collections, ~17 M instructions of
     # `analyze`); what a caller of main() set is restored

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import msgspec
@@ -26,14 +27,15 @@ def test_the_scanner_is_built():
     assert columns._scan is not None, "fsdpdoctor/trace/_scan.c was not compiled: reinstall with a C compiler"
 
 
-def _same_columns(a: tuple, b: tuple) -> None:
-    names, nid, cat, ts, dur, trk, corr, tracks, threads, args, memory, bad, cats = a
-    assert names == b[0]
-    for x, y in zip((nid, cat, ts, dur, trk, corr), b[1:7]):
-        assert x.dtype == y.dtype and x.tobytes() == y.tobytes()   # bit for bit: -0.0 and NaN included
-    assert [(t.pid, t.tid, type(t.pid), type(t.tid)) for t in tracks] == \
-        [(t.pid, t.tid, type(t.pid), type(t.tid)) for t in b[7]]
-    assert (threads, args, memory, bad, cats) == tuple(b[8:])
+def _same_columns(a: columns.Columns, b: columns.Columns) -> None:
+    assert a.names == b.names
+    for field in ("name_id", "cat", "ts", "dur", "track", "corr"):
+        x, y = getattr(a, field), getattr(b, field)
+        assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), field   # bit for bit: -0.0 and NaN included
+    assert [(t.pid, t.tid, type(t.pid), type(t.tid)) for t in a.tracks] == \
+        [(t.pid, t.tid, type(t.pid), type(t.tid)) for t in b.tracks]
+    assert (a.thread_names, a.args, a.memory_events, a.unreadable, a.categories) == \
+        (b.thread_names, b.args, b.memory_events, b.unreadable, b.categories)
 
 
 def _decoded(piece: bytes):
@@ -72,10 +74,8 @@ def test_every_trace_reads_the_same_with_and_without_the_scanner(monkeypatch):
             m.setattr(columns, "SCANNER", False)
             plain = loader.load_file(f)
         scanned = loader.load_file(f)
-        _same_columns((scanned.names, scanned.name_id, scanned.cat, scanned.ts, scanned.dur, scanned.track,
-                       scanned.corr, scanned.tracks, {}, scanned.args, scanned.memory_events, 0, scanned.categories),
-                      (plain.names, plain.name_id, plain.cat, plain.ts, plain.dur, plain.track, plain.corr,
-                       plain.tracks, {}, plain.args, plain.memory_events, 0, plain.categories))
+        _same_columns(*(columns.Columns(t.names, t.name_id, t.cat, t.ts, t.dur, t.track, t.corr, t.tracks, {},
+                                        t.args, t.memory_events, 0, t.categories) for t in (scanned, plain)))
         assert [(t.name, t.process, t.is_device) for t in scanned.tracks] == \
             [(t.name, t.process, t.is_device) for t in plain.tracks]
     read = [t for t in taken if t is not None]
@@ -139,12 +139,73 @@ def test_what_the_scanner_reads_exactly():
     got = columns.from_bytes(piece)
     assert got is not None
     _same_columns(got, _decoded(piece))
-    names, _, _, ts, _, _, corr, tracks, threads, args, memory, _, _ = got
-    assert names == ["nccl\u00e9Kernel", "cudaLaunchKernel", "gemm", "",
-                     "c10d::allreduce_"]
-    assert corr.tolist() == [12, -1, 7, -1, 3] and set(args) == {0, 4}
-    assert [(t.pid, t.tid) for t in tracks] == [(1, 7), (1, "7"), (None, None)]
-    assert threads == {(1, 7): "worker"} and len(memory) == 1 and str(ts[1]) == "-0.0"
+    assert got.names == ["nccl\u00e9Kernel", "cudaLaunchKernel", "gemm", "", "c10d::allreduce_"]
+    assert got.corr.tolist() == [12, -1, 7, -1, 3] and set(got.args) == {0, 4}
+    assert [(t.pid, t.tid) for t in got.tracks] == [(1, 7), (1, "7"), (None, None)]
+    assert got.thread_names == {(1, 7): "worker"} and len(got.memory_events) == 1 and str(got.ts[1]) == "-0.0"
+
+
+# ------------------------------------------------------------------ numbers the fast path must not read
+
+_BIG = b"9223372036854775808.0"   # 2^63: its 19-digit mantissa times 10 wraps uint64 to exactly 0
+# 1e900000 written in 100 kB, whose exponent is past any the scanner holds (msgspec reads it as 0.0)
+_HUGE = b"0." + b"0" * 99_999 + b"1e1000000"
+
+
+@pytest.mark.parametrize("event", [
+    b'{"ph": "X", "cat": "kernel", "name": "a", "ts": ' + _BIG + b', "dur": 1}',
+    b'{"ph": "X", "cat": "kernel", "name": "a", "ts": 1, "dur": ' + _BIG + b'}',
+    b'{"ph": "X", "cat": "kernel", "name": "a", "ts": 1, "dur": 2, "args": {"correlation": ' + _BIG + b'}}',
+    b'{"ph": "X", "cat": "kernel", "name": "a", "ts": 1, "dur": 18446744073709551616.5}',
+    b'{"ph": "X", "cat": "kernel", "name": "a", "ts": 1, "dur": 12345678901234567890e-5}',
+    b'{"ph": "X", "cat": "kernel", "name": "a", "ts": ' + _HUGE + b', "dur": 1}',
+    b'{"ph": "X", "cat": "kernel", "name": "a", "ts": 1, "dur": ' + _HUGE + b'}',
+], ids=["ts 2^63", "dur 2^63", "correlation 2^63", "dur 2^64", "20 digits", "ts 100 kB", "dur 100 kB"])
+def test_numbers_past_the_fast_path_are_left_to_msgspec(event):
+    """More than 19 significant digits, or an exponent too long to hold: the scanner stands aside and the
+    piece reads as msgspec reads it (it read 2^63 as 0.0, and the 100 kB number as 1.0)."""
+    assert columns.from_bytes(event) is None
+    expected = _decoded(event)
+    got = split._one_piece(event, columns.from_events, columns.from_bytes)
+    assert (got is None) == (expected is None)   # a correlation past int64: both leave it to the whole reading
+    if got is not None:
+        _same_columns(got, expected)
+        times = msgspec.json.decode(event)
+        assert (got.ts[0], got.dur[0]) == (float(times["ts"]), float(times["dur"]))
+
+
+def test_a_real_trace_with_one_edited_duration_reads_as_msgspec_reads_it():
+    piece = _piece_of(TRACES / "fsdp2_default" / "rank0.json.gz")
+    i = piece.index(b'"dur":')
+    edited = piece[:i] + re.sub(rb'^"dur": *[0-9.]+', b'"dur": ' + _BIG, piece[i:i + 40]) + piece[i + 40:]
+    assert _BIG in edited and columns.from_bytes(piece) is not None
+    got = split._one_piece(edited, columns.from_events, columns.from_bytes)
+    _same_columns(got, _decoded(edited))
+    assert float(_BIG) in got.dur
+
+
+def test_numbers_the_fast_path_reads_exactly():
+    """19 significant digits after leading zeros, exponents written long: read, as msgspec reads them."""
+    for number in (b"0.000000000000000000000001234567890123456789", b"1234567890123456789", b"1e0000000000000001",
+                   b"0." + b"0" * 99_999 + b"1e99999", b"1700000000123.456", b"-0.0", b"1e-400"):
+        event = b'{"ph": "X", "name": "a", "ts": ' + number + b'}'
+        got = columns.from_bytes(event)
+        assert got is not None, number
+        assert got.ts.tobytes() == _decoded(event).ts.tobytes(), number
+
+
+def test_the_scanner_gives_a_named_result_its_stub_describes():
+    """``_scan.scan`` returns ``Scanned``, whose fields are the properties ``_scan.pyi`` declares."""
+    import ast
+
+    from fsdpdoctor.trace import _scan
+
+    got = _scan.scan(b'{"ph": "X", "name": "a", "ts": 1.5, "args": {"correlation": 7}}')
+    assert isinstance(got, _scan.Scanned) and got.names == ["a"] and got.others == []
+    stub = ast.parse((Path(_scan.__file__).parent / "_scan.pyi").read_text())
+    scanned = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "Scanned")
+    declared = [f.name for f in scanned.body if isinstance(f, ast.FunctionDef)]
+    assert declared == list(_scan.Scanned.__match_args__) and len(declared) == len(got) == 13
 
 
 # ------------------------------------------------------------------ random events, written in odd ways

@@ -264,7 +264,9 @@ static const double POW10[23] = {1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e
                                  1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
 /* a number's text as the double msgspec gives (both are correctly rounded: the same bits); 0 when it is
- * not finite or cannot be read */
+ * not finite or cannot be read here exactly: a mantissa of more than 19 significant digits (it would wrap
+ * uint64: 9223372036854775808.0 read as 0) or an exponent too long to hold (it would saturate and come
+ * back into the fast path's range) is left to msgspec */
 static int double_of(const Value *v, double *out) {
     if (v->type == T_INT) {
         int64_t i;
@@ -273,19 +275,21 @@ static int double_of(const Value *v, double *out) {
         return 1;
     }
     ptr p = v->p, end = v->p + v->n;
-    int neg = 0, digits = 0;
+    int neg = 0, digits = 0;   /* digits: every one from the first that is not 0 */
     uint64_t m = 0;
     int64_t exp10 = 0;
     if (*p == '-') { neg = 1; p++; }
     for (; p < end && is_digit(*p); p++) {
+        if (digits || *p != '0') digits++;
+        if (digits > 19) return 0;
         m = m * 10 + (uint64_t)(*p - '0');
-        if (m) digits++;
     }
     if (p < end && *p == '.') {
         for (p++; p < end && is_digit(*p); p++) {
+            if (digits || *p != '0') digits++;
+            if (digits > 19) return 0;
             m = m * 10 + (uint64_t)(*p - '0');
-            if (m) digits++;
-            exp10--;
+            exp10--;   /* at most the 19 digits kept plus the zeros before them: the text is no longer */
         }
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
@@ -294,7 +298,10 @@ static int double_of(const Value *v, double *out) {
         p++;
         if (*p == '+') p++;
         else if (*p == '-') { esign = -1; p++; }
-        for (; p < end; p++) if (e < 100000) e = e * 10 + (*p - '0');
+        for (; p < end; p++) {
+            e = e * 10 + (*p - '0');
+            if (e >= 100000) return 0;   /* saturated: left to msgspec (no trace time is 1e100000) */
+        }
         exp10 += esign * e;
     }
     double val;

@@ -9,7 +9,8 @@
  * as msgspec about JSON: anything else (an escaped name, a key written twice, a phase it does not know,
  * a time that is text, invalid UTF-8, nesting past MAX_DEPTH...) returns None and the caller decodes the
  * piece the ordinary way. So the two readings give the same columns, bit for bit, or this one stands
- * aside; fsdpdoctor/trace/columns.py turns what it returns into the loader's column tuple.
+ * aside; fsdpdoctor/trace/columns.py turns what it returns (a named tuple, Scanned: _scan.pyi) into the
+ * loader's columns.
  */
 #include "_json_strict.h"
 
@@ -366,7 +367,47 @@ static int scan_events(State *s, ptr p, ptr end) {
     }
 }
 
+/* ------------------------------------------------------------------ the result: a named tuple (_scan.pyi) */
+
+static PyStructSequence_Field scanned_fields[] = {
+    {"names", "the names, each once, in order of first appearance"},
+    {"name_ids", "int32 per complete event: its name's index in names"},
+    {"categories", "the categories as written (a str or None), each once"},
+    {"category_ids", "int32 per complete event: its category's index in categories"},
+    {"tracks", "(pid, tid) of each track, each once"},
+    {"track_ids", "int32 per complete event: its track's index in tracks"},
+    {"ts", "float64 per complete event: its start (us)"},
+    {"dur", "float64 per complete event: its duration (us), 0.0 without one"},
+    {"args_starts", "int64 per complete event: where its args object starts in the buffer (0: none)"},
+    {"args_ends", "int64 per complete event: just after its args object (0: none)"},
+    {"correlations", "int64 per complete event: args' correlation id (-1: none)"},
+    {"collective", "uint8 per complete event: 1 when args has a Collective name that is not null"},
+    {"others", "(start, end) of each metadata or instant event in the buffer"},
+    {NULL, NULL}};
+
+static PyStructSequence_Desc scanned_desc = {
+    "fsdpdoctor.trace._scan.Scanned",
+    "The columns of a run of trace events read by scan(); the per-event columns are bytearrays of "
+    "native-endian numbers, one per complete (\"X\") event.",
+    scanned_fields, 13};
+
+static PyTypeObject *Scanned;
+
+static PyObject *scanned_of(State *s, PyObject **cols) {
+    PyObject *out = PyStructSequence_New(Scanned);
+    if (!out) return NULL;
+    PyObject *items[13] = {s->name_list, cols[C_NID], s->cat_list, cols[C_CAT], s->track_list, cols[C_TRK],
+                           cols[C_TS], cols[C_DUR], cols[C_ALO], cols[C_AHI], cols[C_CORR], cols[C_COLL],
+                           s->others};
+    for (int i = 0; i < 13; i++) {
+        Py_INCREF(items[i]);
+        PyStructSequence_SetItem(out, i, items[i]);
+    }
+    return out;
+}
+
 static PyObject *scan(PyObject *self, PyObject *arg) {
+    (void)self;
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     State s;
@@ -394,9 +435,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
                 if (!cols[i]) ok = 0;
             }
             if (ok)
-                out = Py_BuildValue("(OOOOOOOOOOOOO)", s.name_list, cols[C_NID], s.cat_list, cols[C_CAT],
-                                    s.track_list, cols[C_TRK], cols[C_TS], cols[C_DUR], cols[C_ALO],
-                                    cols[C_AHI], cols[C_CORR], cols[C_COLL], s.others);
+                out = scanned_of(&s, cols);
             for (int i = 0; i < N_COLS; i++) Py_XDECREF(cols[i]);
         }
         else if (r == 0) {
@@ -418,11 +457,24 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_O,
-     "scan(buffer) -> (names, name ids, categories, category ids, tracks, track ids, ts, dur, args starts, "
-     "args ends, correlation ids, collective flags, other events' spans), or None when the Python reading "
-     "must read these events."},
+     "scan(buffer) -> Scanned | None: the columns of a run of trace events (\"{...},{...}\"), or None when "
+     "the Python reading must read these events."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__scan(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    if (!Scanned) {
+        Scanned = PyStructSequence_NewType(&scanned_desc);
+        if (!Scanned) { Py_DECREF(m); return NULL; }
+    }
+    Py_INCREF(Scanned);
+    if (PyModule_AddObject(m, "Scanned", (PyObject *)Scanned) < 0) {
+        Py_DECREF(Scanned);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

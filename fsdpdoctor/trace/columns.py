@@ -1,7 +1,7 @@
-"""One run of trace events -> the loader's column tuple (names, name ids, categories, times, tracks,
+"""One run of trace events -> the loader's columns (``Columns``: names, name ids, categories, times, tracks,
 correlation ids, the args kept, thread names, allocator samples...).
 
-Three readings, each giving the same tuple: ``from_bytes`` reads the JSON bytes of whole events with the
+Three readings, each giving the same columns: ``from_bytes`` reads the JSON bytes of whole events with the
 compiled scanner (``_scan.c``: one pass, no object per event) where it is built and sure of every event;
 ``from_events`` reads decoded events (msgspec structs) by whole-list passes; ``per_event`` reads them one
 at a time, skipping and counting the ones it cannot read.
@@ -9,27 +9,41 @@ at a time, skipping and counting the ones it cannot read.
 
 from __future__ import annotations
 
-import os
 from array import array
 from itertools import count
 from struct import error as StructError
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
 
 from fsdpdoctor.trace.events import CorrArgs, _events_decoder, corr_args, memory_args, memory_args_list, raw_args
+from fsdpdoctor.trace.scanner import TURNED_OFF, scan as _scan
 from fsdpdoctor.trace.table import (
     CATEGORY_NAMES, KERNEL, MEMCPY, MEMSET, RUNTIME, Track, category_code, float64_column, in_set, packed,
     packed_int32,
 )
 from fsdpdoctor.trace.vocabulary import keeps_args
 
-try:  # built from _scan.c at install; without a compiler the Python readings do all the work
-    from fsdpdoctor.trace._scan import scan as _scan
-except ImportError:  # pragma: no cover - depends on the install
-    _scan = None
-# FSDPDOCTOR_NO_SCANNER=1: the Python readings only (the tests compare the two)
-SCANNER = _scan is not None and not os.environ.get("FSDPDOCTOR_NO_SCANNER")
+SCANNER = _scan is not None and not TURNED_OFF   # the compiled scanner reads what it can (tests turn it off)
+
+
+class Columns(NamedTuple):
+    """One run of events as the loader's columns (``loader._build`` makes a ``RankTrace`` of them): the
+    per-event arrays are one row per complete ("X") event, in the order of the file."""
+    names: list            # each name once, in order of first appearance
+    name_id: np.ndarray    # int32: a row's index in names
+    cat: np.ndarray        # int8: a row's category code (table.CATEGORY_NAMES)
+    ts: np.ndarray         # float64, us
+    dur: np.ndarray        # float64, us (0.0 without one)
+    track: np.ndarray      # int32: a row's index in tracks
+    corr: np.ndarray       # int64: the correlation id of device and runtime rows (-1: none)
+    tracks: list           # Track per (pid, tid), in order of first appearance
+    thread_names: dict     # (pid, tid) -> the thread's name; (pid, PROCESS_TID) -> the process's
+    args: dict             # row -> its args, for the rows whose args are read
+    memory_events: list    # allocator samples (_add_samples)
+    unreadable: int        # events skipped as unreadable (only the per-event reading skips any)
+    categories: dict       # complete events per category as written
 
 _KEPT_PHASES = frozenset(("M", "i", "I"))
 # the key under which a process's name and labels are kept among the thread names: a tid no thread has
@@ -97,7 +111,7 @@ def from_events(events: list):
         return None
     corr, args = found
     tracks = [Track(pid=k[0], tid=k[1]) for k in track_keys]
-    return names, nid, cat, ts, dur, trk, corr, tracks, thread_names, args, memory_events, 0, categories
+    return Columns(names, nid, cat, ts, dur, trk, corr, tracks, thread_names, args, memory_events, 0, categories)
 
 
 def _read_non_complete(events: list, thread_names: dict, memory_events: list) -> bool:
@@ -268,32 +282,32 @@ def per_event(events: list):
         trk.append(t)
         corr.append(_corr_value(cid))
     names = list(name_index)
-    return (names, np.frombuffer(n_id, dtype=np.int32).copy(), np.frombuffer(cats, dtype=np.int8).copy(),
-            np.frombuffer(tss, dtype=np.float64).copy(), np.frombuffer(durs, dtype=np.float64).copy(),
-            np.frombuffer(trk, dtype=np.int32).copy(), np.frombuffer(corr, dtype=np.int64).copy(), tracks,
-            thread_names, args, memory_events, unreadable, categories)
+    return Columns(names, np.frombuffer(n_id, dtype=np.int32).copy(), np.frombuffer(cats, dtype=np.int8).copy(),
+                   np.frombuffer(tss, dtype=np.float64).copy(), np.frombuffer(durs, dtype=np.float64).copy(),
+                   np.frombuffer(trk, dtype=np.int32).copy(), np.frombuffer(corr, dtype=np.int64).copy(), tracks,
+                   thread_names, args, memory_events, unreadable, categories)
 
 
-def from_bytes(piece):
-    """The column tuple of ``piece`` (the JSON of whole events, ``{...},{...}``: bytes, bytearray or a
+def from_bytes(piece) -> Columns | None:
+    """The columns of ``piece`` (the JSON of whole events, ``{...},{...}``: bytes, bytearray or a
     memoryview of one) read by the compiled scanner; None when it is not built or leaves these events to
     the decoding readings (an escaped name, a field written twice, an unknown phase, text for a time...)."""
     if not SCANNER:
         return None
-    got = _scan(piece)
+    got = _scan(piece)   # a _scan.Scanned (fields named in _scan.pyi)
     if got is None:
         return None
-    names, nid, cat_values, cat_ix, track_keys, trk, ts, dur, args_lo, args_hi, corr, coll, others = got
     thread_names: dict[tuple, str] = {}
     memory_events: list = []
-    if others:  # metadata and instants (thread names, allocator samples): decoded from their own bytes
-        events = _events_decoder.decode(b"[" + b",".join([bytes(piece[a:b]) for a, b in others]) + b"]")
+    if got.others:  # metadata and instants (thread names, allocator samples): decoded from their own bytes
+        events = _events_decoder.decode(b"[" + b",".join([bytes(piece[a:b]) for a, b in got.others]) + b"]")
         if not _read_non_complete(events, thread_names, memory_events):
             return None
-    nid, cat_ix, trk = (np.frombuffer(c, dtype=np.int32) for c in (nid, cat_ix, trk))
-    ts, dur = np.frombuffer(ts, dtype=np.float64), np.frombuffer(dur, dtype=np.float64)
-    corr, lo, hi = (np.frombuffer(c, dtype=np.int64) for c in (corr, args_lo, args_hi))
-    cat, categories = _category_column(cat_values, cat_ix)
+    nid, cat_ix, trk = (np.frombuffer(c, dtype=np.int32) for c in (got.name_ids, got.category_ids, got.track_ids))
+    ts, dur = np.frombuffer(got.ts, dtype=np.float64), np.frombuffer(got.dur, dtype=np.float64)
+    corr, lo, hi = (np.frombuffer(c, dtype=np.int64) for c in (got.correlations, got.args_starts, got.args_ends))
+    cat, categories = _category_column(got.categories, cat_ix)
+    names = got.names
     keeps = np.fromiter(map(_keeps_args, names), bool, len(names))[nid]
     # the scanner read every args object's correlation; the loader keeps it for device and runtime rows
     # only, and reads the kept rows' from their whole args, as ``from_events`` does
@@ -304,8 +318,8 @@ def from_bytes(piece):
         a = raw_args(bytes(piece[lo[r]:hi[r]])) if hi[r] > lo[r] else {}
         args[r] = a
         corr[r] = _corr_value(a.get("correlation", -1))
-    named = dev & (np.frombuffer(coll, dtype=np.uint8) != 0) & (cat == KERNEL)
+    named = dev & (np.frombuffer(got.collective, dtype=np.uint8) != 0) & (cat == KERNEL)
     for r in np.nonzero(named)[0].tolist():  # communication kernels: their args are kept
         args[r] = raw_args(bytes(piece[lo[r]:hi[r]]))
-    tracks = [Track(pid=k[0], tid=k[1]) for k in track_keys]
-    return names, nid, cat, ts, dur, trk, corr, tracks, thread_names, args, memory_events, 0, categories
+    tracks = [Track(pid=k[0], tid=k[1]) for k in got.tracks]
+    return Columns(names, nid, cat, ts, dur, trk, corr, tracks, thread_names, args, memory_events, 0, categories)

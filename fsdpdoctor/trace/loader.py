@@ -20,7 +20,7 @@ import fsdpdoctor.trace.kind as kind
 import fsdpdoctor.trace.quality as quality
 import fsdpdoctor.trace.split as split
 from fsdpdoctor.trace.manifest import read_manifest
-from fsdpdoctor.trace.columns import PROCESS_TID, from_bytes, from_events, per_event
+from fsdpdoctor.trace.columns import PROCESS_TID, Columns, from_bytes, from_events, per_event
 from fsdpdoctor.trace.events import decode_trace, is_blank, raw_args
 from fsdpdoctor.trace.limits import MAX_NAME_CHARS, bounded_name
 from fsdpdoctor.trace.io import gzip_size, inflate, is_gzip, missing_reason, read_bytes, read_raw, shown
@@ -42,7 +42,7 @@ _SHAPE_ERRORS = (TypeError, ValueError, AttributeError, KeyError, OverflowError,
 
 
 def build_rank_trace(meta: dict, events: list, fmt: str, path: Path,
-                     reread: Callable[[], list] | None = None, columns: tuple | None = None) -> RankTrace:
+                     reread: Callable[[], list] | None = None, columns: Columns | None = None) -> RankTrace:
     """Columns from decoded events (see ``fsdpdoctor.trace.events``), checked by ``trace.quality``.
 
     The fast reading skips and counts events whose fields it cannot read; when there are any (or an
@@ -88,7 +88,7 @@ def build_rank_trace(meta: dict, events: list, fmt: str, path: Path,
     return t
 
 
-def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = None) -> RankTrace:
+def _build(meta: dict, events: list, fmt: str, path: Path, cols: Columns | None = None) -> RankTrace:
     """``cols``: the columns when they were built already (``trace.split``), else read from ``events``."""
     dist = meta.get("distributedInfo") or {}
     if not isinstance(dist, dict):
@@ -97,12 +97,11 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
         cols = from_events(events)
     if cols is None:  # an event of an odd shape somewhere: the tolerant per-event reading
         cols = per_event(events)
-    if not len(cols[3]):
+    if not len(cols.ts):
         raise InputError(path, quality.without_spans(events))
     events.clear()  # the structs are no longer needed: free them before building the trace
-    (names, n_id, cat_arr, ts_arr, dur_arr, trk_arr, corr_arr, tracks, thread_names, args, memory_events,
-     unreadable, categories) = cols
-    names = [n if len(n) <= MAX_NAME_CHARS else bounded_name(n) for n in names]  # before any pattern sees them
+    names = [n if len(n) <= MAX_NAME_CHARS else bounded_name(n) for n in cols.names]  # before any pattern sees them
+    trk_arr, cat_arr, tracks, thread_names = cols.track, cols.cat, cols.tracks, cols.thread_names
 
     counts = np.bincount(trk_arr, minlength=len(tracks))
     device_tracks = set(distinct(trk_arr[np.isin(cat_arr, DEVICE_CATEGORIES)]).tolist())
@@ -133,21 +132,21 @@ def _build(meta: dict, events: list, fmt: str, path: Path, cols: tuple | None = 
         host=host if isinstance(host, str) else None,
         device_name=device_name,
         names=names,
-        name_id=n_id,
+        name_id=cols.name_id,
         cat=cat_arr,
-        ts=ts_arr,
-        dur=dur_arr,
+        ts=cols.ts,
+        dur=cols.dur,
         track=trk_arr,
-        corr=corr_arr,
+        corr=cols.corr,
         tracks=tracks,
-        args=args,
-        memory_events=memory_events,
+        args=cols.args,
+        memory_events=cols.memory_events,
         has_stacks=bool(np.any(cat_arr == PYFUNC)),
         format=fmt,
         rank_source=source,
         distributed_info=dist,
-        unreadable_events=unreadable,
-        categories=categories,
+        unreadable_events=cols.unreadable,
+        categories=cols.categories,
     )
 
 

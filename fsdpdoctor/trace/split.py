@@ -28,6 +28,7 @@ import msgspec
 import numpy as np
 
 from fsdpdoctor.engines.forking import can_fork, forked_shares
+from fsdpdoctor.trace.columns import Columns
 from fsdpdoctor.trace.events import _FIRST_TOKEN, _events_decoder, decode_trace
 from fsdpdoctor.trace.io import GZIP_ERRORS, bytes_read, inflater
 from fsdpdoctor.trace.limits import inflate_cap, too_inflated
@@ -127,10 +128,6 @@ def _piece_columns(data: bytes, begin: int, end: int, columns, path="", scan=Non
     return parts[0] if len(parts) == 1 else join_columns(parts)
 
 
-# the column tuple's count of events the fast reading could not use (then the tolerant one counts them)
-_UNREADABLE = 11
-
-
 def _one_piece(piece, columns, scan=None):
     """The columns of a run of whole events (the bytes between two event boundaries), or None when
     they are not that, or hold an event of an odd shape, or events the tolerant reading must count.
@@ -147,7 +144,7 @@ def _one_piece(piece, columns, scan=None):
         part = columns(events) if events else None
     except Exception:  # noqa: BLE001 - whatever it is, the whole-file reading reports it
         return None
-    if part is None or part[_UNREADABLE]:
+    if part is None or part.unreadable:  # events the tolerant reading must count
         return None
     return part
 
@@ -291,8 +288,8 @@ def decode_columns(data: bytes, path, workers: int, columns, scan=None):
     """(document fields, columns) of a Kineto trace decoded in pieces by ``workers`` processes
     (1: this one only), or None.
 
-    ``columns`` turns a list of decoded events into the loader's column tuple (or None); ``scan``, when
-    given, reads a piece's bytes into that tuple first (or None: then the piece is decoded)."""
+    ``columns`` turns a list of decoded events into the loader's ``Columns`` (or None); ``scan``, when
+    given, reads a piece's bytes into them first (or None: then the piece is decoded)."""
     if data[:1] not in (b"{", b"\n", b" ", b"\r", b"\t"):
         return None
     if workers > 1 and not can_fork():
@@ -314,35 +311,32 @@ def decode_columns(data: bytes, path, workers: int, columns, scan=None):
     return meta, join_columns(parts)
 
 
-def join_columns(parts: list[tuple]) -> tuple:
-    """The loader's column tuple of consecutive pieces, as if read in one pass."""
-    names: list[str] = []
+def join_columns(parts: list[Columns]) -> Columns:
+    """The loader's columns of consecutive pieces, as if read in one pass."""
     name_ix: dict[str, int] = {}
     track_ix: dict[tuple, int] = {}
     tracks, thread_names, args, memory = [], {}, {}, []
     nids, trks, offset = [], [], 0
     categories: dict[str, int] = {}
-    for (p_names, nid, _cat, ts, _dur, trk, _corr, p_tracks, p_threads, p_args, p_memory, _bad, p_cats) in parts:
-        for k, v in p_cats.items():
+    for part in parts:
+        for k, v in part.categories.items():
             categories[k] = categories.get(k, 0) + v
+        p_names = part.names
         name_map = np.fromiter((name_ix.setdefault(n, len(name_ix)) for n in p_names), np.int32, len(p_names))
-        nids.append(name_map[nid] if len(p_names) else nid)
+        nids.append(name_map[part.name_id] if len(p_names) else part.name_id)
         track_map = []
-        for tr in p_tracks:
+        for tr in part.tracks:
             key = (tr.pid, tr.tid)
             if key not in track_ix:
                 track_ix[key] = len(tracks)
                 tracks.append(tr)
             track_map.append(track_ix[key])
-        trks.append(np.asarray(track_map, dtype=np.int32)[trk] if len(track_map) else trk)
-        thread_names.update(p_threads)  # a thread named twice: the later name wins, as in one pass
-        args.update({row + offset: a for row, a in p_args.items()})
-        memory.extend(p_memory)
-        offset += len(ts)
-    names = list(name_ix)
-    cat = np.concatenate([p[2] for p in parts])
-    ts = np.concatenate([p[3] for p in parts])
-    dur = np.concatenate([p[4] for p in parts])
-    corr = np.concatenate([p[6] for p in parts])
-    return (names, np.concatenate(nids).astype(np.int32), cat, ts, dur, np.concatenate(trks).astype(np.int32), corr,
-            tracks, thread_names, args, memory, 0, categories)
+        trks.append(np.asarray(track_map, dtype=np.int32)[part.track] if len(track_map) else part.track)
+        thread_names.update(part.thread_names)  # a thread named twice: the later name wins, as in one pass
+        args.update({row + offset: a for row, a in part.args.items()})
+        memory.extend(part.memory_events)
+        offset += len(part.ts)
+    joined = {k: np.concatenate([getattr(p, k) for p in parts]) for k in ("cat", "ts", "dur", "corr")}
+    return Columns(list(name_ix), np.concatenate(nids).astype(np.int32), joined["cat"], joined["ts"], joined["dur"],
+                   np.concatenate(trks).astype(np.int32), joined["corr"], tracks, thread_names, args, memory, 0,
+                   categories)
