@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import pathlib
+import queue
 import subprocess
 import sys
 import re
@@ -29,32 +30,62 @@ def cli(*argv, timeout=120):
                           timeout=timeout, env=env)
 
 
+def _fresh_context():
+    """Processes started by a fork server (a fresh process that imported torch and ran nothing), never
+    forked from this one: a test before may have run torch here, and a fork of a process whose OpenMP
+    pool is started inherits the pool's state but not its threads; the child's first matrix product
+    then waits for them forever (gomp_team_barrier_wait: the two-rank tests' ranks that never answered)."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "fsdpdoctor.capture"])
+    return ctx
+
+
+def _gather(procs: list, results, timeout: float = 600.0) -> list:
+    """One result per process; fails at once when a process ends with an error (its traceback is on
+    stderr) instead of waiting for an answer that cannot come. No process outlives the call."""
+    got = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < len(procs):
+            try:
+                got.append(results.get(timeout=0.5))
+                continue
+            except queue.Empty:
+                pass
+            failed = {p.name: p.exitcode for p in procs if p.exitcode not in (None, 0)}
+            assert not failed, f"processes failed: {failed}"
+            assert time.monotonic() < deadline, f"{len(procs) - len(got)} processes silent after {timeout:.0f} s"
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return got
+
+
 def _claimant(out: str, start, hold, results) -> None:
     from fsdpdoctor.capture import capture
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         cap = capture(out, fixed_window=False)
-        start.wait(timeout=60)       # every job starts at the same instant
+        start.wait(timeout=300)      # every job starts at the same instant
         cap.start()
-        hold.wait(timeout=60)        # and holds its folder until all have claimed one
+        hold.wait(timeout=300)       # and holds its folder until all have claimed one
         cap.close()
     results.put((str(cap.out_dir), [str(w.message) for w in caught]))
 
 
 @requires_torch
 def test_jobs_claiming_one_folder_at_the_same_instant_get_one_each(tmp_path):
-    import torch  # noqa: F401  (imported before the fork: the children start at once)
-
-    ctx = multiprocessing.get_context("fork")
+    ctx = _fresh_context()
     start, hold, results = ctx.Barrier(JOBS), ctx.Barrier(JOBS), ctx.Queue()
     out = tmp_path / "run"
     procs = [ctx.Process(target=_claimant, args=(str(out), start, hold, results)) for _ in range(JOBS)]
     for p in procs:
         p.start()
-    got = [results.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(timeout=60)
+    got = _gather(procs, results)
     folders = [f for f, _ in got]
     assert folders.count(str(out)) == 1 and len(set(folders)) == JOBS, sorted(folders)
     for folder, caught in got:
@@ -196,7 +227,7 @@ def _window_rank(rank: int, out: str, scenario: str, barrier, go, stop, results)
             export = type(cap)._export
 
             def slow_export(self, prof, path):
-                go.wait(60)
+                go.wait(300)
                 return export(self, prof, path)
 
             type(cap)._export = slow_export
@@ -206,7 +237,7 @@ def _window_rank(rank: int, out: str, scenario: str, barrier, go, stop, results)
             i = 0
             while i < stop.value:
                 train_step(0.005)
-                barrier.wait(60)
+                barrier.wait(300)
                 cap.step()
                 i += 1
                 if rank != 0:
@@ -221,18 +252,13 @@ def _window_rank(rank: int, out: str, scenario: str, barrier, go, stop, results)
 
 
 def _two_ranks(out: Path, scenario: str) -> dict:
-    import torch  # noqa: F401  (imported before the fork)
-
-    ctx = multiprocessing.get_context("fork")
+    ctx = _fresh_context()
     barrier, go, stop, results = ctx.Barrier(2), ctx.Event(), ctx.Value("i", 5000), ctx.Queue()
-    procs = [ctx.Process(target=_window_rank, args=(r, str(out), scenario, barrier, go, stop, results))
-             for r in (0, 1)]
+    procs = [ctx.Process(target=_window_rank, args=(r, str(out), scenario, barrier, go, stop, results),
+                         name=f"rank{r}") for r in (0, 1)]
     for p in procs:
         p.start()
-    got = dict((r, (absent, caught)) for r, absent, caught in (results.get(timeout=180) for _ in procs))
-    for p in procs:
-        p.join(timeout=60)
-    return got
+    return {r: (absent, caught) for r, absent, caught in _gather(procs, results)}
 
 
 @requires_torch

@@ -45,3 +45,32 @@ def test_both_halves_run_and_either_fails_the_command(fast, slow):
     assert "fast half ran" in out.stdout and "slow half ran" in out.stdout
     assert out.stdout.strip().splitlines()[-1] == f"fast tests: exit {fast}; slow tests (torchrun jobs): exit {slow}"
     assert (out.returncode == 0) == (fast == slow == 0)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_a_process_the_tests_left_running_fails_the_command_and_is_killed(tmp_path):
+    """.ci/run marks every process of the tests (an exported FSDPDOCTOR_TEST_RUN) and checks at its
+    end: an orphan in its own session, as a forked worker left behind would be, is found by the mark,
+    named, killed, and fails the command; one that ends within the grace period does not."""
+    import os
+    import sys
+    import time
+
+    run = (ROOT / ".ci" / "run").read_text()
+    assert "export FSDPDOCTOR_TEST_RUN=" in run and 'python .ci/leftovers.py "$FSDPDOCTOR_TEST_RUN"' in run
+    mark = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    env = dict(os.environ, FSDPDOCTOR_TEST_RUN=mark)
+    check = [sys.executable, str(ROOT / ".ci" / "leftovers.py"), mark, "--grace", "1"]
+    clean = subprocess.run(check, capture_output=True, text=True, timeout=60, env=env)
+    assert clean.returncode == 0 and clean.stdout.strip() == "leftover processes: none", clean.stdout
+    short = subprocess.Popen(["sleep", "0.3"], env=env, start_new_session=True)
+    left = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    try:
+        out = subprocess.run(check, capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 1, out.stdout
+        assert f"{left.pid}  sleep 300" in out.stdout and f"{short.pid} " not in out.stdout
+        assert left.wait(timeout=10) == -9   # killed by the check
+    finally:
+        left.kill()
+        left.wait()
+        short.wait()

@@ -3,8 +3,12 @@ a process pool, errors and dead workers reported for the rank they hit, no worke
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,13 +16,22 @@ import pytest
 
 from fsdpdoctor.analysis import rankresult
 from fsdpdoctor.engines import SerialEngine, local, make_engine
-from fsdpdoctor.engines.forking import can_fork
+from fsdpdoctor.engines import forking
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.pipeline import RankUnit, rank_step
 from bundled import TRACES  # the committed traces, in a pristine copy
 
 
-pytestmark = pytest.mark.skipif(not can_fork(), reason="needs fork and no other non-daemon thread")
+pytestmark = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    """The forked map itself is tested here, in whatever this test process holds (an OpenMP pool of an
+    earlier torch test, OpenBLAS's thread): forking is taken to be safe; when it is, is tested in
+    tests/test_split.py. The workers here run no OpenMP nor anything that locks."""
+    monkeypatch.setattr(forking, "other_threads", lambda: 0)
 
 
 def _units(*runs: str) -> list[RankUnit]:
@@ -54,10 +67,12 @@ def test_forked_map_equals_serial_and_pool(workers):
     assert _by_file(local._pool_map(rank_step, units, workers)) == serial
 
 
-def test_small_runs_use_the_forked_workers_when_forking_is_safe():
+def test_small_runs_use_the_forked_workers_when_forking_is_safe(monkeypatch):
     assert isinstance(make_engine(None, None, 10_000, 2), local.LocalEngine)
     assert isinstance(make_engine(None, 1, 10_000, 2), SerialEngine)
     assert isinstance(make_engine(None, None, 10_000, 1), SerialEngine)
+    monkeypatch.setattr(forking, "other_threads", lambda: 1)   # another thread: no fork, and no pool either
+    assert isinstance(make_engine(None, None, 10_000, 2), SerialEngine)
 
 
 def test_an_error_in_a_worker_is_raised_for_its_rank(tmp_path):
@@ -159,3 +174,63 @@ def test_the_rank_queue_hands_out_every_index_once(n):
         assert q.claim() is None and q.claim() is None
     finally:
         q.close()
+
+
+# a parent that forks a worker, waits until the worker is on its rank (the worker then sleeps an
+# hour), and then leaves without any clean-up (``exits``: os._exit) or waits to be killed (``killed``)
+_PARENT = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from fsdpdoctor.engines import forking, local
+out, how = sys.argv[1], sys.argv[2]
+forking.other_threads = lambda: 0
+parent = os.getpid()
+
+def step(unit, pieces=1):
+    if os.getpid() != parent:
+        open(os.path.join(out, "worker-%d" % os.getpid()), "w").close()
+        time.sleep(3600)
+    while not any(n.startswith("worker-") for n in os.listdir(out)):
+        time.sleep(0.05)
+    if how == "exits":
+        os._exit(0)
+    open(os.path.join(out, "parent-waits"), "w").close()
+    time.sleep(3600)
+
+list(local._forked_map(step, [0, 1], 2))
+"""
+
+
+def _ended(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("how", ["exits", "killed"])
+def test_a_worker_dies_with_its_parent(tmp_path, how):
+    """The parent ends without a word to its worker (os._exit, SIGKILL: no finally block runs): the
+    worker, an hour from done, ends too instead of living on as an orphan."""
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT.format(root=str(ROOT)), str(tmp_path), how])
+    worker = None
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (tmp_path / "parent-waits").exists() and parent.poll() is None:
+            time.sleep(0.05)
+        if how == "killed":
+            assert (tmp_path / "parent-waits").exists()
+            parent.kill()
+        assert parent.wait(timeout=60) == (0 if how == "exits" else -signal.SIGKILL)
+        (worker,) = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
+        deadline = time.monotonic() + 30
+        while not _ended(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _ended(worker), f"worker {worker} outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        if worker is not None and not _ended(worker):
+            os.kill(worker, signal.SIGKILL)

@@ -62,7 +62,10 @@ def _parts(a: Analysis) -> StepParts:
         wait = min(max(r.wait_us, 0.0), m.exposed_comm_us)
         tot = sum(kinds.values())
         if tot > 0 and wait > 0:
-            kinds = {k: v - wait * v / tot for k, v in kinds.items()}
+            # each kind keeps the same share of what the wait leaves; a wait that is all of it leaves
+            # exactly 0 (v - wait * v / tot left -5e-14 us there: a part below zero by rounding alone)
+            left = max(0.0, 1.0 - wait / tot)
+            kinds = {k: v * left for k, v in kinds.items()}
         rows.append((m.duration_us, m.compute_us + m.optimizer_us, kinds, wait, m.data_loading_us, m.idle_us,
                      m.exposed_comm_us))
     if not rows:

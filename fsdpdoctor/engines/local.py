@@ -13,7 +13,7 @@ import time
 from array import array
 from typing import Any, Callable, Iterator
 
-from fsdpdoctor.engines.forking import can_fork, quiet_child
+from fsdpdoctor.engines.forking import Lifeline, can_fork, die_with_parent, pool_context, quiet_child
 from fsdpdoctor.errors import InputError
 
 try:  # forked workers exist only where fork does (POSIX)
@@ -88,13 +88,17 @@ def _forked_map(fn: Step, units: list, n: int):
     workers = {}  # pipe -> [process, index of the unit it is on (None: between units), when it began]
     answered: set[int] = set()
     slowest = 0.0  # the longest rank this process analysed (s)
+    lifeline = Lifeline()   # the workers die with this process, however it ends
     try:
         for _ in range(n - 1):
             here, there = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_serve, args=(fn, units, queue, there), daemon=True)
-            proc.start()
-            there.close()
+            proc = ctx.Process(target=_serve, args=(fn, units, queue, there, lifeline.child_args()), daemon=True)
+            try:
+                proc.start()
+            finally:
+                there.close()
             workers[here] = [proc, None, 0.0]
+        lifeline.started()
         while (i := queue.claim()) is not None:
             answered.add(i)
             t0 = time.monotonic()
@@ -121,6 +125,7 @@ def _forked_map(fn: Step, units: list, n: int):
         for conn, (proc, *_) in workers.items():
             conn.close()
             proc.join()
+        lifeline.close()
         queue.close()
 
 
@@ -201,11 +206,12 @@ def _replies(units: list, workers: dict, answered: set[int], timeout: float | No
                 yield units[i], value
 
 
-def _serve(fn: Step, units: list, queue: _RankQueue, conn) -> None:
+def _serve(fn: Step, units: list, queue: _RankQueue, conn, lifeline: tuple) -> None:
     """A forked worker: map the ranks it claims until none is left. It says which one it starts (the
     parent names it if the worker dies); errors travel back as values, as a process pool's do; an
     interrupt (Ctrl-C reaches the whole process group) ends it quietly and the parent reports."""
     try:
+        die_with_parent(*lifeline)
         quiet_child()
         while (i := queue.claim()) is not None:
             conn.send(("start", i, None))
@@ -225,16 +231,17 @@ def _serve(fn: Step, units: list, queue: _RankQueue, conn) -> None:
 
 
 def _pool_map(fn: Step, units: list, n: int):
-    """A process pool (where forking is not possible or not safe: spawn platforms, other threads alive)."""
-    import multiprocessing as mp
+    """A process pool (where forking is not possible or not safe: spawn platforms, other threads alive:
+    then a fork server, a fresh process, starts the workers)."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    ctx = pool_context()
+    forked = ctx.get_start_method() == "fork"
     # one task per rank and a fresh worker every few ranks: a worker's heap does not keep the
     # high-water mark of the largest trace it ever parsed
-    with ProcessPoolExecutor(max_workers=n, mp_context=mp.get_context(method),
-                             max_tasks_per_child=16 if method != "fork" else None) as pool:
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, max_tasks_per_child=None if forked else 16,
+                             initializer=_pool_worker, initargs=(os.getpid() if forked else None,)) as pool:
         futures = {pool.submit(fn, u): u for u in units}
         try:
             for fut in as_completed(futures):
@@ -247,3 +254,9 @@ def _pool_map(fn: Step, units: list, n: int):
             for f in futures:
                 f.cancel()
             raise
+
+
+def _pool_worker(parent: int | None) -> None:
+    """A pool worker dies with the process that started it (a fork server's workers with the fork
+    server, which ends when this process does)."""
+    die_with_parent(parent if parent is not None else os.getppid())
