@@ -45,6 +45,7 @@ VERBS: tuple[tuple[str, str], ...] = (
     ("hang", "hang forensics: which rank stopped, where and why (from hang/ dumps)"),
     ("steps", "each rank's step time over the whole run, with the profiled windows marked"),
     ("trigger", "ask a running job captured into RUN_DIR to profile the next N steps"),
+    ("whatif", "predict the step after a fix, a setting or another world size, with its parts"),
 )
 
 

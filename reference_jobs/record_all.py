@@ -1,5 +1,6 @@
 """Regenerate traces/<scenario>/ for every reference scenario, plus
-traces/scaling_1proc and traces/scaling_2proc (ddp_default on 1 and 2 ranks).
+traces/scaling_1proc and traces/scaling_2proc (ddp_default on 1 and 2 ranks), and traces/weak_{1,2,4}rank
+(the same job on 1, 2 and 4 ranks).
 
     python reference_jobs/record_all.py [--out traces] [--only NAME ...] [--nproc 2]
 

@@ -299,7 +299,10 @@ USER_SCENARIOS: dict[str, dict] = {
 }
 
 # Not scenarios: ddp_default run on 1 and 2 processes (for the scaling verb).
-SCALING_RUNS = {"scaling_1proc": ("ddp_default", 1), "scaling_2proc": ("ddp_default", 2)}
+# the same job at several world sizes (weak scaling: the per-rank batch is fixed): scaling_* for the scaling
+# verb, weak_* for whatif --world-size (docs/whatif.md), 4 ranks on a 2-core host included on purpose
+SCALING_RUNS = {"scaling_1proc": ("ddp_default", 1), "scaling_2proc": ("ddp_default", 2),
+                "weak_1rank": ("ddp_default", 1), "weak_2rank": ("ddp_default", 2), "weak_4rank": ("ddp_default", 4)}
 
 for _name, _s in SCENARIOS.items():
     _s["name"] = _name

@@ -60,6 +60,11 @@ TEXT_VERBS = {
     "diff-comm-kinds": ["diff", "traces/ddp_default", "traces/straggler"],
     "analyze-cuda": ["analyze", "traces/cuda/ddp_default", "--no-progress"],
     "memory-fits": ["memory", "--params", "7B", "--strategy", "ddp", "--world-size", "4", "--gpu-memory", "80GB"],
+    "whatif-set": ["whatif", "traces/dataloader_slow", "--set", "num_workers=2", "--no-progress"],
+    "whatif-world-size": ["whatif", "traces/scaling_2proc", "--world-size", "64", "--link-gbps", "400",
+                          "--no-progress"],
+    "whatif-withheld": ["whatif", "traces/weak_2rank", "--world-size", "4", "--ranks-per-host", "4",
+                        "--no-progress"],
 }
 
 

@@ -50,8 +50,9 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
-def _parts(a: Analysis) -> StepParts:
-    """Per-rank means of the categories, wait carved out of the exposed communication."""
+def step_parts(a: Analysis) -> StepParts:
+    """Per-rank means of the categories, wait carved out of the exposed communication (also what
+    ``whatif`` shows a step's parts with)."""
     rows = []
     for r in a.ranks:
         m = r.mean
@@ -179,7 +180,7 @@ def measure_scaling(analyses: list[Analysis], *, world_sizes: list[int] | None =
             per_rank = work / n
         if work <= 0:
             raise InputError(a.source, f"{unit} per step must be positive, got {work:g}")
-        p = _parts(a)
+        p = step_parts(a)
         if p.step_us <= 0:
             raise InputError(a.source, "mean step time is zero")
         runs.append(ScalingRun(source=a.source, world_size=n, ranks_analyzed=len(a.ranks),

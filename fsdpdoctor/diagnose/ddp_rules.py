@@ -26,7 +26,7 @@ BACKWARD_SHARE = 2 / 3       # backward's share of forward + backward compute (t
 # A collective on its own stream (GPU) costs its overlapped time nothing here. Measured on the fault/fix
 # pairs (docs/impact.md): grad-accum saved 27-30 ms where exposed + half the overlapped predicts 30.5-30.7,
 # exposed alone 20-22, the whole duration 39-41. This prices a collective removed; moving one under compute
-# is no saving on shared cores (_bucket_saving).
+# is no saving on shared cores (bucket_model).
 SHARED_CORE_COST = 0.5
 
 
@@ -58,8 +58,9 @@ def bucket_sizes(grad_bytes: float, cap_bytes: float | None) -> list[float]:
     return [first] + [cap_bytes] * max(n - 1, 0) + ([rest - cap_bytes * (n - 1)] if n else [])
 
 
-def _bucket_saving(ctx: RuleContext, grad_ar: list, sizes: list[float]) -> tuple[float, list[float], str]:
-    """What the fix's buckets save per step: the last bucket can start only after backward ends, so at most
+def bucket_model(ctx: RuleContext, grad_ar: list, sizes: list[float]) -> tuple[float, list[float], str]:
+    """The bucket model (one model, two callers: ddp-single-bucket and ``whatif --set bucket_cap_mb``), for a
+    run whose gradients are all-reduced in one bucket after backward. What the fix's buckets save per step: the last bucket can start only after backward ends, so at most
     the gradients of the other buckets hide, and only under the backward compute there is.
 
     That needs the all-reduce to run beside backward on resources of its own (its own stream on a GPU).
@@ -92,6 +93,31 @@ def _grad_dtype_bytes(ctx: RuleContext) -> int:
     return 2 if any(k in str(dtype) for k in ("16", "half")) else 8 if "64" in str(dtype) else 4
 
 
+def backward_allreduces(ctx: RuleContext) -> list:
+    return [c for c in ctx.a.collective_events if c.kind == "all_reduce" and c.phase in ("backward", "other")]
+
+
+def gradient_allreduces(ctx: RuleContext) -> list:
+    """The gradient all-reduces (not find_unused_parameters' bitmap, 1024 elements at most)."""
+    return [c for c in backward_allreduces(ctx) if (c.nelems or 0) > 1024 or c.nelems is None]
+
+
+def no_sync_model(ctx: RuleContext, grad_ar: list) -> tuple[float, list[float], float]:
+    """The no_sync model (one model, two callers: grad-accum-without-no-sync and ``whatif --set no_sync=true``):
+    no_sync() removes the all-reduces of all but the last micro-step: their exposed time, and the share of
+    their overlapped time that still costs the step where gloo shares the cores (overlap_cost).
+    (saving per step, per-step values, the overlapped share counted)."""
+    d = ctx.a.signals.ddp
+    extra = (d.backwards_with_allreduce_per_step - 1) / d.backwards_with_allreduce_per_step
+    share = overlap_cost(ctx)
+
+    def removed(c) -> float:
+        return (c.exposed_us + share * max(c.duration_us - c.exposed_us, 0.0)) * extra
+
+    samples = per_step_calls(ctx.a, grad_ar, removed)
+    return sum(removed(c) for c in grad_ar) / rank_steps(ctx), samples, share
+
+
 @rule(ids=("ddp-single-bucket", "ddp-tiny-buckets", "ddp-find-unused-unneeded", "grad-accum-without-no-sync"),
       thresholds=("ddp_single_bucket_overlap", "small_message_bytes", "ddp_tiny_buckets_per_backward",
                   "ddp_tiny_bucket_bytes"),
@@ -103,8 +129,8 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
     out = []
     cap = ctx.wrap.get("bucket_cap_mb")
     params = (ctx.a.job.manifest or {}).get("model", {}).get("parameters") if ctx.a.job.manifest else None
-    ar = [c for c in ctx.a.collective_events if c.kind == "all_reduce" and c.phase in ("backward", "other")]
-    grad_ar = [c for c in ar if (c.nelems or 0) > 1024 or c.nelems is None]  # not the find_unused bitmap
+    ar = backward_allreduces(ctx)
+    grad_ar = gradient_allreduces(ctx)
     nrs = rank_steps(ctx)
     backwards = max(d.backwards_with_allreduce_per_step, 1.0)
     per_backward = len(grad_ar) / nrs / backwards
@@ -142,7 +168,7 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
                    f"{size(grad_bytes)} of gradients fit one bucket, so the all-reduce waits for the whole backward")
         if fix is not None:
             sizes = bucket_sizes(grad_bytes, None if new_cap is None else new_cap * MIB)
-            saving, samples, note = _bucket_saving(ctx, grad_ar, sizes)
+            saving, samples, note = bucket_model(ctx, grad_ar, sizes)
             ev.append(Evidence(note, time_us=saving))
             out.append(ctx.finding(
                 "ddp-single-bucket", "DDP all-reduces all gradients in one bucket after backward", saving,
@@ -175,16 +201,7 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             d.backwards_per_step, 1) - 0.5:
         out += _find_unused(ctx, d, ar, nrs)
     if d.forwards_per_step >= 2 and d.backwards_with_allreduce_per_step >= 2:
-        extra = (d.backwards_with_allreduce_per_step - 1) / d.backwards_with_allreduce_per_step
-        # no_sync() removes the all-reduces of all but the last micro-step: their exposed time, and the share
-        # of their overlapped time that still costs the step where gloo shares the cores (overlap_cost)
-        share = overlap_cost(ctx)
-
-        def removed(c) -> float:
-            return (c.exposed_us + share * max(c.duration_us - c.exposed_us, 0.0)) * extra
-
-        samples = per_step_calls(ctx.a, grad_ar, removed)
-        cost = sum(removed(c) for c in grad_ar) / nrs
+        cost, samples, share = no_sync_model(ctx, grad_ar)
         out.append(ctx.finding(
             "grad-accum-without-no-sync", "Gradients are all-reduced on every accumulation micro-step", cost,
             f"{d.forwards_per_step:.0f} forward/backward passes per optimizer step and "

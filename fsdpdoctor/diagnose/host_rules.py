@@ -5,6 +5,7 @@ from __future__ import annotations
 from fsdpdoctor.diagnose.facts import (
     device_work, dominant_idle_cause, own_work_frame, reported_syncs, straggler_verdict, straggler_wait_us,
 )
+from fsdpdoctor.analysis.host import host_cores
 from fsdpdoctor.diagnose.framework import RuleContext, rule
 from fsdpdoctor.diagnose.noise import per_step
 from fsdpdoctor.results import Evidence, Finding
@@ -32,7 +33,7 @@ def input_bound(ctx: RuleContext) -> list[Finding]:
     if worst.slow_frame:
         ev.append(Evidence(f"slowest frame under __next__: {worst.slow_frame} ({ms(worst.slow_frame_us)} per step)",
                            source=worst.slow_frame))
-    impact, bound_ev = _loader_saving(ctx, single)
+    impact, bound_ev = loader_saving(ctx, single, RULE_WORKERS, loader_spare(ctx))
     ev += bound_ev
     samples = per_step(ctx.a, lambda st: _loader_share(ctx, st, single))
     # a rank late because its own loader stalls is this finding seen from the others: fixing the loader
@@ -58,29 +59,72 @@ def input_bound(ctx: RuleContext) -> list[Finding]:
     return [found]
 
 
+RULE_WORKERS = 4   # the worker processes per rank the input-bound fix sets
+
+
+def loader_spare(ctx: RuleContext, stated_cores: int | None = None) -> float | None:
+    """Cores per rank that no rank's compute thread holds (analysis/host.py), None where the capture did not
+    record the host's cores (then ``loader_hidden`` asks the dialect: CPU/gloo ranks fill the host)."""
+    host = host_cores(ctx.a, stated_cores)
+    return None if host.spare is None else host.spare / host.ranks_per_host
+
+
+def loader_hidden(ctx: RuleContext, st, single: bool, workers: int = RULE_WORKERS,
+                  spare: float | None = None) -> float:
+    """The loader model (one model, two callers: the input-bound rule and ``whatif --set num_workers``): what
+    ``workers`` worker processes per rank take off one step's loading (``st``: a step's breakdown or the mean).
+
+    All of it where the host has cores to spare for them (``spare``: cores per rank; None: the dialect says,
+    CPU/gloo ranks already fill the host). Where the ranks share every core, only the loader's waiting (a
+    sleep under __next__): its computing would move to a worker on the same busy cores, no faster. And the
+    workers must keep up: each makes a batch in what the loop took for one, so K of them deliver one every
+    L/K, and their computing runs on at most the spare cores at once; where that is longer than what is left
+    of the step, the loop still waits the difference (workers beyond the free cores do not help)."""
+    load = st.data_loading_us
+    if workers <= 0 or load <= 0:
+        return 0.0
+    if not single:
+        return load
+    no_spare = ctx.traits.shared_host_cores if spare is None else spare <= 0
+    if no_spare:
+        hidden = min(st.loader_sleep_us, load) if ctx.a.job.has_stacks else load
+        every = load / workers
+    else:
+        hidden = load
+        computing = load - min(st.loader_sleep_us, load)
+        every = max(load / workers, computing / min(workers, spare) if spare else 0.0)
+    left = st.duration_us - hidden
+    return max(hidden - max(every - left, 0.0), 0.0)
+
+
 def _loader_share(ctx: RuleContext, st, single: bool) -> float:
-    """What worker processes can take off one step's loading: all of it where the host has cores to spare
-    for them; where the ranks already share every core (traits.shared_host_cores) only the loader's waiting
-    (a sleep under __next__): its computing would move to a worker on the same busy cores, no faster."""
-    if not ctx.traits.shared_host_cores or not single or not ctx.a.job.has_stacks:
-        return st.data_loading_us
-    return min(st.loader_sleep_us, st.data_loading_us)
+    return loader_hidden(ctx, st, single, RULE_WORKERS, loader_spare(ctx))
 
 
-def _loader_saving(ctx: RuleContext, single: bool) -> tuple[float, list[Evidence]]:
-    """The predicted saving of more workers, and the evidence of its bound."""
+def loader_saving(ctx: RuleContext, single: bool, workers: int = RULE_WORKERS,
+                  spare: float | None = None) -> tuple[float, list[Evidence]]:
+    """The predicted saving of ``workers`` worker processes per rank, and the evidence of its bound."""
     m = ctx.a.mean
-    saving = _loader_share(ctx, m, single)
+    saving = loader_hidden(ctx, m, single, workers, spare)
     if saving >= m.data_loading_us - 1.0:
         if single and ctx.traits.shared_host_cores and not ctx.a.job.has_stacks:
             return saving, [Evidence("no Python stacks: the loader's waiting cannot be told from its computing, "
                                      "so the whole stall is taken as what workers would hide (an upper bound on "
                                      "shared cores)")]
         return saving, []
+    no_spare = ctx.traits.shared_host_cores if spare is None else spare <= 0
+    waiting = min(m.loader_sleep_us, m.data_loading_us)
+    if no_spare and saving >= waiting - 1.0:
+        return saving, [Evidence(
+            f"saving bounded at {ms(saving)} of the {ms(m.data_loading_us)} stall: the ranks share every core of "
+            f"this host, so workers hide only the loader's waiting ({ms(m.loader_sleep_us)} of sleep under "
+            f"__next__); its {ms(m.data_loading_us - saving)} of computing would run on the same busy cores",
+            time_us=saving)]
     return saving, [Evidence(
-        f"saving bounded at {ms(saving)} of the {ms(m.data_loading_us)} stall: the ranks share every core of this "
-        f"host, so workers hide only the loader's waiting ({ms(m.loader_sleep_us)} of sleep under __next__); its "
-        f"{ms(m.data_loading_us - saving)} of computing would run on the same busy cores", time_us=saving)]
+        f"saving bounded at {ms(saving)} of the {ms(m.data_loading_us)} stall: {workers} worker"
+        f"{'s' if workers != 1 else ''} per rank"
+        + ("" if spare is None else f" on {spare:g} spare core{'s' if spare != 1 else ''} per rank")
+        + " deliver a batch less often than the step asks for one", time_us=saving)]
 
 
 def _worker_cost(ctx: RuleContext) -> str:

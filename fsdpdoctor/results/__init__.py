@@ -18,7 +18,7 @@ from fsdpdoctor.results.signals import *  # noqa: F401,F403 - the per-rank signa
 
 # where the other names are, in the order they are looked for; a new result module adds its name here
 # (docs/adding-a-verb.md), or `from fsdpdoctor.results import ItsType` does not find it
-_LAZY = ("check", "comparison", "hang", "memory", "scaling", "steps")
+_LAZY = ("check", "comparison", "hang", "memory", "scaling", "steps", "whatif")
 
 
 def __getattr__(name: str):

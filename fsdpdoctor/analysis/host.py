@@ -1,0 +1,78 @@
+"""The host the ranks ran on, as far as the capture recorded it: its cores and how many ranks shared it.
+
+Loader workers and world-size predictions both ask how many cores a rank has to itself: a worker process
+computes only on a core no rank's compute thread holds, and ranks added to a host that has no core to
+spare for them share cores. A figure the capture did not record stays ``None`` (never guessed): the
+callers then fall back to the dialect's trait (``shared_host_cores``: CPU/gloo ranks fill the host) or
+withhold what depends on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fsdpdoctor.results import Analysis
+
+# where a manifest may record the host's usable cores (the capture's own key first; older captures have none)
+_CORE_KEYS = (("host", "cpus"), ("host", "cores"), ("host_cpus",), ("cpus",), ("cores",))
+
+
+@dataclass
+class HostCores:
+    cores: int | None           # usable cores of one host (affinity), None where not recorded
+    ranks_per_host: int         # ranks of the run on one host
+    source: str                 # where ``cores`` was read ("stated", "schedstat", "manifest", "not recorded")
+
+    @property
+    def spare(self) -> float | None:
+        """Cores no rank's compute thread holds (one thread per rank), None where the cores are unknown."""
+        return None if self.cores is None else max(self.cores - self.ranks_per_host, 0)
+
+
+def _manifest_cores(manifest: dict) -> int | None:
+    for path in _CORE_KEYS:
+        v = manifest
+        for k in path:
+            v = v.get(k) if isinstance(v, dict) else None
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def ranks_per_host(a: Analysis) -> int:
+    """Ranks per host: the manifest's host of each rank (the busiest host), else the world size on one host
+    for a CPU trace (reference runs) and 1 rank per host otherwise."""
+    hosts = (a.job.manifest or {}).get("hosts")
+    if isinstance(hosts, dict) and hosts:
+        counts: dict = {}
+        for h in hosts.values():
+            counts[h] = counts.get(h, 0) + 1
+        return max(counts.values())
+    return max(a.job.world_size or len(a.ranks) or 1, 1) if a.job.traits.shared_host_cores else 1
+
+
+def host_cores(a: Analysis, stated: int | None = None) -> HostCores:
+    """The run's host: its cores (``stated`` wins over the manifest) and ranks per host."""
+    per_host = ranks_per_host(a)
+    if stated:
+        return HostCores(stated, per_host, "stated")
+    read = [r.cpus for r in a.ranks if r.cpus]
+    if read:
+        return HostCores(min(read), per_host, "schedstat")
+    cores = _manifest_cores(a.job.manifest or {})
+    return HostCores(cores, per_host, "manifest" if cores else "not recorded")
+
+
+# a training thread on a CPU for less than this share of its runnable time waited for a core (a thread with a
+# core of its own is on it whenever it can run: a share near 1)
+STARVED_SHARE = 0.8
+
+
+def starved(a: Analysis) -> tuple[int, float] | None:
+    """The rank whose training thread waited longest for a core, with its on-CPU share of its runnable time,
+    where that share is under ``STARVED_SHARE``: its step times hold the host's load, not only the job's."""
+    read = [(r.on_cpu_share, r.rank) for r in a.ranks if r.on_cpu_share is not None]
+    if not read:
+        return None
+    share, rank = min(read)
+    return (rank, share) if share < STARVED_SHARE else None
