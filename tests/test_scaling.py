@@ -116,7 +116,7 @@ def test_a_wait_that_is_all_the_exposed_communication_leaves_parts_of_exactly_ze
     """The larger run's ranks waited for each other through all of their exposed communication (two
     kinds, values for which ``v - wait * v / total`` is -5.7e-14): every kind's part is 0, none below,
     and the parts still add up to the exposed communication."""
-    from fsdpdoctor.analysis.scaling import _parts
+    from fsdpdoctor.analysis.scaling import step_parts
     from fsdpdoctor.results.analysis import KindTime
 
     a = copy.deepcopy(a2)
@@ -125,13 +125,13 @@ def test_a_wait_that_is_all_the_exposed_communication_leaves_parts_of_exactly_ze
         m.comm_by_kind = {"all_reduce": KindTime(count=1, busy_us=470.204, exposed_us=470.204),
                           "broadcast": KindTime(count=1, busy_us=141.737, exposed_us=141.737)}
         m.exposed_comm_us = r.wait_us = 470.204 + 141.737
-    p = _parts(a)
+    p = step_parts(a)
     assert p.comm_by_kind == {"all_reduce": 0.0, "broadcast": 0.0}
     assert p.wait_us == pytest.approx(611.941)
     # half of it waiting: each kind keeps its share of the other half, never below zero
     for r in a.ranks:
         r.wait_us = 611.941 / 2
-    half = _parts(a).comm_by_kind
+    half = step_parts(a).comm_by_kind
     assert half["all_reduce"] == pytest.approx(470.204 / 2) and half["broadcast"] == pytest.approx(141.737 / 2)
 
 
