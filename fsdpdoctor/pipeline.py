@@ -10,9 +10,7 @@ The main process only ever holds the ranks' compact results (unless the tables a
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import os
 import re
 import stat
@@ -64,25 +62,7 @@ def open_analysis(source, options=None, *, tables=False, **selection):
     JSON has no tables). A run folder with ``window-<step>`` folders (docs/capture.md): the latest
     window, or the one starting at step ``window``; a note names the others."""
     opts = (options or Options()).but(**selection)
-    with gc_paused() if opts.dask is None else contextlib.nullcontext():   # a Dask client makes cyclic garbage
-        return _open_analysis(source, opts, tables)
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """No cyclic garbage collection inside: the results are trees (reference counting frees them), and
-    a many-rank reduce makes millions of objects whose collections traverse every live one again and
-    again (a quarter of the CPU of 4,096 ranks). The collector's state is put back after, with what is
-    alive then frozen (``gc.freeze``): else the first allocation after it makes one full collection over
-    all of those objects (a tenth of the CPU of 4,096 ranks); reference counting still frees them."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.freeze()
-            gc.enable()
+    return _open_analysis(source, opts, tables)
 
 
 def _open_analysis(source, opts: Options, tables: bool):
@@ -93,14 +73,13 @@ def _open_analysis(source, opts: Options, tables: bool):
     quality = DataQuality()
     manifest, results, traces = rank_results(path, opts.but(use_summaries=opts.use_summaries and not tables),
                                              quality=quality, keep_tables=tables)
-    with gc_paused() if opts.dask is not None else contextlib.nullcontext():   # the Dask client is closed by now
-        analysis = reduce(results, source=path, manifest=manifest)
-        analysis.data_quality = quality
-        if window_note:
-            analysis.notes.insert(0, window_note)
-        if opts.diagnose:
-            analysis.findings = run_rules(analysis, thresholds=opts.thresholds)
-        invariants.enforce(analysis)  # nothing is rendered that breaks them (analysis/invariants.py)
+    analysis = reduce(results, source=path, manifest=manifest)
+    analysis.data_quality = quality
+    if window_note:
+        analysis.notes.insert(0, window_note)
+    if opts.diagnose:
+        analysis.findings = run_rules(analysis, thresholds=opts.thresholds)
+    invariants.enforce(analysis)  # nothing is rendered that breaks them (analysis/invariants.py)
     return (analysis, traces) if tables else analysis
 
 

@@ -13,12 +13,12 @@ import pytest
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 # Decorate tests that need torch: ``@requires_torch``
-requires_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+requires_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs the [capture] extra (torch)")
 
 
 def torch_or_skip():
     """Import torch or skip the calling test."""
-    return pytest.importorskip("torch", reason="torch is not installed")
+    return pytest.importorskip("torch", reason="needs the [capture] extra (torch)")
 
 
 @pytest.fixture(scope="session")

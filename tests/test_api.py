@@ -15,7 +15,7 @@ from fsdpdoctor.cli import main
 from fsdpdoctor.results import Analysis
 from bundled import TRACES as BUNDLED  # the committed traces, in a pristine copy
 
-pd = pytest.importorskip("pandas")
+pd = pytest.importorskip("pandas", reason="needs the [pandas] extra (pandas)")
 RUN = "ddp_tiny_buckets"
 
 

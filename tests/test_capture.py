@@ -402,8 +402,8 @@ def test_fsdp1_orig_params_full_count_and_no_added_warnings(tmp_path):
 
 @requires_torch
 def test_optimizer_wrapper_is_unwrapped():
-    torch = pytest.importorskip("torch")
-    accelerate = pytest.importorskip("accelerate")
+    torch = pytest.importorskip("torch", reason="needs the [capture] extra (torch)")
+    accelerate = pytest.importorskip("accelerate", reason="needs the [hf] extra (accelerate)")
     from accelerate.state import AcceleratorState
 
     from fsdpdoctor.capture import describe_model
@@ -424,7 +424,7 @@ def test_optimizer_wrapper_is_unwrapped():
 
 @requires_torch
 def test_activation_checkpointing_is_recorded():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs the [capture] extra (torch)")
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
 
@@ -445,8 +445,8 @@ def test_activation_checkpointing_is_recorded():
 
 @requires_torch
 def test_hf_gradient_checkpointing_is_recorded():
-    pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch", reason="needs the [capture] extra (torch)")
+    transformers = pytest.importorskip("transformers", reason="needs the [hf] extra (transformers)")
 
     from fsdpdoctor.capture import describe_model
 

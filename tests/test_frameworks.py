@@ -152,7 +152,7 @@ def _run_job(src: str, out: Path) -> dict:
 def test_lightning_callback(tmp_path):
     """One callback in Trainer(callbacks=[...]) captures the fit: one step per optimizer step (accumulation's
     micro-batches are not steps), the manifest from the strategy (its DDP wrapper, the optimizer, samples)."""
-    pytest.importorskip("lightning")
+    pytest.importorskip("lightning", reason="needs the [lightning] extra (lightning)")
     out = tmp_path / "run"
     m = _run_job(_LIGHTNING_JOB, out)
     assert m["wrapping"]["kind"] == "ddp"
@@ -167,7 +167,7 @@ def test_lightning_callback(tmp_path):
 @requires_torch
 def test_hf_trainer_callback(tmp_path):
     """trainer.add_callback(FsdpdoctorCallback(out, trainer=trainer)) captures Trainer.train()."""
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="needs the [hf] extra (transformers)")
     out = tmp_path / "run"
     m = _run_job(_HF_JOB, out)
     assert m["model"]["parameters"] == 18 and m["model"]["optimizer"] == "SGD"

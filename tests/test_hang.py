@@ -587,7 +587,7 @@ def test_signature_ignores_sizes_where_ranks_may_differ():
     assert e("gather", [[8]]).signature() != e("all_reduce", [[8]]).signature()
 
 
-@pytest.mark.skipif(not __import__("importlib").util.find_spec("torch"), reason="torch is not installed")
+@pytest.mark.skipif(not __import__("importlib").util.find_spec("torch"), reason="needs the [capture] extra (torch)")
 def test_watch_says_when_flight_recorder_was_set_late(tmp_path, monkeypatch):
     """A process group created before the watch, with TORCH_FR_BUFFER_SIZE unset: the dump says so."""
     import socket

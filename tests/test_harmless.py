@@ -414,7 +414,7 @@ def test_the_rate_line_of_a_slow_rank_reads_in_seconds_per_rank():
 
 
 # ------------------------------------------------------------------ odd environments
-@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="torch is not installed")
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="needs the [capture] extra (torch)")
 def test_the_background_summary_ignores_a_folder_named_fsdpdoctor_in_the_jobs_working_folder(tmp_path, monkeypatch):
     import torch
 

@@ -241,7 +241,7 @@ print(sum(p.numel() for p in model.parameters()))
 
 @pytest.mark.torch
 def test_measured_peak_real_torch_profiler(tmp_path):
-    pytest.importorskip("torch", reason="torch is not installed: cannot capture a real profiler trace")
+    pytest.importorskip("torch", reason="needs the [capture] extra (torch): a real profiler trace is captured")
     script = tmp_path / "capture.py"
     script.write_text(CAPTURE)
     run = subprocess.run([sys.executable, str(script), str(tmp_path / "rank0.json")], capture_output=True,

@@ -274,7 +274,7 @@ def test_cli_errors(capsys, tmp_path):
 @pytest.mark.slow
 @pytest.mark.xdist_group("ddp_reference_run")
 def test_reference_runs_end_to_end(tmp_path, ddp_reference_run):
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs the [capture] extra (torch)")
     cli = [sys.executable, "-m", "fsdpdoctor"]
     # the 2-process run is the session's ddp_default job (tests/test_reference_jobs.py reads it too)
     rc, run2 = ddp_reference_run

@@ -49,26 +49,19 @@ def test_the_analysis_never_imports_numpy_ma():
     assert out.stdout.strip() == "False"
 
 
-def test_installed_packages_are_libraries_and_editable_projects_are_not(tmp_path, monkeypatch):
+def test_what_is_installed_here_does_not_decide_what_is_user_code(tmp_path, monkeypatch):
+    """The verdict is the frame's path and the list of known libraries: a package installed where the
+    analysis runs (or not) changes nothing (issue 46: without torchmetrics installed, host-sync blamed
+    torchmetrics/aggregation.py as the user's line)."""
+    frames = ["somelib/core.py(3): run", "torchmetrics/aggregation.py(77): update", "myproj/model.py(12): forward",
+              "lightning_utilities/core/apply_func.py(40): apply", "train.py(96): step",
+              "/usr/lib/python3.11/site-packages/somelib/core.py(3): run", "threading.py(320): wait"]
+    seen = [context.is_user_frame(f) for f in frames]
     site = tmp_path / "site-packages"
     (site / "somelib").mkdir(parents=True)
-    (site / "somelib-1.0.dist-info").mkdir()
-    (site / "fastext.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
-    (site / "single_module.py").write_text("")
-    (site / "__editable___myproj_0_1_finder.py").write_text("")   # an editable install: only a finder
-    (site / "__editable__.myproj-0.1.pth").write_text("")
-    (site / "README").write_text("")
+    (site / "myproj").mkdir()
     monkeypatch.setattr(sys, "path", [str(site)])
-    context._installed_libraries.cache_clear()
-    try:
-        libs = context._installed_libraries()
-        assert {"somelib", "fastext", "single_module"} <= libs
-        assert not {"myproj", "README", "__editable___myproj_0_1_finder"} & libs
-        assert not context.is_user_frame("somelib/core.py(3): run")
-        assert not context.is_user_frame("fastext/x.py(3): run")
-        assert context.is_user_frame("myproj/model.py(12): forward")
-    finally:
-        context._installed_libraries.cache_clear()
+    assert [context.is_user_frame(f) for f in frames] == seen == [True, False, True, False, True, False, False]
 
 
 def _enclosing_by_test(ctx, rows, track, t):

@@ -3,10 +3,9 @@ enclosing annotations and the user's source line from Python stacks."""
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 import numpy as np
 
@@ -29,46 +28,21 @@ _NOT_USER = ("torch/", "site-packages/", "dist-packages/", "fsdpdoctor/capture",
 _STDLIB = set(getattr(sys, "stdlib_module_names", ()))
 # Kineto names frames relative to their sys.path entry ("transformers/models/...py"), dropping the
 # site-packages prefix, so libraries are told apart by their top-level package: the common ones of
-# training jobs, plus whatever is installed (not editable) where the analysis runs
+# training jobs. Only the frame's own path and this list decide, never what is installed where the
+# analysis runs: the same trace gives the same verdict on every machine.
 _LIBRARIES = frozenset("""
-torch torchvision torchaudio torchtext torchdata torchao torchtune torchtitan functorch triton
+torch torchvision torchaudio torchtext torchdata torchao torchtune torchtitan functorch triton torchrec
+torchmetrics torch_geometric torch_xla torch_tensorrt fbgemm_gpu dgl torchdistx torchsnapshot
 transformers accelerate datasets tokenizers safetensors huggingface_hub peft trl diffusers evaluate
-timm lightning pytorch_lightning lightning_fabric deepspeed megatron apex transformer_engine flash_attn
-xformers fairscale composer colossalai bitsandbytes vllm thunder webdataset
-numpy scipy pandas pyarrow sklearn einops tqdm wandb tensorboard mlflow hydra omegaconf sentencepiece
-PIL cv2 fsspec absl jax yaml rich click packaging typing_extensions fsdpdoctor
+timm lightning pytorch_lightning lightning_fabric lightning_utilities deepspeed megatron apex
+transformer_engine flash_attn xformers fairscale composer colossalai bitsandbytes vllm thunder webdataset
+habana_frameworks intel_extension_for_pytorch optimum sentence_transformers open_clip mmcv mmengine
+numpy scipy pandas pyarrow sklearn einops tqdm wandb tensorboard tensorboardX mlflow hydra omegaconf
+sentencepiece tiktoken PIL cv2 fsspec absl jax yaml rich click packaging typing_extensions fsdpdoctor
+google grpc protobuf requests urllib3 filelock psutil jinja2 sympy networkx h5py zarr ray dask distributed
+optuna onnx onnxruntime pydantic attr attrs dill cloudpickle msgspec setuptools pkg_resources
+_pytest pytest hypothesis botocore boto3 s3transfer aiohttp regex _distutils_hack
 """.split())
-
-
-@lru_cache(maxsize=1)
-def _installed_libraries() -> frozenset[str]:
-    """Top-level packages and modules installed in this interpreter's site-packages.
-
-    A listing of those folders, not ``importlib.metadata`` (which parses every distribution's METADATA
-    and RECORD: 0.3 s with a few hundred packages, paid by every worker process). Editable installs (the
-    user's own code) leave only ``.pth`` files, finders and ``.egg-link``s there, so they are not listed."""
-    names = set()
-    for entry in sys.path:
-        if os.path.basename(entry) not in ("site-packages", "dist-packages"):
-            continue
-        try:
-            listing = os.scandir(entry)
-        except OSError:
-            continue
-        with listing:
-            for e in listing:
-                name = e.name
-                if name.startswith(("__", ".")) or name.endswith((".dist-info", ".egg-info", ".pth", ".egg-link")):
-                    continue
-                try:
-                    is_dir = e.is_dir()
-                except OSError:
-                    continue
-                if is_dir and "." not in name:
-                    names.add(name)
-                elif name.endswith((".py", ".so", ".pyd")):
-                    names.add(name.split(".", 1)[0])
-    return frozenset(names)
 
 
 def is_user_frame(name: str) -> bool:
@@ -81,7 +55,7 @@ def is_user_frame(name: str) -> bool:
         return False
     stem = f.rsplit("/", 1)[-1].removesuffix(".py")
     top = f.split("/", 1)[0].removesuffix(".py")
-    if "/" in f and (top in _LIBRARIES or top in _installed_libraries()):
+    if "/" in f and top in _LIBRARIES:
         return False
     return stem not in _STDLIB and top not in _STDLIB
 

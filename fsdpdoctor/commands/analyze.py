@@ -35,15 +35,13 @@ def run(args) -> int:
         raise InputError(None, "--ranks and --ranks-detail shape the --json document: add --json")
     analysis = run_analysis(args)
     if args.json:
-        from fsdpdoctor.pipeline import gc_paused
         from fsdpdoctor.report.json_report import document
 
-        with gc_paused():   # the document is a tree of millions of new objects at thousands of ranks
-            try:
-                doc = document(analysis, include_events=args.events, all_ranks=args.ranks == "all",
-                               detail_file=args.ranks_detail)
-            except OSError as exc:
-                raise InputError(args.ranks_detail, f"cannot write the detail file ({exc.strerror})") from None
+        try:
+            doc = document(analysis, include_events=args.events, all_ranks=args.ranks == "all",
+                           detail_file=args.ranks_detail)
+        except OSError as exc:
+            raise InputError(args.ranks_detail, f"cannot write the detail file ({exc.strerror})") from None
         if hasattr(sys.stdout, "buffer"):   # the bytes as encoded (no decode of a document of many MB)
             sys.stdout.flush()
             sys.stdout.buffer.write(doc + b"\n")
