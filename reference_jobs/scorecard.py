@@ -38,14 +38,22 @@ NOT_GATING_ON_CPU = {"fsdp-forward-prefetch-off", "fsdp1-no-backward-prefetch", 
                      "fsdp2-backward-prefetch-ineffective", "ddp-single-bucket", "host-sync", "activation-recompute"}
 
 
-def gate_rows(folder: Path, exp: dict, findings) -> str:
+def fix_terms(a) -> str:
+    """In which framework's terms the run's fixes are given: the job's framework (and what said so), and how
+    many of its findings carry their fix as settings in those terms (docs/frameworks.md)."""
+    n = sum(1 for f in a.findings if f.settings)
+    how = a.job.framework_source.split(" (")[0].split(":")[0]
+    return f"{a.job.framework} ({how}; {n} fix{'es' if n != 1 else ''} as settings)"
+
+
+def gate_rows(folder: Path, exp: dict, findings, terms: str = "-") -> str:
     """One row: does `fsdpdoctor check` (default: fail on warning) pass or fail this scenario as it should?"""
     fails = sorted({f.id for f in findings if f.severity in ("warning", "error")})
     gpu = folder.parent.name == "cuda"
     gating = set(exp["must"]) - (set() if gpu else NOT_GATING_ON_CPU) if exp.get("gates", True) else set()
     want, got = ("fail" if gating else "pass"), ("fail" if fails else "pass")
     return (f"| `{folder.name}`{' (CUDA)' if gpu else ''} | {', '.join(sorted(exp['must'])) or '-'} | "
-            f"{want} | {got} ({', '.join(fails) or 'no warning'}) | {'yes' if want == got else '**no**'} |")
+            f"{want} | {got} ({', '.join(fails) or 'no warning'}) | {'yes' if want == got else '**no**'} | {terms} |")
 
 
 def scorecard(traces: Path) -> tuple[dict, list[str]]:
@@ -53,10 +61,11 @@ def scorecard(traces: Path) -> tuple[dict, list[str]]:
     failures = []
     scorecard.gate = []
     for folder, exp in scenario_folders(traces).items():
-        findings = open_analysis(folder).findings
+        a = open_analysis(folder)
+        findings = a.findings
         fired = {f.id for f in findings}
         if not folder.name.startswith("hang_"):
-            scorecard.gate.append(gate_rows(folder, exp, findings))
+            scorecard.gate.append(gate_rows(folder, exp, findings, fix_terms(a)))
         must, must_not = set(exp["must"]), set(exp["must_not"])
         for r in RULE_IDS:
             s = stats[r]
@@ -153,8 +162,8 @@ def _print(args) -> int:
         rec = s["tp"] / (s["tp"] + s["fn"]) if s["tp"] + s["fn"] else None
         print(f"| `{r}` | {s['tp'] + s['fn']} | {s['tp']} | {s['fn']} | {s['fp']} | {s['tn']} | "
               f"{'-' if p is None else f'{p:.2f}'} | {'-' if rec is None else f'{rec:.2f}'} | {s['unlisted']} |")
-    print("\n| scenario | must fire | `check` should | `check` did | right |")
-    print("|---|---|---|---|---|")
+    print("\n| scenario | must fire | `check` should | `check` did | right | fixes in the terms of |")
+    print("|---|---|---|---|---|---|")
     print("\n".join(scorecard.gate))
     hang_rows, hang_failures = hang_scorecard(Path(args.traces))
     if hang_rows:

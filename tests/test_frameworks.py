@@ -158,6 +158,7 @@ def test_lightning_callback(tmp_path):
     assert m["wrapping"]["kind"] == "ddp"
     assert m["model"]["optimizer"] == "SGD" and m["model"]["parameters"] == 18
     assert m["samples_per_step"] == 8           # batch 4 x 1 rank x 2 accumulated micro-batches
+    assert m["framework"]["name"] == "lightning" and m["host"]["cores"] == len(os.sched_getaffinity(0))
     assert m["profiled_steps"] == [1, 2]
     a = open_analysis(out)
     assert [s.step for s in a.ranks[0].steps] == [1, 2]
@@ -173,7 +174,9 @@ def test_hf_trainer_callback(tmp_path):
     assert m["model"]["parameters"] == 18 and m["model"]["optimizer"] == "SGD"
     assert m["samples_per_step"] == 8           # per-device batch 4 x 1 process x 2 accumulation steps
     assert m["profiled_steps"] == [1, 2]
+    assert m["framework"]["name"] == "hf-trainer" and m["warnings"] == []
     a = open_analysis(out)
+    assert (a.job.framework, a.job.framework_source) == ("hf-trainer", "manifest")
     assert [s.step for s in a.ranks[0].steps] == [1, 2]
 
 

@@ -123,7 +123,9 @@ def test_the_fix_back_to_default_buckets_drops_the_argument(traces_dir):
     """ddp_one_bucket (bucket_cap_mb=1000, 3.7 MB of gradients): bucket_cap_mb=25 passed would keep them in
     one bucket on torch 2.13; the default's buckets need the argument left out."""
     _, f = finding(traces_dir / "ddp_one_bucket", "ddp-single-bucket")
-    assert f.fix.startswith("DDP(model)  # bucket_cap_mb unset, now 1000") and "bucket_cap_mb=25" not in f.fix
+    # torch 2.13's DDP takes bucket_cap_mb=None as its default (the 1 MB first bucket, then 25 MB)
+    assert f.fix.startswith("DDP(model, bucket_cap_mb=None)  # now 1000") and "bucket_cap_mb=25" not in f.fix
+    assert [(s.name, s.value, s.now) for s in f.settings] == [("ddp.bucket_cap_mb", None, 1000)]
 
 
 def test_find_unused_needs_the_per_parameter_record(traces_dir, tmp_path):

@@ -29,6 +29,7 @@ from fsdpdoctor.analysis import stragglers
 from fsdpdoctor.analysis.breakdown import CommShares, StepWindow, breakdown_step, mean_breakdown
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects import detect
+from fsdpdoctor.analysis.loop_framework import framework_frames, job_framework
 from fsdpdoctor.analysis.rankresult import CpuShare, RankResult, TraceStamp, Window
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import (
@@ -154,6 +155,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
             res.skipped = True
             res.available_steps = sorted({w.step for w in every if w.step is not None})
             return res
+    res.frameworks = framework_frames(trace)
     records = coll_mod.extract_records(ctx)
     notes.extend(ctx.notes)
     records = _in_steps(ctx, records, windows)
@@ -378,6 +380,8 @@ def _job_info(results: list[RankResult], kept: list[RankResult], manifest: dict 
     backend = m.get("backend") or next((r.backend for r in results if r.backend), None)
     steps = sorted({s.step for r in kept for s in r.summary.steps if s.step is not None})
     first = results[0] if results else None
+    framework, framework_source = job_framework(m, {f for r in results for f in r.frameworks},
+                                                any(r.has_stacks for r in results))
     family = first.family if first else "cpu"
     traits = first.traits if first else DialectTraits()
     return JobInfo(
@@ -387,4 +391,5 @@ def _job_info(results: list[RankResult], kept: list[RankResult], manifest: dict 
         devices=sorted({r.device for r in results if r.device}),
         has_stacks=any(r.has_stacks for r in results), manifest=manifest or None,
         samples_per_step=m.get("samples_per_step"), tokens_per_step=m.get("tokens_per_step"),
-        traits=traits, input_kind=first.summary.input_kind if first else None)
+        traits=traits, input_kind=first.summary.input_kind if first else None,
+        framework=framework, framework_source=framework_source)

@@ -26,7 +26,7 @@ from fsdpdoctor.trace.identity import RankIdentity
 from fsdpdoctor.trace.io import read_raw, shown, write_atomic
 
 # Bump whenever what analyze_rank computes changes: older summaries are then rebuilt from the traces.
-ANALYSIS_VERSION = "13"
+ANALYSIS_VERSION = "14"
 SUMMARY_SUFFIX = ".summary.msgpack"
 
 
@@ -178,6 +178,7 @@ class RankResult(msgspec.Struct):
     cpu_share: CpuShare | None = None   # the capture's schedstat reading (stragglers: shared cores)
     quality: RankDataQuality | None = None   # what the loader dropped from this rank's file(s)
     identity: RankIdentity | None = None     # what the one-job checks compare across ranks
+    frameworks: list[str] = msgspec.field(default_factory=list)  # framework loops on the stack (loop_framework)
     analysis_version: str = ANALYSIS_VERSION
 
 

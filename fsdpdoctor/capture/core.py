@@ -87,6 +87,8 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
         self.samples_per_step = samples_per_step
         self.tokens_per_step = tokens_per_step
         self.scenario = scenario
+        self.framework: dict | None = None   # the framework callbacks record theirs (capture/host.py)
+        self.warnings: list[str] = []        # what the manifest must say the capture could not do
         # hang watchdog (fsdpdoctor.capture.watch), every rank, off unless hang_timeout_s is given
         self._watch = _Watch(self.out_dir, hang_timeout_s) if hang_timeout_s else None
         self._grads = GradPresence.of(model)  # per-parameter gradients in profiled steps (DDP models)

@@ -24,6 +24,7 @@ except ImportError:  # the standalone package
         raise ImportError("fsdpdoctor.capture.lightning needs PyTorch Lightning: pip install lightning") from exc
 
 from fsdpdoctor.capture.core import capture
+from fsdpdoctor.capture.host import framework_record
 
 __all__ = ["FsdpdoctorCallback"]
 
@@ -56,6 +57,7 @@ class FsdpdoctorCallback(Callback):
         # the strategy's model is the wrapped one (DDP/FSDP around the LightningModule)
         model = getattr(trainer.strategy, "model", None) or pl_module
         self.cap = capture(self.out_dir, model=model, optimizer=optimizers[0] if optimizers else None, **kw)
+        self.cap.framework = framework_record("lightning", "lightning", "pytorch-lightning")
         self.cap.start()
         self._last_step = trainer.global_step
 

@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+from fsdpdoctor.capture.host import host_facts, loop_framework
 from fsdpdoctor.capture.manifest import describe_model, describe_wrapping
 from fsdpdoctor.capture.safety import _warn
 
@@ -68,6 +69,17 @@ def _device_of(model) -> str:
         except Exception:
             return f"cuda:{idx}"
     return str(dev)
+
+
+def _unwrapped_warning(wrapping: dict, world_size: int, has_pg: bool) -> list[str]:
+    """A model given without its DDP/FSDP wrapper in a job of several ranks makes the manifest say "wrapping:
+    none" and hides every wrapper finding: said on stderr and in the manifest, never silently recorded."""
+    if not has_pg or world_size < 2 or wrapping.get("kind") != "none":
+        return []
+    text = (f"the model given to capture() is not wrapped in DDP or FSDP though {world_size} ranks run: if the job "
+            "wraps it, pass the wrapper (capture(model=ddp_model)); the manifest's wrapping says none")
+    _warn(text)
+    return [text]
 
 
 class ManifestWriter:
@@ -179,6 +191,11 @@ class ManifestWriter:
             "wrapping": wrapping,
             "grad_presence": self._grads.describe(self.rank) if getattr(self, "_grads", None) is not None else None,
             "scenario": self.scenario,
+            "host": host_facts(self._hosts, self.rank),
+            # set by the framework callbacks (capture/hf.py, capture/lightning.py); null: a loop of the user's own
+            "framework": self.framework or loop_framework(),
+            "warnings": list(self.warnings) + _unwrapped_warning(
+                wrapping, self.world_size, self._has_pg and self.model is not None),
         }
 
     def _write_manifest_if_mine(self) -> None:

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from fsdpdoctor.diagnose.fix_outcomes import fix_outcomes
+from fsdpdoctor.diagnose.settings import explained_by_fix
 from fsdpdoctor.diagnose.stats import estimate, half_width_after, log_ratio_interval, steps_until
 from fsdpdoctor.diagnose.thresholds import resolve
 from fsdpdoctor.results import SEVERITY_RANK as _SEVERITY_RANK
@@ -108,7 +109,21 @@ def compare(base: Analysis, new: Analysis, thresholds: dict[str, float] | None =
     machine = None if c.verdict in ("regression", "improvement", "no-detectable-change") else \
         "the machine may have moved the step too: the comparison could not show the change is the job's"
     c.fixes = fix_outcomes(base, c.findings, step, th["fix_saving_tolerance"], machine)
+    _side_effects(base, new, c.findings)
     return c
+
+
+def _side_effects(base: Analysis, new: Analysis, changes: list[FindingChange]) -> None:
+    """Name the base's fix beside a finding new or worse in the new run that its side effect can bring."""
+    fixed_ids = {f.id for f in changes if f.status in ("gone", "better")}
+    fixed = [f for f in base.findings if f.id in fixed_ids and f.settings]
+    if not fixed:
+        return
+    loaders = new.signals.dataloader if new.signals else []
+    workers = None if not loaders else any(not d.iterator.startswith("_SingleProcess") for d in loaders)
+    for ch in changes:
+        if ch.status in ("new", "worse"):
+            ch.explained_by = explained_by_fix(ch.id, fixed, workers)
 
 
 def _ratio_apart(cc: ComponentChange, step_ratio: tuple[float, float] | None, base_step: float) -> bool:

@@ -6,7 +6,8 @@ import math
 
 from fsdpdoctor.diagnose.framework import RuleContext, rank_steps, rule, sync_confidence, wrap_site
 from fsdpdoctor.diagnose.noise import per_step, per_step_calls
-from fsdpdoctor.results import Evidence, Finding
+from fsdpdoctor.diagnose.settings import spell
+from fsdpdoctor.results import Evidence, Finding, Setting
 from fsdpdoctor.units import ms, pct, size
 
 
@@ -33,6 +34,11 @@ SHARED_CORE_COST = 0.5
 def overlap_cost(ctx: RuleContext) -> float:
     """The share of a collective's overlapped time that the step still pays (see SHARED_CORE_COST)."""
     return SHARED_CORE_COST if ctx.traits.shared_host_cores else 0.0
+
+
+SMALLER_BUCKETS = ("more buckets, each all-reduce paying its fixed latency; the first can start while backward "
+                   "still runs")
+LARGER_BUCKETS = "fewer, larger buckets: each starts later in backward, so less of it overlaps"
 
 
 def default_buckets_fix(cap) -> str:
@@ -153,10 +159,11 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
         shared = ctx.traits.shared_host_cores
         floor = "warning" if raised and not shared else "info"
         new_cap = None
+        settings = [Setting("ddp.bucket_cap_mb", None, now=cap, side_effect=SMALLER_BUCKETS)]
         if raised or not grad_bytes:
             # a cap raised above the default is the cause: the known-wrong setting gets a warning floor
-            fix = (default_buckets_fix(cap) if raised else
-                   f"{DEFAULT_BUCKETS_FIX} (the default); do not raise it above the model's gradient size")
+            fix = ("None is DDP's default (25 MB, the first bucket 1 MB)" if raised else
+                   "None is DDP's default; do not raise it above the model's gradient size")
         elif grad_bytes < ctx.th["small_message_bytes"]:
             fix = None  # every gradient fits one latency-bound message: more buckets add latency, not overlap
         else:
@@ -164,8 +171,10 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             # aim at about four buckets, the first of which can start while backward still runs
             target = float(f"{max(grad_bytes / TARGET_BUCKETS / MIB, 0.1):.2g}")
             new_cap = target
-            fix = (f"DDP(model, bucket_cap_mb={target:g})  # now {cap if cap is not None else 'the default'}: all "
-                   f"{size(grad_bytes)} of gradients fit one bucket, so the all-reduce waits for the whole backward")
+            settings = [Setting("ddp.bucket_cap_mb", target, now=cap if cap is not None else "the default",
+                                side_effect=SMALLER_BUCKETS)]
+            fix = (f"All {size(grad_bytes)} of gradients fit one bucket, so the all-reduce waits for the whole "
+                   "backward")
         if fix is not None:
             sizes = bucket_sizes(grad_bytes, None if new_cap is None else new_cap * MIB)
             saving, samples, note = bucket_model(ctx, grad_ar, sizes)
@@ -177,7 +186,7 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
                 f"but the last ({size(sizes[-1])} of {size(grad_bytes)}) could run beside backward: "
                 + (f"about {ms(saving)} per step." if not shared else
                  "that needs a core or stream of its own: on this CPU/gloo run the ranks share the host's cores, so "
-                 "the fix is not expected to save time here (docs/impact.md)."), fix,
+                 "the fix is not expected to save time here (docs/impact.md)."), fix, settings=settings,
                 confidence=sync_confidence(ctx, 0.9), evidence=ev,
                 floor=floor, source=wrap_site(ctx), samples=samples))
     mean_nelems = (sum(c.nelems or 0 for c in grad_ar) / len(grad_ar)) if grad_ar else 0
@@ -190,7 +199,8 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             "ddp-tiny-buckets", f"DDP uses {per_backward:.0f} tiny buckets per backward", exposed_ar,
             f"Gradients are all-reduced in {per_backward:.0f} buckets of {size(mean_bytes)} on average; each "
             f"all-reduce pays a fixed latency, {ms(busy)} of all-reduce per step in total.",
-            default_buckets_fix(cap),
+            "None is DDP's default (25 MB, the first bucket 1 MB)",
+            settings=[Setting("ddp.bucket_cap_mb", None, now=cap, side_effect=LARGER_BUCKETS)],
             confidence=0.85, floor="warning", source=wrap_site(ctx),
             samples=per_step_calls(ctx.a, grad_ar, lambda c: c.exposed_us),
             evidence=[Evidence(f"{per_backward:.0f} all-reduces per backward, mean {size(mean_bytes)} "
@@ -206,7 +216,7 @@ def ddp_rules(ctx: RuleContext) -> list[Finding]:
             "grad-accum-without-no-sync", "Gradients are all-reduced on every accumulation micro-step", cost,
             f"{d.forwards_per_step:.0f} forward/backward passes per optimizer step and "
             f"{d.backwards_with_allreduce_per_step:.0f} of them all-reduce gradients; only the last needs to.",
-            "with model.no_sync(): loss.backward()  # for all but the last micro-step",
+            "", settings=[Setting("grad_accum.no_sync", round(d.forwards_per_step))],
             confidence=0.9, floor="warning", samples=samples,
             evidence=[Evidence(f"{d.backwards_with_allreduce_per_step:.0f} backward passes with all-reduce per step"),
                       Evidence(f"{d.allreduces_per_step:.0f} all-reduces per step"),
@@ -244,7 +254,7 @@ def _find_unused(ctx: RuleContext, d, ar: list, nrs: int) -> list[Finding]:
           Evidence(f"{len(bitmap) / nrs:.0f} extra small all-reduce per step (used-parameter bitmap), "
                    f"{ms(sum(bits) / len(bits) if bits else 0.0, 2)} past the collectives queued before it")]
     gp = (ctx.a.job.manifest or {}).get("grad_presence") or {}
-    now = "  # now find_unused_parameters=True" if ctx.wrap.get("find_unused_parameters") else ""
+    now = True if ctx.wrap.get("find_unused_parameters") else None
     if gp.get("steps") and gp.get("without_grad") == 0:
         ev.append(Evidence(f"manifest: all {gp.get('parameters')} parameters received a gradient in each of the "
                            f"{gp['steps']} profiled steps (rank {gp.get('rank')})"))
@@ -252,9 +262,10 @@ def _find_unused(ctx: RuleContext, d, ar: list, nrs: int) -> list[Finding]:
             "ddp-find-unused-unneeded", "find_unused_parameters=True but every parameter gets a gradient", cost,
             "DDP traverses the autograd graph after each forward and all-reduces a used-parameter bitmap, yet "
             "every parameter received a gradient in every profiled step.",
-            "DDP(model, find_unused_parameters=False)  (or static_graph=True if the set of used parameters "
-            "never changes)" + now, confidence=0.85, floor="warning", source=wrap_site(ctx), evidence=ev,
-            samples=samples)]
+            "Or, if the set of used parameters never changes: "
+            + spell(Setting("ddp.static_graph", True), ctx.a.job.framework).code,
+            settings=[Setting("ddp.find_unused_parameters", False, now=now)],
+            confidence=0.85, floor="warning", source=wrap_site(ctx), evidence=ev, samples=samples)]
     if gp.get("steps"):
         return []  # a parameter missed a gradient: the flag is needed, nothing to report
     ev.append(Evidence("no per-parameter record of gradients (the manifest's grad_presence, written by "
@@ -266,7 +277,8 @@ def _find_unused(ctx: RuleContext, d, ar: list, nrs: int) -> list[Finding]:
         "one: a parameter that never gets a gradient (an auxiliary head left out of the loss) needs the flag, "
         "and turning it off would crash DDP.",
         "Record with fsdpdoctor.capture(model=ddp_model, ...): its manifest says per parameter whether it "
-        "received a gradient. If every one does in every step: DDP(model, find_unused_parameters=False)" + now,
+        "received a gradient. If every one does in every step: {code}",
+        settings=[Setting("ddp.find_unused_parameters", False, now=now)],
         confidence=0.5, severity="info", source=wrap_site(ctx), evidence=ev, samples=samples)]
 
 

@@ -22,9 +22,10 @@ from dataclasses import field
 from typing import Callable, Iterable, Iterator, Literal, Mapping, get_args
 
 from fsdpdoctor.diagnose.noise import EXPLICIT, SAMPLES_KEY, gate_by_noise
+from fsdpdoctor.diagnose.settings import fix_text
 from fsdpdoctor.diagnose.thresholds import BY_NAME
 from fsdpdoctor.results.serial import result
-from fsdpdoctor.results import SEVERITY_RANK, Analysis, DialectTraits, Evidence, Finding
+from fsdpdoctor.results import SEVERITY_RANK, Analysis, DialectTraits, Evidence, Finding, Setting
 
 
 class UndeclaredThreshold(KeyError):
@@ -103,15 +104,21 @@ class RuleContext:
     def finding(self, id: str, title: str, impact_us: float, summary: str, fix: str, *, confidence: float,
                 evidence: list[Evidence], severity: str | None = None, ranks=None, source=None,
                 floor: str = "info", consequences: Iterable[str] = (),
-                samples: list[float] | None = None) -> Finding:
+                samples: list[float] | None = None, settings: Iterable[Setting] = ()) -> Finding:
         """``samples``: the per-step values the saving rests on (diagnose/noise.py: its interval and whether
-        it is beyond the run's noise); without them the step time's noise stands for it."""
+        it is beyond the run's noise); without them the step time's noise stands for it. ``settings``: the
+        generic settings the fix changes (diagnose/settings.py); the fix is then their code in the job's
+        framework's terms, followed by ``fix`` (the rule's own words) and their side effects."""
+        settings, framework = list(settings), None
+        if settings:
+            framework = self.a.job.framework
+            settings, fix = fix_text(settings, framework, fix)
         f = Finding(id=id, title=title,
                     severity=severity or self.severity(impact_us, floor=floor, confidence=confidence),
                     confidence=confidence, impact_us=impact_us, impact_frac=self.frac(impact_us),
                     summary=summary, fix=fix, evidence=evidence,
                     ranks=list(ranks or self.a.job.ranks_analyzed), source=source,
-                    consequences=list(consequences))
+                    consequences=list(consequences), settings=settings, framework=framework)
         self._cache.setdefault(SAMPLES_KEY, {})[builtins.id(f)] = (
             None if samples is None else list(samples), floor if severity is None else EXPLICIT)
         return f

@@ -8,7 +8,8 @@ from fsdpdoctor.diagnose.facts import (
 from fsdpdoctor.analysis.host import host_cores
 from fsdpdoctor.diagnose.framework import RuleContext, rule
 from fsdpdoctor.diagnose.noise import per_step
-from fsdpdoctor.results import Evidence, Finding
+from fsdpdoctor.diagnose.sizing import loader_workers, more_cores_words
+from fsdpdoctor.results import Evidence, Finding, Setting
 from fsdpdoctor.units import ms, pct
 
 
@@ -24,18 +25,16 @@ def input_bound(ctx: RuleContext) -> list[Finding]:
     high = f >= ctx.th["input_bound_high_frac"]
     worst = max(loaders, key=lambda d: d.exposed_frac)
     single = worst.iterator.startswith("_SingleProcess")
-    fix = ("DataLoader(..., num_workers=4, pin_memory=True, persistent_workers=True)  # now num_workers=0"
-           if single else "DataLoader(..., num_workers=<more>, prefetch_factor=4, pin_memory=True); "
-                          "and speed up the dataset (cache decoded samples" +
-                          (", decode/augment on the GPU)" if ctx.traits.device_timeline else ")"))
+    settings, fix, workers = loader_fix(ctx, single)
     ev = [Evidence(f"rank {d.rank}: DataLoader __next__ {pct(d.stall_frac)} of step, {ms(d.mean_call_us)} per call, "
                    f"{d.calls_per_step:.0f} call(s) per step", rank=d.rank) for d in loaders[:8]]
     if worst.slow_frame:
         ev.append(Evidence(f"slowest frame under __next__: {worst.slow_frame} ({ms(worst.slow_frame_us)} per step)",
                            source=worst.slow_frame))
-    impact, bound_ev = loader_saving(ctx, single, RULE_WORKERS, loader_spare(ctx))
+    spare = loader_spare(ctx)
+    impact, bound_ev = loader_saving(ctx, single, workers, spare)
     ev += bound_ev
-    samples = per_step(ctx.a, lambda st: _loader_share(ctx, st, single))
+    samples = per_step(ctx.a, lambda st: loader_hidden(ctx, st, single, workers, spare))
     # a rank late because its own loader stalls is this finding seen from the others: fixing the loader
     # removes their wait too, so the straggler is its consequence and the wait is its saving
     s = ctx.a.straggler
@@ -45,14 +44,16 @@ def input_bound(ctx: RuleContext) -> list[Finding]:
         samples = None  # the others' wait is the straggler's per-step evidence; the step noise stands for it
         ev.append(Evidence(f"rank {s.straggler} is late by its own loading: the others wait {ms(s.wait_us)} per "
                            "step for it", rank=s.straggler, time_us=s.wait_us))
+    saves = impact >= 0.05e3   # a saving under what the report shows (0.0 ms) is none: no fix is offered for it
+    title = (f"{'Highly' if high else 'Moderately'} input-bound: data loading is {pct(f)} of the step" if saves else
+             f"Data loading is {pct(f)} of the step, and more loader workers would not shorten it here")
     found = ctx.finding(
-        "input-bound", f"{'Highly' if high else 'Moderately'} input-bound: data loading is {pct(f)} of the step",
-        impact,
+        "input-bound", title, impact,
         # "the loop", not "the training loop": inference pipelines load through a DataLoader too
         f"The loop waits {ms(m.data_loading_us)} per step for the next batch "
         f"({'single-process loading in the main process' if single else 'the worker processes do not keep up'}).",
-        fix + (f"  # cost: {_worker_cost(ctx)}" if single else ""), confidence=0.9, evidence=ev,
-        source=worst.slow_frame, floor="warning" if impact > 0 else "info",
+        fix if saves else no_saving_fix(ctx), settings=settings if saves else (), confidence=0.9, evidence=ev,
+        source=worst.slow_frame, floor="warning" if saves else "info",
         consequences=["straggler"] if loader_straggler else (), samples=samples)
     if dominant_idle_cause(ctx) == "data_loading":
         found.consequences.append("gpu-idle")  # the GPU idles because it waits for the batch
@@ -97,8 +98,29 @@ def loader_hidden(ctx: RuleContext, st, single: bool, workers: int = RULE_WORKER
     return max(hidden - max(every - left, 0.0), 0.0)
 
 
-def _loader_share(ctx: RuleContext, st, single: bool) -> float:
-    return loader_hidden(ctx, st, single, RULE_WORKERS, loader_spare(ctx))
+def loader_fix(ctx: RuleContext, single: bool) -> tuple[list[Setting], str, int]:
+    """The loader settings (diagnose/settings.py writes them in the job's framework), sized to the host
+    (diagnose/sizing.py), the rule's own words beside them, and the workers per rank the saving is priced at
+    (0: none can help, so nothing is saved)."""
+    m = ctx.a.mean
+    waiting = m.loader_sleep_us >= 0.5 * m.data_loading_us if ctx.a.job.has_stacks else False
+    workers, sized = loader_workers(ctx.a, waiting)
+    pin = [Setting("loader.pin_memory", True)] if ctx.traits.device_timeline else []
+    if not single:
+        return pin + [Setting("loader.prefetch_factor", 4, sized=sized)], (
+            f"Up to {workers} workers per rank on this host; and speed up the dataset (cache decoded samples"
+            + (", decode/augment on the GPU)" if ctx.traits.device_timeline else ")")), RULE_WORKERS
+    if workers <= 0:
+        return [], f"No loader worker can help here ({sized}): {more_cores_words(ctx.a)}", 0
+    return [Setting("loader.num_workers", workers, now=0, sized=sized,
+                    side_effect=_worker_cost(ctx, workers)),
+            Setting("loader.persistent_workers", True)] + pin, "", workers
+
+
+def no_saving_fix(ctx: RuleContext) -> str:
+    """What would help where more workers save nothing on this host."""
+    return ("More loader workers would save nothing here: the loading is computing on cores the ranks already "
+            f"fill. {more_cores_words(ctx.a).capitalize()}")
 
 
 def loader_saving(ctx: RuleContext, single: bool, workers: int = RULE_WORKERS,
@@ -127,9 +149,10 @@ def loader_saving(ctx: RuleContext, single: bool, workers: int = RULE_WORKERS,
         + " deliver a batch less often than the step asks for one", time_us=saving)]
 
 
-def _worker_cost(ctx: RuleContext) -> str:
-    return ("4 worker processes per rank, each with its own copy of the dataset object, on the host's cores"
-            + (" (which the ranks already share)" if ctx.traits.shared_host_cores else ""))
+def _worker_cost(ctx: RuleContext, workers: int) -> str:
+    return (f"{workers} worker process{'es' if workers != 1 else ''} per rank, each with its own copy of the dataset "
+            "object (memory), on the host's cores" + (" (which the ranks already share: CPU contention with the "
+                                                      "ranks' own threads)" if ctx.traits.shared_host_cores else ""))
 
 
 @rule(ids=("straggler",), thresholds=("straggler_same_work_shared_ratio",))

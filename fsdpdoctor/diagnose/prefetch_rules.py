@@ -11,7 +11,7 @@ from fsdpdoctor.diagnose.framework import (
     RuleContext, first_source, rank_steps, rule, sync_confidence, wrap_site,
 )
 from fsdpdoctor.diagnose.noise import per_step, per_step_calls
-from fsdpdoctor.results import Evidence, Finding
+from fsdpdoctor.results import Evidence, Finding, Setting
 from fsdpdoctor.units import ms, pct, size
 
 # the share of a step's compute a prefetched all-gather can hide under: backward holds about two thirds of
@@ -58,6 +58,11 @@ def unit_cost(ctx: RuleContext) -> str:
     return "  # cost: one more unsharded unit in memory"
 
 
+def _backward_pre(ctx: RuleContext, now: str | None) -> Setting:
+    return Setting("fsdp.backward_prefetch", "BACKWARD_PRE", now=now,
+                   side_effect=unit_cost(ctx).removeprefix("  # cost: "))
+
+
 @rule(ids=("fsdp1-no-backward-prefetch", "fsdp1-backward-post"),
       parts={"fsdp1-no-backward-prefetch": "exposed_comm_us", "fsdp1-backward-post": "exposed_comm_us"})
 def fsdp1_backward_prefetch(ctx: RuleContext) -> list[Finding]:
@@ -81,8 +86,8 @@ def fsdp1_backward_prefetch(ctx: RuleContext) -> list[Finding]:
             "fsdp1-no-backward-prefetch", "FSDP backward prefetch is off", saving,
             f"Every backward all-gather is issued on demand when its unit's gradient is needed, so "
             f"{ctx.device_word} waits for each gather before the unit's backward." + note,
-            "FSDP(model, ..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)" + (now or
-            "  # from torch.distributed.fsdp import BackwardPrefetch") + unit_cost(ctx),
+            "" if now else "from torch.distributed.fsdp import BackwardPrefetch",
+            settings=[_backward_pre(ctx, configured if now else None)],
             # off is not FSDP's default (BACKWARD_PRE): a configuration that is wrong, a warning where it costs
             confidence=sync_confidence(ctx, 0.95), evidence=ev, source=src,
             floor="warning" if saving > 0 else "info", samples=samples)]
@@ -91,7 +96,7 @@ def fsdp1_backward_prefetch(ctx: RuleContext) -> list[Finding]:
         "BACKWARD_POST issues the next all-gather only after the current unit's gradient is computed, in the "
         "post-backward hook, right before its reduce-scatter; BACKWARD_PRE issues it before the gradient "
         "computation and overlaps more, at the cost of one more unsharded unit in memory." + note,
-        "FSDP(model, ..., backward_prefetch=BackwardPrefetch.BACKWARD_PRE)" + now + unit_cost(ctx),
+        "", settings=[_backward_pre(ctx, configured if now else None)],
         # away from FSDP's default (BACKWARD_PRE) toward less overlap: a warning where it costs; an error only
         # from its measured cost (it is also a memory trade-off, so never more without one)
         confidence=sync_confidence(ctx, 0.9), evidence=ev, source=src,
@@ -120,14 +125,17 @@ def forward_prefetch(ctx: RuleContext) -> list[Finding]:
     if p.framework == "fsdp1" and ctx.wrap.get("forward_prefetch") is True:
         return []  # already set: the trace disagrees with the manifest; prefetch status says so
     saving, samples, note = hideable(ctx, fwd, "forward", deduct_us=waited)
-    fix = ("FSDP(model, ..., forward_prefetch=True)" + ("  # now False" if ctx.wrap.get("forward_prefetch") is False
-                                                       else "") if p.framework == "fsdp1" else
-           "for i, block in enumerate(blocks[:-1]): block.set_modules_to_forward_prefetch([blocks[i + 1]])")
+    fsdp1 = p.framework == "fsdp1"
+    fix = ("" if fsdp1 else
+           "for i, block in enumerate(blocks[:-1]): block.set_modules_to_forward_prefetch([blocks[i + 1]])"
+           + unit_cost(ctx))
+    settings = [Setting("fsdp.forward_prefetch", True, now=ctx.wrap.get("forward_prefetch"),
+                        side_effect=unit_cost(ctx).removeprefix("  # cost: "))] if fsdp1 else []
     return [ctx.finding(
         "fsdp-forward-prefetch-off", "Forward all-gathers are exposed and not prefetched", saving,
         f"{len(fwd) // nsteps} forward all-gathers per step are issued on demand and expose {ms(exposed)} "
         f"({pct(ctx.frac(exposed))} of the step)." + note,
-        fix + unit_cost(ctx), confidence=sync_confidence(ctx, 0.8), samples=samples,
+        fix, settings=settings, confidence=sync_confidence(ctx, 0.8), samples=samples,
         evidence=[Evidence(f"{p.forward_prefetched} of {p.forward_all_gathers} forward all-gathers prefetched"),
                   Evidence(f"exposed forward all-gather time {ms(exposed)} per step", time_us=exposed)],
         # forward_prefetch=False is FSDP's default: never more than its measured saving says, and where

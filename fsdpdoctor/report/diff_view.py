@@ -97,6 +97,8 @@ def render(c: Comparison, console: Console | None = None) -> None:
                        "-" if f.new_impact_us is None else f"{f.new_impact_us / 1e3:.1f}",
                        Text(share_text(f.share) + _MARK[f.share is not None and f.share.significant]))
         con.print(ft)
+        for ln in side_effect_lines(c):
+            con.print(Text(ln, style="yellow"))
     if c.fixes:
         con.print(Text("Fixes: predicted saving against the measured change of the step", style="bold"))
         for fx in c.fixes:
@@ -116,8 +118,14 @@ def baseline_line(c: Comparison) -> str:
 
 
 def fix_lines(c: Comparison) -> list[str]:
-    """One plain line per finding gone or smaller: its predicted saving beside the step's measured change."""
-    return [f"fixed {fx.text}" for fx in c.fixes]
+    """One plain line per finding gone or smaller: its predicted saving beside the step's measured change;
+    then one per finding new or worse that a side effect of the base's fix can bring."""
+    return [f"fixed {fx.text}" for fx in c.fixes] + side_effect_lines(c)
+
+
+def side_effect_lines(c: Comparison) -> list[str]:
+    """A finding new or worse in the new run, with the base's fix whose side effect can bring it."""
+    return [f"{f.status} {f.id}: {f.explained_by}" for f in c.findings if f.explained_by]
 
 
 def document(c: Comparison) -> dict:

@@ -320,6 +320,11 @@ class JobInfo:
     tokens_per_step: int | float | None = None
     traits: DialectTraits = field(default_factory=DialectTraits)
     input_kind: InputKind | None = None   # rank 0's (the first analysed) kind; each rank's in ranks[]
+    # the training framework the loop runs in, whose terms the fixes are given in (diagnose/settings.py):
+    # "plain", "hf-trainer", "lightning", "accelerate"; and what said so ("manifest", "trace frames: ...",
+    # "assumed: ...")
+    framework: str = "plain"
+    framework_source: str = "assumed"
 
 
 @result
@@ -331,6 +336,21 @@ class Evidence:
     step: int | None = None
     time_us: float | None = None
     source: str | None = None
+
+
+@result
+class Setting:
+    """One setting a fix changes, in the job's framework's terms (diagnose/settings.py): a rule names the
+    generic setting and its value, the rendering says where that framework takes it and how it is written."""
+
+    name: str                           # generic: "ddp.find_unused_parameters", "loader.num_workers", ...
+    value: bool | int | float | str | None
+    where: str = ""                     # what takes it: "TrainingArguments", "DDPStrategy", "DataLoader", ...
+    spelled: str | None = None          # its name there; None where the framework has no spelling for it
+    code: str = ""                      # what to write
+    now: bool | int | float | str | None = None   # the job's value, where the manifest says it
+    side_effect: str | None = None      # what the change costs (CPU, memory, overlap...)
+    sized: str | None = None            # what the value was sized from (the host's cores), or why it is not
 
 
 @result
@@ -355,6 +375,9 @@ class Finding:
     # the saving's interval [lo, hi] per step (the impact_confidence t-interval over the steps it rests on);
     # None where the window is too short to give one
     impact_interval_us: list[float] | None = None
+    # the fix as data: the settings it changes, in the terms of ``framework`` (the job's: JobInfo.framework)
+    settings: list[Setting] = field(default_factory=list)
+    framework: str | None = None
 
 
 @result

@@ -85,6 +85,9 @@ class FindingChange:
     base_impact_interval_us: list[float] | None = None
     time: Estimate | None = None         # the component's time per step
     share: Estimate | None = None        # and its share of the step
+    # a new or worse finding that a side effect of the base's fix can bring (diagnose/settings.py
+    # SIDE_EFFECT_FINDINGS): which fix, which setting, what it costs, and whether the new run shows it applied
+    explained_by: str | None = None
 
     @property
     def regressed(self) -> bool:

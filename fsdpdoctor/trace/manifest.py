@@ -83,6 +83,12 @@ _TOP: dict[str, Callable[[Any], bool]] = {
     "tokens_per_step": _num(strict=True),
     "options": lambda v: isinstance(v, dict) and all(isinstance(x, bool) for x in v.values()),
     "created": _str,
+    # the training framework a callback recorded: {"name": "hf-trainer"|"lightning"|"accelerate"|"plain",
+    # "versions": {...}}
+    "framework": lambda v: isinstance(v, dict) and v.get("name") in ("plain", "hf-trainer", "lightning", "accelerate"),
+    # the host the manifest rank ran on (capture/host.py): cores it may run on, memory, ranks on it
+    "host": lambda v: isinstance(v, dict) and all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                            and x >= 0) for x in v.values()),
 }
 _MODEL: dict[str, Callable[[Any], bool]] = {
     "parameters": _int(), "trainable_parameters": _int(), "param_bytes": _int(),
