@@ -8,6 +8,7 @@ import json
 import pytest
 from bundled import TRACES
 from conftest import error_lines
+from shared_data import PUBLIC, needs_public
 from synthetic import analysis, collectives
 
 from fsdpdoctor.cli import main
@@ -116,6 +117,21 @@ def test_workers_beyond_the_free_cores_do_not_help():
     a.job.manifest["host"]["cpus"] = 6                                       # 2 spare cores per rank
     w = what_if_set(a, Setting("num_workers", "8"))
     assert -w.change_us == pytest.approx(30 * MS)         # max(30/8, 20/2) = 10 ms: they keep up
+
+
+@needs_public
+def test_workers_on_the_public_resnet_pair():
+    """The public ResNet-50 pair (one GPU, num_workers=0 and the same job with 4): the loader model's step
+    with 4 workers against the step the second recording measured, within 15 %."""
+    w = what_if_set(open_analysis(PUBLIC / "resnet50_loader_num_workers_0"), Setting("num_workers", "4"))
+    measured = open_analysis(PUBLIC / "resnet50_loader_num_workers_4").mean.duration_us
+    assert w.change_us < 0 and abs(w.predicted_step_us - measured) / measured < 0.15, (w.predicted_step_us, measured)
+
+
+def test_no_collective_no_world_size():
+    """A one-rank FSDP2 run holds no collective: what it would communicate at 64 ranks is not in it."""
+    w = predict_world_size(open_analysis(TRACES / "cuda" / "fsdp2_default"), 64)
+    assert w.change_us is None and "no collective" in w.withheld
 
 
 def test_settings_without_a_model(capsys):

@@ -82,8 +82,8 @@ def transfers(a: Analysis) -> list[KindTransfer]:
 def _withhold(a: Analysis, n: int, per_host: int, cores: int | None, source: str) -> str | None:
     """Why the compute per rank at ``n`` ranks cannot be told (ranks sharing cores), None where it can."""
     host = host_cores(a, cores)
-    if per_host <= host.ranks_per_host and not (host.cores and per_host > host.cores > host.ranks_per_host):
-        return None
+    if per_host <= host.ranks_per_host:
+        return None   # no more ranks on a host than measured: each shares its cores as it did
     if host.cores is None:
         if not a.job.traits.shared_host_cores:
             return None
@@ -114,6 +114,10 @@ def predict_world_size(a: Analysis, n: int, link_gbps: float | None = None, per_
     if out.withheld:
         return out
     kinds = transfers(a)
+    if not kinds and n != n0:
+        out.withheld = ("the run's steps hold no collective with a size (all-reduce, all-gather, reduce-scatter, "
+                        "all-to-all): what the job would communicate at another size cannot be read from it")
+        return out
     sized = [k for k in kinds if k.bytes_per_step > 0]
     if kinds and not sized:
         out.withheld = ("the trace records no message sizes for its collectives (record_shapes, or "
@@ -140,6 +144,9 @@ def predict_world_size(a: Analysis, n: int, link_gbps: float | None = None, per_
                f"bus bandwidth {k.gbps:.3g} GB/s read from the trace ({k.bytes_per_step / 1e6:.2f} MB x "
                f"{factor(k.kind, n0, k.tree):.2f} in {k.mean_us / 1e3:.1f} ms per step)")
             + f", {'tree' if k.tree else 'ring'}: {then_us / 1e3:.1f} ms per step at {n} ranks")
+    if sized and link_gbps is None and len(a.ranks) < n0:
+        out.assumptions.append(f"the transfer is read from {len(a.ranks)} of the run's {n0} ranks: a rank's time in "
+                               "a collective holds its wait for the others, so the bandwidth read is a lower bound")
     if not any(k.tree for k in sized) and sized:
         out.assumptions.append("ring algorithm (the trace names no tree algorithm)")
     rows = [WhatIfPart("compute", "compute", parts.compute_us, parts.compute_us)]
