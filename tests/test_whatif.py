@@ -54,6 +54,8 @@ def test_fix_is_the_findings_saving_and_interval(capsys, run, fid):
     ("grad_accum_sync_every", "no_sync=true", "grad-accum-without-no-sync"),
     ("fsdp1_no_backward_prefetch", "backward_prefetch=BACKWARD_PRE", "fsdp1-no-backward-prefetch"),
     ("fsdp1_backward_post", "backward_prefetch=BackwardPrefetch.BACKWARD_PRE", "fsdp1-backward-post"),
+    ("ddp_tiny_buckets", "bucket_cap_mb=25", "ddp-tiny-buckets"),   # its fix: buckets of the default size
+    ("ddp_find_unused", "find_unused_parameters=False", "ddp-find-unused-unneeded"),
 ])
 def test_set_calls_the_rules_model(run, setting, fid):
     """The setting the rule's fix names, asked through --set, gives the rule's saving: one model, two callers."""
@@ -140,7 +142,8 @@ def test_settings_without_a_model(capsys):
     assert w.change_us is None and w.withheld.startswith("no model for learning_rate")
     w = what_if_set(open_analysis(TRACES / "dataloader_fixed"), Setting("num_workers", "8"))
     assert w.change_us is None and "worker processes already" in w.withheld
-    w = what_if_set(open_analysis(TRACES / "ddp_tiny_buckets"), Setting("bucket_cap_mb", "25"))
+    tiny = open_analysis(TRACES / "ddp_tiny_buckets")
+    w = what_if_set(tiny, Setting("bucket_cap_mb", "0.5"))
     assert w.change_us is None and "per backward pass" in w.withheld
     assert main(["whatif", str(TRACES / "ddp_default"), "--set", "lr=1", "--no-progress"]) == 0
     assert "no model for lr" in capsys.readouterr().out

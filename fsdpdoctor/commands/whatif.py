@@ -10,7 +10,8 @@ from fsdpdoctor.errors import InputError
 
 def register(p) -> None:
     p.description = ("Predict the step after one change: a finding fixed (--fix ID), a setting changed "
-                     "(--set NAME=VALUE: num_workers, bucket_cap_mb, backward_prefetch, forward_prefetch, no_sync) "
+                     "(--set NAME=VALUE: num_workers, bucket_cap_mb, backward_prefetch, forward_prefetch, no_sync, "
+                     "find_unused_parameters) "
                      "or another world size (--world-size N, weak scaling): the step, its parts and the change "
                      "with its interval, from the model the finding's saving comes from.")
     add_selection_args(p)

@@ -22,23 +22,27 @@ from fsdpdoctor.results import Analysis
 from fsdpdoctor.results.whatif import WhatIf, WhatIfPart
 
 # where a finding's time lies in the step's parts (analysis/scaling.step_parts keys), drawn in this order; a
-# "comm:" entry without a kind draws on every exposed kind in proportion. What is left after them is shown
-# as "not placed" rather than taken from a part the model does not name.
+# "comm:" entry without a kind draws on every exposed kind in proportion; a collective's exposed time holds
+# the rank's wait in it (the parts carve it out as "wait"), so a comm finding draws on the wait after its
+# kind. What is left after them is shown as "not placed" rather than taken from a part the model does not name.
 WHERE: dict[str, tuple[str, ...]] = {
     "input-bound": ("data_loading",),
     "straggler": ("wait", "comm:", "idle"),
-    "grad-accum-without-no-sync": ("comm:all_reduce", "compute"),   # the overlapped share costs compute time
-    "ddp-single-bucket": ("comm:all_reduce",), "ddp-tiny-buckets": ("comm:all_reduce",),
-    "ddp-find-unused-unneeded": ("compute", "comm:all_reduce"), "metric-sync": ("comm:all_reduce",),
-    "fsdp1-no-backward-prefetch": ("comm:all_gather",), "fsdp1-backward-post": ("comm:all_gather",),
-    "fsdp-forward-prefetch-off": ("comm:all_gather",), "fsdp2-backward-prefetch-ineffective": ("comm:all_gather",),
-    "fsdp-single-unit": ("comm:",), "exposed-comm-high": ("comm:",), "low-overlap": ("comm:",),
-    "latency-bound-collectives": ("comm:",), "low-bus-bandwidth": ("comm:",),
+    # no_sync's overlapped share (shared cores) is compute time
+    "grad-accum-without-no-sync": ("comm:all_reduce", "wait", "compute"),
+    "ddp-single-bucket": ("comm:all_reduce", "wait"), "ddp-tiny-buckets": ("comm:all_reduce", "wait"),
+    "ddp-find-unused-unneeded": ("compute", "comm:all_reduce"), "metric-sync": ("comm:all_reduce", "wait"),
+    "fsdp1-no-backward-prefetch": ("comm:all_gather", "wait"), "fsdp1-backward-post": ("comm:all_gather", "wait"),
+    "fsdp-forward-prefetch-off": ("comm:all_gather", "wait"),
+    "fsdp2-backward-prefetch-ineffective": ("comm:all_gather", "wait"),
+    "fsdp-single-unit": ("comm:", "wait"), "exposed-comm-high": ("comm:", "wait"), "low-overlap": ("comm:", "wait"),
+    "latency-bound-collectives": ("comm:", "wait"), "low-bus-bandwidth": ("comm:", "wait"),
     "wrapper-world-size-1": ("compute",), "activation-recompute": ("compute",),
     "host-sync": ("idle",), "gpu-idle": ("idle",), "periodic-stall": ("idle", "compute"),
 }
 
-SETTINGS = ("num_workers", "bucket_cap_mb", "backward_prefetch", "forward_prefetch", "no_sync")
+SETTINGS = ("num_workers", "bucket_cap_mb", "backward_prefetch", "forward_prefetch", "no_sync",
+            "find_unused_parameters")
 
 
 @dataclass
@@ -147,6 +151,9 @@ def what_if_set(a: Analysis, setting: Setting, thresholds: dict | None = None,
     got = handler(ctx, setting, host_cores)
     if isinstance(got, str):
         return WhatIf(a.source, question, None, step, withheld=got)
+    if isinstance(got, WhatIf):   # the setting is exactly a finding's fix: that finding's saving
+        got.question = question
+        return got
     model, saving, samples, where, notes, finding = got
     interval, basis = _interval(ctx, saving, samples)
     out = _answer(a, question, model, saving, interval, where, basis, ctx.table["impact_confidence"])
@@ -199,6 +206,9 @@ def _bucket_cap(ctx: RuleContext, s: Setting, cores: int | None):
     if not grad_ar:
         return "no model for bucket_cap_mb on this run: no DDP gradient all-reduce in the trace"
     per_backward = len(grad_ar) / ddp_rules.rank_steps(ctx) / max(d.backwards_with_allreduce_per_step, 1.0)
+    tiny = [f for f in ctx.a.findings if f.id == "ddp-tiny-buckets" and not f.caused_by]
+    if per_backward > 1.01 and tiny and cap >= ddp_rules.DDP_DEFAULT_BUCKET_MB:
+        return what_if_fix(ctx.a, "ddp-tiny-buckets", dict(ctx.table))   # its fix: buckets of the default size
     if per_backward > 1.01:
         return (f"no model for bucket_cap_mb on this run: the bucket model covers gradients all-reduced in one "
                 f"bucket after backward, and this run has {per_backward:.0f} per backward pass")
@@ -207,7 +217,8 @@ def _bucket_cap(ctx: RuleContext, s: Setting, cores: int | None):
         return "no model for bucket_cap_mb on this run: the trace records no gradient sizes"
     sizes = ddp_rules.bucket_sizes(grad_bytes, cap * ddp_rules.MIB)
     saving, samples, note = ddp_rules.bucket_model(ctx, grad_ar, sizes)
-    return ("ddp-single-bucket (DDP bucket overlap: ddp_rules.bucket_model)", saving, samples, ("comm:all_reduce",),
+    return ("ddp-single-bucket (DDP bucket overlap: ddp_rules.bucket_model)", saving, samples,
+            ("comm:all_reduce", "wait"),
             [f"{len(sizes)} bucket{'s' if len(sizes) != 1 else ''} of the {grad_bytes / 1e6:.2f} MB of gradients at "
              f"bucket_cap_mb={cap:g} (a value passed caps the first bucket too)", note], "ddp-single-bucket")
 
@@ -230,7 +241,7 @@ def _backward_prefetch(ctx: RuleContext, s: Setting, cores: int | None):
     saving, samples, note = prefetch_rules.hideable(ctx, calls, "backward")
     rule = "fsdp2-backward-prefetch-ineffective" if p.framework == "fsdp2" else (
         "fsdp1-no-backward-prefetch" if p.backward_mode == "none" else "fsdp1-backward-post")
-    return (f"{rule} (prefetch: prefetch_rules.hideable)", saving, samples, ("comm:all_gather",),
+    return (f"{rule} (prefetch: prefetch_rules.hideable)", saving, samples, ("comm:all_gather", "wait"),
             [note.strip()] if note.strip() else [], rule)
 
 
@@ -249,7 +260,8 @@ def _forward_prefetch(ctx: RuleContext, s: Setting, cores: int | None):
     fwd = [c for c in ctx.a.collective_events if c.kind == "all_gather" and c.phase == "forward"]
     saving, samples, note = prefetch_rules.hideable(ctx, fwd, "forward",
                                                     deduct_us=straggler_wait_in(ctx, "all_gather", "forward"))
-    return ("fsdp-forward-prefetch-off (prefetch: prefetch_rules.hideable)", saving, samples, ("comm:all_gather",),
+    return ("fsdp-forward-prefetch-off (prefetch: prefetch_rules.hideable)", saving, samples,
+            ("comm:all_gather", "wait"),
             [note.strip()] if note.strip() else [], "fsdp-forward-prefetch-off")
 
 
@@ -262,11 +274,21 @@ def _no_sync(ctx: RuleContext, s: Setting, cores: int | None):
                 "not DDP with gradient accumulation)")
     saving, samples, share = ddp_rules.no_sync_model(ctx, ddp_rules.gradient_allreduces(ctx))
     return ("grad-accum-without-no-sync (ddp_rules.no_sync_model)", saving, samples,
-            ("comm:all_reduce", "compute"),
+            ("comm:all_reduce", "wait", "compute"),
             [f"the all-reduces of all but the last micro-step go: their exposed time"
              + (f" and {share:.0%} of their time under backward (shared cores)" if share else "")],
             "grad-accum-without-no-sync")
 
 
+def _find_unused(ctx: RuleContext, s: Setting, cores: int | None):
+    if s.value.lower() not in ("false", "0", "no"):
+        return f"no model for find_unused_parameters={s.value}: the model predicts what turning it off saves"
+    if not any(f.id == "ddp-find-unused-unneeded" for f in ctx.a.findings):
+        return ("no model for find_unused_parameters=False on this run: it makes no ddp-find-unused-unneeded "
+                "finding (the flag is off, or a parameter may miss its gradient, or the capture did not record "
+                "which parameters got one)")
+    return what_if_fix(ctx.a, "ddp-find-unused-unneeded", dict(ctx.table))
+
+
 _HANDLERS = {"num_workers": _num_workers, "bucket_cap_mb": _bucket_cap, "backward_prefetch": _backward_prefetch,
-             "forward_prefetch": _forward_prefetch, "no_sync": _no_sync}
+             "forward_prefetch": _forward_prefetch, "no_sync": _no_sync, "find_unused_parameters": _find_unused}
