@@ -96,39 +96,35 @@ def _withhold(a: Analysis, n: int, per_host: int, cores: int | None, source: str
     return None
 
 
-def predict_world_size(a: Analysis, n: int, link_gbps: float | None = None, per_host: int | None = None,
-                       cores: int | None = None, level: float = 0.9) -> WhatIf:
-    """The mean step at ``n`` ranks from this run (weak scaling), with its parts and what it assumes."""
-    n0 = a.job.world_size or len(a.ranks) or 1
-    host = host_cores(a, cores)
-    per_host = per_host or min(host.ranks_per_host, n)
-    parts = step_parts(a)
-    out = WhatIf(source=a.source, question=f"--world-size {n}", model="ring/tree collective costs (weak scaling)",
-                 step_us=parts.step_us)
-    out.withheld = _withhold(a, n, per_host, cores, host.source)
+def _starved(a: Analysis) -> str | None:
     late = starved(a)
-    if late and not out.withheld:
-        out.withheld = (f"rank {late[0]}'s training thread was on a CPU for {late[1]:.0%} of the time it could run "
-                        "(schedstat): the run waited for cores, so its compute and transfer times hold the host's "
-                        "load; re-profile on an idle host")
-    if out.withheld:
-        return out
-    kinds = transfers(a)
-    if not kinds and n != n0:
-        out.withheld = ("the run's steps hold no collective with a size (all-reduce, all-gather, reduce-scatter, "
-                        "all-to-all): what the job would communicate at another size cannot be read from it")
-        return out
+    return None if not late else (
+        f"rank {late[0]}'s training thread was on a CPU for {late[1]:.0%} of the time it could run (schedstat): "
+        "the run waited for cores, so its compute and transfer times hold the host's load; re-profile on an "
+        "idle host")
+
+
+def _no_transfer(kinds: list[KindTransfer], n: int, n0: int, link_gbps: float | None) -> str | None:
+    """Why the run's collectives give no cost at ``n`` ranks, None where they do."""
     sized = [k for k in kinds if k.bytes_per_step > 0]
+    if not kinds and n != n0:
+        return ("the run's steps hold no collective with a size (all-reduce, all-gather, reduce-scatter, "
+                "all-to-all): what the job would communicate at another size cannot be read from it")
     if kinds and not sized:
-        out.withheld = ("the trace records no message sizes for its collectives (record_shapes, or "
-                        "record_param_comms args): their bandwidth and cost at another size cannot be told")
-        return out
+        return ("the trace records no message sizes for its collectives (record_shapes, or record_param_comms "
+                "args): their bandwidth and cost at another size cannot be told")
     if sized and link_gbps is None and any(k.gbps is None for k in sized):
-        out.withheld = ("this run moved no bytes between ranks (one rank), so its bandwidth cannot be read from "
-                        "the trace: state the link's with --link-gbps" if n0 <= 1 else
-                        "the trace's collectives give no transfer time to read a bandwidth from: state the "
-                        "link's with --link-gbps")
-        return out
+        return ("this run moved no bytes between ranks (one rank), so its bandwidth cannot be read from the trace: "
+                "state the link's with --link-gbps" if n0 <= 1 else
+                "the trace's collectives give no transfer time to read a bandwidth from: state the link's with "
+                "--link-gbps")
+    return None
+
+
+def _comm_change(out: WhatIf, sized: list[KindTransfer], kinds: list[KindTransfer], n: int, n0: int,
+                 link_gbps: float | None) -> tuple[dict[str, float], list[float]]:
+    """Per kind the change of its transfer per step at ``n`` ranks, and the change per step (summed over
+    kinds) that its interval rests on; what each kind was read as goes into ``out.assumptions``."""
     change: dict[str, float] = {}
     samples = [0.0] * max(len(kinds[0].transfer_us) if kinds else 0, 1)
     for k in sized:
@@ -144,6 +140,25 @@ def predict_world_size(a: Analysis, n: int, link_gbps: float | None = None, per_
                f"bus bandwidth {k.gbps:.3g} GB/s read from the trace ({k.bytes_per_step / 1e6:.2f} MB x "
                f"{factor(k.kind, n0, k.tree):.2f} in {k.mean_us / 1e3:.1f} ms per step)")
             + f", {'tree' if k.tree else 'ring'}: {then_us / 1e3:.1f} ms per step at {n} ranks")
+    return change, samples
+
+
+def predict_world_size(a: Analysis, n: int, link_gbps: float | None = None, per_host: int | None = None,
+                       cores: int | None = None, level: float = 0.9) -> WhatIf:
+    """The mean step at ``n`` ranks from this run (weak scaling), with its parts and what it assumes."""
+    n0 = a.job.world_size or len(a.ranks) or 1
+    host = host_cores(a, cores)
+    per_host = per_host or min(host.ranks_per_host, n)
+    parts = step_parts(a)
+    out = WhatIf(source=a.source, question=f"--world-size {n}", model="ring/tree collective costs (weak scaling)",
+                 step_us=parts.step_us)
+    kinds = transfers(a)
+    out.withheld = (_withhold(a, n, per_host, cores, host.source) or _starved(a)
+                    or _no_transfer(kinds, n, n0, link_gbps))
+    if out.withheld:
+        return out
+    sized = [k for k in kinds if k.bytes_per_step > 0]
+    change, samples = _comm_change(out, sized, kinds, n, n0, link_gbps)
     if sized and link_gbps is None and len(a.ranks) < n0:
         out.assumptions.append(f"the transfer is read from {len(a.ranks)} of the run's {n0} ranks: a rank's time in "
                                "a collective holds its wait for the others, so the bandwidth read is a lower bound")
