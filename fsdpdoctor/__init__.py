@@ -15,18 +15,27 @@ Importing this package loads nothing heavy; the analysis modules load on the fir
 
 from fsdpdoctor.version import __version__
 
+__all__ = ["analyze", "Options", "Analysis", "Finding", "StepBreakdown", "__version__"]
 
-def analyze(path, *, ranks=None, steps=None, thresholds=None, dask=None, workers=None, use_summaries=True):
-    """Analyse and diagnose a trace file, a run folder or a saved ``--json``: returns an ``Analysis``.
 
-    ``workers``/``dask``/``use_summaries``: where the per-rank work runs (``fsdpdoctor.api.analyze``)."""
+def analyze(path, options: "Options | None" = None, **selection):
+    """Load, analyse and diagnose a trace file, a run folder or a saved ``--json``: returns an ``Analysis``.
+
+    The one front door, with every option: ``options`` (an :class:`Options`), or its fields as
+    keywords (``ranks``, ``steps``, ``window``: a run folder's capture window by its first step,
+    ``thresholds``, ``workers``: processes on this machine, None: one per core, ``dask``: a scheduler
+    address or "local", ``use_summaries``, ``diagnose``, ``progress``); keywords change those of
+    ``options``. A name that is not a field is a TypeError."""
     from fsdpdoctor.api import analyze as _analyze
 
-    return _analyze(path, ranks=ranks, steps=steps, thresholds=thresholds, dask=dask, workers=workers,
-                    use_summaries=use_summaries)
+    return _analyze(path, options, **selection)
 
 
 def __getattr__(name):
+    if name == "Options":
+        from fsdpdoctor.options import Options
+
+        return Options
     if name in ("Analysis", "Finding", "StepBreakdown"):
         from fsdpdoctor import results
 

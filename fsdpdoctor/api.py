@@ -17,7 +17,8 @@ from fsdpdoctor.results.frames import collectives_df, findings_df, ranks_df, ste
 
 
 def analyze(path: str | Path, options: Options | None = None, **selection) -> Analysis:
-    """Load, analyse and diagnose a trace file, a run folder or a saved ``--json``; returns the typed result.
+    """Load, analyse and diagnose a trace file, a run folder or a saved ``--json``; returns the typed result
+    (``fsdpdoctor.analyze``, the front door, calls this).
 
     ``options`` (``fsdpdoctor.options.Options``), or its fields as keywords: ``ranks``, ``steps``,
     ``window`` (a run folder's capture window by its first step), ``thresholds``, ``workers``
