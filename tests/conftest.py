@@ -16,6 +16,25 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 requires_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs the [capture] extra (torch)")
 
 
+def _missing(module: str) -> bool:
+    return importlib.util.find_spec(module) is None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests of an optional part skip, naming the extra, where it is not installed (a venv with only
+    ``pip install -e .`` and pytest): async tests without pytest-asyncio, the TUI's screenshots without
+    pytest-textual-snapshot (their fixture would be missing: an error, not a skip)."""
+    import inspect
+
+    no_asyncio, no_snapshots = _missing("pytest_asyncio"), _missing("pytest_textual_snapshot")
+    for item in items:
+        fn = getattr(item, "obj", None)
+        if no_asyncio and (item.get_closest_marker("asyncio") or (fn is not None and inspect.iscoroutinefunction(fn))):
+            item.add_marker(pytest.mark.skip(reason="needs the [test] extra (pytest-asyncio)"))
+        elif no_snapshots and "snap_compare" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.skip(reason="needs the [test] extra (pytest-textual-snapshot)"))
+
+
 def torch_or_skip():
     """Import torch or skip the calling test."""
     return pytest.importorskip("torch", reason="needs the [capture] extra (torch)")
@@ -37,7 +56,7 @@ def traces_dir() -> Path:
 @pytest.fixture(scope="module")
 def dask_address():
     """A real Dask LocalCluster, in this process (threads, no worker processes: cheap to start)."""
-    import distributed
+    distributed = pytest.importorskip("distributed", reason="needs the [dask] extra (distributed)")
 
     cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None)
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import mccabe
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "fsdpdoctor"
@@ -22,6 +22,7 @@ def _modules() -> list[tuple[str, str]]:
 def _complexities() -> dict[tuple[str, str], int]:
     """(module path, function) -> McCabe complexity; methods are named Class.method, and a nested
     function counts towards the function that holds it (as flake8's C901 counts)."""
+    mccabe = pytest.importorskip("mccabe", reason="needs the [test] extra (mccabe)")
     out = {}
     for rel, src in _modules():
         visitor = mccabe.PathGraphingAstVisitor()
