@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from fsdpdoctor.results import Analysis
 
-# where a manifest may record the host's usable cores (the capture's own key first; older captures have none)
-_CORE_KEYS = (("host", "cpus"), ("host", "cores"), ("host_cpus",), ("cpus",), ("cores",))
+# where a manifest records the host's usable cores (the capture's ``host.cores``; older captures have none)
+_CORE_KEYS = (("host", "cores"), ("host", "cpus"))
 
 
 @dataclass
@@ -42,6 +42,9 @@ def _manifest_cores(manifest: dict) -> int | None:
 def ranks_per_host(a: Analysis) -> int:
     """Ranks per host: the manifest's host of each rank (the busiest host), else the world size on one host
     for a CPU trace (reference runs) and 1 rank per host otherwise."""
+    recorded = ((a.job.manifest or {}).get("host") or {}).get("ranks_per_host")
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded > 0:
+        return recorded   # the capture's own count (manifest host, as the fix sizing reads it)
     hosts = (a.job.manifest or {}).get("hosts")
     if isinstance(hosts, dict) and hosts:
         counts: dict = {}
