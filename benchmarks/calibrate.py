@@ -55,6 +55,7 @@ sys.path.insert(2, str(ROOT / "benchmarks"))
 
 from drift_stats import AA_NOTE, aa_rates, abba, drift_interval, look_level  # noqa: E402
 from pair_table import ALL_PAIRS, CUDA_PAIRS, PAIRS  # noqa: E402
+import calibration_store as store  # noqa: E402
 
 TOLERANCE = 0.35
 
@@ -243,6 +244,11 @@ def calibrate_pair(pair: str, work: Path, reps: int, steps: int, skip: int, leve
             "captured_step_us": (analyses["fault"].get("mean") or {}).get("duration_us"),
             "captured_fix_step_us": (analyses["fix"].get("mean") or {}).get("duration_us"),
             "predicted_us": f["impact_us"] if f else 0.0, "predicted_interval_us": predicted_interval(f) if f else None,
+            # the step noise's part of P's interval, the number withheld (a starved capture), the contention
+            "predicted_noise_interval_us": f.get("impact_noise_interval_us") if f else None,
+            "impact_withheld": f.get("impact_withheld") if f else None,
+            "wait_share": store.wait_share(analyses["fault"]),
+            "contention": (analyses["fault"].get("contention") or {}).get("text"),
             "severity": f["severity"] if f else None,
             "evidence": [e["text"] for e in f.get("evidence", [])] if f else [],
             "other_findings_fault": [[g["id"], g["severity"], g["impact_us"]] for g in analyses["fault"]["findings"]
@@ -282,6 +288,8 @@ def calibrate_pair(pair: str, work: Path, reps: int, steps: int, skip: int, leve
             "basis": basis(p, out["predicted_interval_us"], m, m_iv, out["found_on_fault"], tolerance, step)
             if m is not None else None,
             "load_runs": loads, "load_end": os.getloadavg()}
+    if m is not None:
+        out["loaded_verdict"] = store.loaded_verdict(out, out["verdict"])
     return out
 
 
@@ -329,7 +337,10 @@ def render(results: list[dict], meta: dict) -> str:
                f"{meta['max_rounds']}), so that stopping once M decides keeps the chance of any false decision "
                f"within {round((1 - meta['level']) * 100)} %; the intervals shown are at that level."
                if meta.get("max_rounds", 1) > 1 else "")) + ".",
-        "P's interval is the finding's own (`impact_interval_us`: the t-interval of the per-step values its saving rests on).",
+        ("P's interval is as the rows' runs printed it: these runs predate the prediction-error interval, so it is "
+         "the step noise alone (the t-interval of the per-step values the saving rests on); `analyze` now prints "
+         "the prediction's own error (docs/savings.md)." if any("doc_row" in r for r in results) else
+         "P's interval is as `analyze` printed it (`impact_interval_us`: the prediction's own error, docs/savings.md)."),
         "",
         "Verdict. Where M's interval holds 0 the fix saves nothing measurable at this machine's noise: the",
         "prediction *holds* only if it promises no more than that (P inside M's interval, or no finding).",
@@ -349,6 +360,9 @@ def render(results: list[dict], meta: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        if "doc_row" in r:  # a result kept as its page wrote it (residuals.py --seed-from-doc)
+            lines.append(r["doc_row"])
+            continue
         if "error" in r:
             lines.append(f"| {r['rule']} | {r['case']} | | | | error: {r['error']} | | | |")
             continue
@@ -378,6 +392,9 @@ def render(results: list[dict], meta: dict) -> str:
               + _inside_note(results, n_ok, n_undecided),
               *[f"\n{x}" for x in meta.get("notes", [])], "", "## Per pair", ""]
     for r in results:
+        if "doc_section" in r:
+            lines += r["doc_section"]
+            continue
         lines.append(f"### {r['pair']} ({r['rule']})")
         lines.append("")
         if "error" in r:
@@ -428,6 +445,10 @@ def rerender(path: Path, doc: str, again: bool = False) -> int:
     except (OSError, ValueError) as e:
         print(f"calibrate: {path}: {e}", file=sys.stderr)
         return 2
+    if "runs" in data:  # the calibration record: every run's table
+        if doc != "-":
+            Path(doc).write_text(render_all(data))
+        return 0
     tol = data["meta"]["tolerance"]
     if again:
         reinterval(data)
@@ -480,6 +501,11 @@ def main(argv=None) -> int:
                          "have taken SECONDS (stage all only; default 0: one round)")
     ap.add_argument("--max-rounds", type=int, default=4,
                     help="--until-decided: at most this many rounds K, every look at level 1 - (1 - level) / K")
+    ap.add_argument("--hog", type=int, default=0, metavar="N",
+                    help="N processes spinning on the CPU beside the pairs (started and killed by this script)")
+    ap.add_argument("--calibration", default=None, metavar="JSON",
+                    help="add the results to this calibration record (benchmarks/calibration.json) under 'quiet' or "
+                         "'hog N' and write the document from the whole record (both tables)")
     ap.add_argument("--machine", default=None, help="the machine named in the document (default: this one's cores)")
     ap.add_argument("--note", action="append", default=[], help="a paragraph for the document (repeatable)")
     args = ap.parse_args(argv)
@@ -513,6 +539,9 @@ def main(argv=None) -> int:
     if args.stage != "all" and not args.work:
         print("calibrate: --stage record/analyse needs --work", file=sys.stderr)
         return 2
+    if args.hog < 0:
+        print("calibrate: --hog takes a count >= 0", file=sys.stderr)
+        return 2
     if args.steps is None:
         args.steps = 7 if args.mode == "alternate" else 12
     if args.skip is None:
@@ -528,6 +557,16 @@ def main(argv=None) -> int:
         work = Path(tmp.name)
     load0 = os.getloadavg()[0]
     results = []
+    with store.Hogs(args.hog):   # spinning through every pair's captures and timings, killed on the way out
+        _run_pairs(args, names, table, work, results)
+    load1 = os.getloadavg()[0]
+    _write(args, results, load0, load1)
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+def _run_pairs(args, names: list[str], table: dict, work: Path, results: list[dict]) -> None:
     for name in names:
         try:
             results.append(calibrate_pair(name, work, args.reps, args.steps, args.skip, args.level, args.tolerance,
@@ -543,15 +582,20 @@ def main(argv=None) -> int:
             print(f"{name}: recorded; step fault {_ms(med['fault'])} ms, fix {_ms(med['fix'])} ms", flush=True)
             continue
         print(f"{name}: P {_ms(r.get('predicted_us'))} ms, M {_ms(r.get('measured_us'))}"
-              f"{_iv(r.get('measured_interval_us'))} ms, {r.get('verdict', r.get('error'))}", flush=True)
-    load1 = os.getloadavg()[0]
+              f"{_iv(r.get('measured_interval_us'))} ms, {r.get('verdict', r.get('error'))}"
+              + (f", wait {r['wait_share']:.0%}" if r.get("wait_share") is not None else ""), flush=True)
+
+
+def _write(args, results: list[dict], load0: float, load1: float) -> None:
     defaults = {"mode": "alternate", "reps": 5, "steps": 7 if args.mode == "alternate" else 12,
                 "skip": 1 if args.mode == "alternate" else 3, "pairs": None, "until-decided": 0.0,
-                "max-rounds": 4 if args.until_decided else args.max_rounds}
+                "max-rounds": 4 if args.until_decided else args.max_rounds, "hog": 0,
+                "calibration": None}
     cmd = " ".join(["python benchmarks/calibrate.py", *(f"--{k} {v:g}" if isinstance(v, float) else f"--{k} {v}"
                                                         for k, v in (
         ("mode", args.mode), ("reps", args.reps), ("steps", args.steps), ("skip", args.skip), ("pairs", args.pairs),
-        ("until-decided", args.until_decided), ("max-rounds", args.max_rounds)) if v != defaults[k])])
+        ("until-decided", args.until_decided), ("max-rounds", args.max_rounds), ("hog", args.hog),
+        ("calibration", args.calibration)) if v != defaults[k])])
     if args.device == "cuda":
         cmd = (cmd.replace("calibrate.py", "calibrate.py --device cuda --stage record --work W") + " on the GPU "
                "machine, then `python benchmarks/calibrate.py --device cuda --stage analyse --work W` here")
@@ -562,14 +606,25 @@ def main(argv=None) -> int:
             "tolerance": args.tolerance, "command": cmd, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": args.machine or f"{os.cpu_count()} CPU cores, gloo, torch CPU", "load": load,
             "device": args.device, "stage": args.stage, "notes": args.note, "interval": "t-drift",
-            "max_rounds": args.max_rounds if args.until_decided else 1}
-    if args.doc != "-":
+            "max_rounds": args.max_rounds if args.until_decided else 1, "hogs": args.hog}
+    if args.calibration:
+        data = store.merge(Path(args.calibration), store.label(args.hog), meta, results)
+        if args.doc != "-":
+            Path(args.doc).write_text(render_all(data))
+    elif args.doc != "-":
         Path(args.doc).write_text(render(results, meta))
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "pairs": results}, indent=1))
-    if tmp is not None:
-        tmp.cleanup()
-    return 0
+
+
+def render_all(data: dict) -> str:
+    """docs/impact.md from the calibration record: the quiet table, then one per hog count."""
+    runs = data["runs"]
+    quiet = runs.get("quiet")
+    text = render(quiet["pairs"], quiet["meta"]) if quiet else "# Predicted against measured savings\n"
+    for run_label in sorted((k for k in runs if k != "quiet"), key=lambda k: int(k.split()[1])):
+        text += "\n" + "\n".join(store.render_loaded(run_label, runs[run_label]))
+    return text
 
 
 if __name__ == "__main__":

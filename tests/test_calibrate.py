@@ -264,3 +264,31 @@ def test_aa_check_and_reinterval_on_an_earlier_json(tmp_path, capsys):
     assert r2["measured_interval_us"] == pytest.approx(list(want)) and r2["interval"] == "t-drift"
     text = doc.read_text()
     assert "Student-t 90 % interval" in text and "A/A check" in text and "without a per-look correction" in text
+
+
+def test_hogs_spin_beside_the_pairs_and_are_gone_after():
+    import os
+
+    store = _calibrate().store
+    with store.Hogs(2) as hogs:
+        pids = hogs.pids
+        assert len(pids) == 2 and all(Path(f"/proc/{p}").exists() for p in pids)
+    for p in pids:   # killed and reaped: no process of that id is left (or it is another, not a hog)
+        try:
+            os.kill(p, 0)
+            assert "getppid" not in Path(f"/proc/{p}/cmdline").read_text()
+        except ProcessLookupError:
+            pass
+
+
+def test_the_page_is_the_record_rendered_with_both_tables():
+    # docs/impact.md is what one command writes from benchmarks/calibration.json: the quiet table and the
+    # table beside the hogs, each pair of the record in its table
+    cal = _calibrate()
+    data = json.loads((ROOT / "benchmarks" / "calibration.json").read_text())
+    page = cal.render_all(data)
+    assert page == (ROOT / "docs" / "impact.md").read_text()
+    assert "## Beside 2 CPU hog(s)" in page and page.count("| rule | case |") == 2
+    for run in data["runs"].values():
+        for r in run["pairs"]:
+            assert f"| {r['rule']} | {r['case']} |" in page

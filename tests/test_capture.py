@@ -58,6 +58,11 @@ def test_single_process_context_manager(tmp_path):
     # switches, so over a window of two 1 ms steps it read 4.0 ms against 2.6 ms of wall time, and in a
     # fresh-clone CI run 0.0 over 2.8 ms)
     assert cpu["wall_us"] > 0 and cpu["on_cpu_us"] >= 0 and cpu["runqueue_us"] >= 0 and cpu["cpus"] >= 1
+    # how starved the window was (analysis/contention.py): the host's load at both ends, every thread's schedstat
+    assert len(cpu["loadavg"]) == 2 and all(x >= 0 for x in cpu["loadavg"])
+    assert cpu["threads"] >= 1 and cpu["threads_on_cpu_us"] >= 0 and cpu["threads_runqueue_us"] >= cpu["runqueue_us"] - 1
+    [load] = json.loads((out / "manifest.json").read_text())["host_load"]
+    assert load["cpus"] == cpu["cpus"] and load["loadavg"] == cpu["loadavg"] and 0 <= load["wait_share"]
     m = json.loads((out / "manifest.json").read_text())
     assert m["fsdpdoctor_manifest"] == 1
     assert m["world_size"] == 1 and m["backend"] is None

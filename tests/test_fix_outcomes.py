@@ -143,3 +143,18 @@ def test_a_partial_fix_is_held_to_the_base_prediction():
     assert fx.predicted_us == -101_600.0 and (fx.predicted_lo_us, fx.predicted_hi_us) == (-108_000.0, -95_000.0)
     assert fx.remaining_us == 20_000.0 and "still 20.0 ms in NEW" in fx.text
     assert "predicted -101.6 ms [-108.0, -95.0]" in fx.text and fx.outcome == "less-than-predicted"
+
+
+def test_a_withheld_saving_holds_the_step_to_nothing():
+    # analyze BASE gave no number (its capture was starved): diff says so and judges nothing against it
+    from fsdpdoctor.diagnose.fix_outcomes import fix_outcomes
+    from fsdpdoctor.results import Analysis
+    from fsdpdoctor.results.comparison import FindingChange
+
+    ch = FindingChange("input-bound", "t", "gone", True, "data_loading", 101_600.0, None, 0.5, None,
+                       "error", None, base_impact_withheld="no saving predicted: ...; re-profile on an idle host")
+    base = Analysis.__new__(Analysis)
+    base.findings = []
+    [fx] = fix_outcomes(base, [ch], _est(-57.5e3, -86.7e3, -28.2e3), 0.35)
+    assert fx.predicted_us is None and fx.outcome == "undecided"
+    assert "analyze BASE gave no number (no saving predicted" in fx.text and "nothing was predicted" in fx.text

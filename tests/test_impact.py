@@ -29,7 +29,9 @@ def test_prefetch_on_gloo_predicts_no_saving(traces_dir, run, fid):
     # on a CPU rank FSDP issues a prefetched all-gather synchronously: the pairs measured no saving
     a, f = finding(traces_dir / run, fid)
     assert not a.job.traits.async_collectives
-    assert f.impact_us == 0 and f.severity == "info" and f.impact_interval_us == [0.0, 0.0]
+    assert f.impact_us == 0 and f.severity == "info" and f.impact_noise_interval_us == [0.0, 0.0]
+    # the prediction of no saving carries its rule's calibrated error: the fix may save or cost a little
+    assert f.impact_interval_us[0] < 0 < f.impact_interval_us[1]
     assert "the fix is not expected to save time" in f.summary and "On a GPU" in f.summary
     assert "synchronously on a CPU rank" in f.summary  # what the fix changes there: the gather moves, it does not hide
     assert "one more unsharded unit in memory" in f.fix  # the fix's cost beside it

@@ -16,6 +16,7 @@ import numpy as np
 
 from fsdpdoctor.analysis import clock as clock_mod
 from fsdpdoctor.analysis import collectives as coll_mod
+from fsdpdoctor.analysis import contention as contention_mod
 from fsdpdoctor.analysis import gpu_idle as gpu_idle_mod
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis import issuers as issuers_mod
@@ -30,7 +31,7 @@ from fsdpdoctor.analysis.breakdown import CommShares, StepWindow, breakdown_step
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects import detect
 from fsdpdoctor.analysis.loop_framework import framework_frames, job_framework
-from fsdpdoctor.analysis.rankresult import CpuShare, RankResult, TraceStamp, Window
+from fsdpdoctor.analysis.rankresult import RankResult, TraceStamp, Window
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import (
     Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals,
@@ -200,9 +201,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     res.work = stragglers.step_work(ctx, windows)
     if trace.cpu_share:
         c = trace.cpu_share
-        res.cpu_share = CpuShare(wall_us=float(c["wall_us"]), on_cpu_us=float(c["on_cpu_us"]),
-                                 runqueue_us=float(c["runqueue_us"]),
-                                 cpus=c["cpus"] if isinstance(c.get("cpus"), int) else None)
+        res.cpu_share = contention_mod.cpu_share(c)
     return res
 
 
@@ -313,7 +312,8 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     return Analysis(source=shown(source), job=job, ranks=summaries, mean=overall,
                     collectives=collective_stats(all_colls, sum(len(v) for v in steps_by_rank.values())),
                     prefetch=prefetch, straggler=strag, notes=notes, collective_events=all_colls, signals=sig,
-                    clock=clock, periodic=periodic)
+                    clock=clock, periodic=periodic,
+                    contention=contention_mod.contention({r.rank: r.cpu_share for r in kept}, manifest))
 
 
 def _world_size(results: list[RankResult], manifest: dict | None) -> int | None:

@@ -26,7 +26,7 @@ from fsdpdoctor.trace.identity import RankIdentity
 from fsdpdoctor.trace.io import read_raw, shown, write_atomic
 
 # Bump whenever what analyze_rank computes changes: older summaries are then rebuilt from the traces.
-ANALYSIS_VERSION = "14"
+ANALYSIS_VERSION = "15"
 SUMMARY_SUFFIX = ".summary.msgpack"
 
 
@@ -126,6 +126,9 @@ class CpuShare(msgspec.Struct):
     on_cpu_us: float
     runqueue_us: float
     cpus: int | None = None
+    loadavg: list[float] | None = None          # the host's 1-minute load at the window's start and end
+    threads_on_cpu_us: float | None = None      # every thread of the process, summed
+    threads_runqueue_us: float | None = None
 
 
 class WorkCounts(msgspec.Struct):

@@ -196,6 +196,9 @@ class ManifestWriter:
             "framework": self.framework or loop_framework(),
             "warnings": list(self.warnings) + _unwrapped_warning(
                 wrapping, self.world_size, self._has_pg and self.model is not None),
+            # the manifest rank's schedstat and load average over each recorded window (capture/profiling.py;
+            # every rank's own is in its trace): how starved the profiled steps were
+            "host_load": getattr(self, "_host_load", None),
         }
 
     def _write_manifest_if_mine(self) -> None:

@@ -97,13 +97,17 @@ class ProfilingSchedule:
             self._write_manifest_if_mine()
         self._raise_held_interrupt()
 
-    _cpu_at_start: tuple[int, int, int] | None = None
+    _cpu_at_start: dict | None = None
+    _host_load: list | None = None   # the manifest rank's own reading per window (manifest "host_load")
 
     def _note_cpu_share(self) -> None:
         """Into the trace (``fsdpdoctor_cpu``): how long this rank's training thread was on a CPU and how long
-        runnable but waiting for one over the recorded steps (Linux schedstat). Where ranks share a host's
-        cores with other work, that says how fast a rank computes beside the others and alone, which the
-        straggler's saving rests on (analysis/stragglers.py); nothing is written where the kernel does not say."""
+        runnable but waiting for one over the recorded steps (Linux schedstat), the same summed over every
+        thread of the process (loader, gloo, pin-memory threads), the host's load average at the window's
+        start and end and the cores this process may run on. Where ranks share a host's cores with other work,
+        that says how fast a rank computes beside the others and alone, which the straggler's saving rests on
+        (analysis/stragglers.py), and how starved the window was, which every prediction's interval rests on
+        (analysis/contention.py); nothing is written where the kernel does not say, and nothing here raises."""
         start, self._cpu_at_start = self._cpu_at_start, None
         end = _cpu_reading()
         if start is None or end is None or self._prof is None:
@@ -112,12 +116,23 @@ class ProfilingSchedule:
             cpus = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
             cpus = os.cpu_count()
+        doc = {"wall_us": (end["wall"] - start["wall"]) / 1e3, "on_cpu_us": (end["on_cpu"] - start["on_cpu"]) / 1e3,
+               "runqueue_us": (end["queued"] - start["queued"]) / 1e3, "cpus": cpus}
+        if start.get("load") is not None and end.get("load") is not None:
+            doc["loadavg"] = [start["load"], end["load"]]
+        if start.get("threads") and end.get("threads"):
+            # threads alive at both ends (one that started or ended inside the window is left out)
+            both = start["threads"].keys() & end["threads"].keys()
+            doc["threads"] = len(both)
+            doc["threads_on_cpu_us"] = sum(end["threads"][t][0] - start["threads"][t][0] for t in both) / 1e3
+            doc["threads_runqueue_us"] = sum(end["threads"][t][1] - start["threads"][t][1] for t in both) / 1e3
         try:
-            self._prof.add_metadata_json("fsdpdoctor_cpu", json.dumps({
-                "wall_us": (end[0] - start[0]) / 1e3, "on_cpu_us": (end[1] - start[1]) / 1e3,
-                "runqueue_us": (end[2] - start[2]) / 1e3, "cpus": cpus}))
+            self._prof.add_metadata_json("fsdpdoctor_cpu", json.dumps(doc))
         except Exception:
             pass  # a profiler without metadata: the analysis goes without it
+        if self.rank == self.manifest_rank:
+            self._host_load = (self._host_load or []) + [{k: doc[k] for k in ("cpus", "loadavg") if k in doc} | {
+                "wait_share": round(doc["runqueue_us"] / doc["wall_us"], 4) if doc["wall_us"] > 0 else None}]
 
     def _unsilence(self) -> None:
         entry, self._warning_filter = self._warning_filter, None
@@ -191,11 +206,30 @@ class ProfilingSchedule:
             _warn(f"rank {self.rank}: cannot start the trace summary ({exc}); `fsdpdoctor summarize` builds it later")
 
 
-def _cpu_reading() -> tuple[int, int, int] | None:
-    """(wall ns, on-CPU ns, run-queue ns) of the calling thread; None where /proc does not say."""
+def _cpu_reading() -> dict | None:
+    """The calling thread's wall, on-CPU and run-queue ns, every thread's (on-CPU, run-queue) ns by thread id and
+    the 1-minute load average; None where /proc does not say. A few dozen small reads: once at each end of a
+    window."""
     try:
         with open("/proc/thread-self/schedstat", "rb") as f:
             on_cpu, queued = f.read().split()[:2]
-        return time.monotonic_ns(), int(on_cpu), int(queued)
+        out = {"wall": time.monotonic_ns(), "on_cpu": int(on_cpu), "queued": int(queued)}
     except (OSError, ValueError):
         return None
+    try:
+        out["load"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        out["load"] = None
+    threads = {}
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                    a, b = f.read().split()[:2]
+                threads[tid] = (int(a), int(b))
+            except (OSError, ValueError):
+                continue  # a thread that ended meanwhile
+    except OSError:
+        pass
+    out["threads"] = threads
+    return out

@@ -165,6 +165,7 @@ def _finding_changes(base: Analysis, new: Analysis, comps: dict[str, ComponentCh
             base_impact_frac=b.impact_frac if b else None, new_impact_frac=n.impact_frac if n else None,
             base_severity=b.severity if b else None, new_severity=n.severity if n else None,
             base_impact_interval_us=list(b.impact_interval_us) if b and b.impact_interval_us else None,
+            base_impact_withheld=b.impact_withheld if b else None,
             time=time, share=share))
     order = {"new": 0, "worse": 1, "better": 2, "gone": 3, "same": 4}
     out.sort(key=lambda x: (not x.significant, order[x.status]))

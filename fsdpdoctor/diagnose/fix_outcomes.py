@@ -81,6 +81,17 @@ def _total(preds: list[tuple[float, float | None, float | None]]) -> tuple[float
     return total, total - lo_w, total + hi_w
 
 
+def _own(f: FindingChange, root: bool, cause: str | None) -> str:
+    """What analyze BASE said of this finding's saving: its number and interval, why it gave none, or that
+    the saving is inside its cause's."""
+    if not root:
+        return f"predicted: within {cause}'s"
+    if f.base_impact_withheld:
+        return f"analyze BASE gave no number ({f.base_impact_withheld})"
+    p, lo, hi = _printed(f)
+    return f"analyze BASE predicted {_ms(p)}{_iv_text(lo, hi)}"
+
+
 def fix_outcomes(base: Analysis, findings: list[FindingChange], step: Estimate, tolerance: float,
                  machine_note: str | None = None) -> list[FixOutcome]:
     """One outcome per finding gone or smaller (status "gone", or "better" beyond noise with a smaller cost)."""
@@ -92,26 +103,29 @@ def fix_outcomes(base: Analysis, findings: list[FindingChange], step: Estimate, 
     if not fixed:
         return []
     roots = [f for f in fixed if caused.get(f.id) not in {g.id for g in fixed}]
-    total, t_lo, t_hi = _total([_printed(f) for f in roots])
-    outcome = _judge(total, step, tolerance, None if t_lo is None else (t_lo, t_hi))
+    # a root analyze BASE gave no number for (a starved capture) promises nothing to hold the step to
+    priced = [f for f in roots if not f.base_impact_withheld]
+    total, t_lo, t_hi = _total([_printed(f) for f in priced])
+    outcome = (_judge(total, step, tolerance, None if t_lo is None else (t_lo, t_hi)) if priced
+               else "undecided")
     together = [f.id for f in fixed]
     measured = (f"measured {_ms(step.diff)}{_iv_text(step.lo, step.hi)} ({100 * step.level:.0f}% CI)"
                 if step.lo is not None else f"measured {_ms(step.diff)} (too few steps for an interval)")
     out = []
     for f in fixed:
-        root = f in roots
         p, lo, hi = _printed(f)
-        own = (f"analyze BASE predicted {_ms(p)}{_iv_text(lo, hi)}" if root
-               else f"predicted: within {caused[f.id]}'s")
+        own = _own(f, f in roots, caused.get(f.id))
+        root = f in priced
         still = (f" (still {f.new_impact_us / 1e3:.1f} ms in NEW)" if f.status == "better" and f.new_impact_us
                  else "")
-        shared = "" if len(roots) < 2 else f", all {len(roots)} together {_ms(total)}{_iv_text(t_lo, t_hi)}"
-        text = f"{f.id} {f.status}{still}: {own}{shared}, {measured}: {_SAY[outcome]}"
+        shared = "" if len(priced) < 2 else f", all {len(priced)} together {_ms(total)}{_iv_text(t_lo, t_hi)}"
+        say = _SAY[outcome] if priced else "nothing was predicted to hold it to"
+        text = f"{f.id} {f.status}{still}: {own}{shared}, {measured}: {say}"
         if machine_note:
             text += f" ({machine_note})"
         out.append(FixOutcome(
             id=f.id, status=f.status, predicted_us=p if root else None,
-            caused_by=None if root else caused[f.id], together=together, predicted_total_us=total,
+            caused_by=None if f in roots else caused.get(f.id), together=together, predicted_total_us=total,
             measured_us=step.diff, measured_lo_us=step.lo, measured_hi_us=step.hi, level=step.level,
             outcome=outcome, text=text, predicted_lo_us=lo if root else None, predicted_hi_us=hi if root else None,
             remaining_us=f.new_impact_us if f.status == "better" else None))

@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
+from fsdpdoctor.diagnose.prediction import interval_for, withheld
 from fsdpdoctor.diagnose.stats import steps_until, t_quantile
 from fsdpdoctor.results import SEVERITY_RANK, Analysis, Evidence, Finding, StepBreakdown
 
@@ -97,6 +98,18 @@ def _one_step(f: Finding, floor: str) -> None:
     f.severity = kept
 
 
+def predict(f: Finding, noise_half_us: float, step: float, wait: float | None, level: float,
+            table: Mapping[str, float]) -> None:
+    """The interval printed with the saving: the prediction's own error (diagnose/prediction.py), or, past the
+    contention calibrated, no interval and the reason the saving is withheld."""
+    f.impact_withheld = withheld(wait, table)
+    if f.impact_withheld:
+        f.impact_interval_us = None
+        return
+    lo, hi = interval_for(f.id, f.impact_us, noise_half_us, step, wait, level, table)
+    f.impact_interval_us = [lo, hi]
+
+
 def gate_by_noise(findings: list[Finding], a: Analysis, table: Mapping[str, float],
                   samples_of: Mapping[int, tuple], severity_for) -> None:
     """Give each finding its interval and keep warning/error only where the interval's lower end earns it."""
@@ -105,6 +118,7 @@ def gate_by_noise(findings: list[Finding], a: Analysis, table: Mapping[str, floa
         return
     level = table["impact_confidence"]
     step_series = per_step(a, lambda s: s.duration_us)
+    wait = a.contention.wait_share if a.contention else None
     one_step = len({s.step for r in a.ranks for s in r.steps}) == 1   # the samples are its ranks
     for f in findings:
         raw, floor = samples_of.get(id(f), (None, "info"))
@@ -127,8 +141,9 @@ def gate_by_noise(findings: list[Finding], a: Analysis, table: Mapping[str, floa
             continue
         mean, lo, hi, sd = iv
         unit = "ranks of one step" if one_step else "steps"
-        f.impact_interval_us = [max(lo, 0.0), min(max(hi, 0.0), step)]
-        shown = f"{f.impact_interval_us[0] / 1e3:.1f} to {f.impact_interval_us[1] / 1e3:.1f} ms"
+        f.impact_noise_interval_us = [max(lo, 0.0), min(max(hi, 0.0), step)]
+        predict(f, (hi - lo) / 2, step, wait, level, table)
+        shown = f"{f.impact_noise_interval_us[0] / 1e3:.1f} to {f.impact_noise_interval_us[1] / 1e3:.1f} ms"
         if f.impact_us <= 0 or floor == EXPLICIT or SEVERITY_RANK.get(f.severity, 0) <= SEVERITY_RANK["info"]:
             continue
         w = min(max(f.confidence, 0.0), 1.0)

@@ -154,6 +154,40 @@ THRESHOLDS: list[Threshold] = [
               "sleep loop); half separates them"),
 ]
 
+
+@result(frozen=True)
+class PredictionError:
+    """How far a rule's predicted savings fell from the measured ones on the calibration's fault/fix pairs:
+    the root mean square of (M - P) / step over its pairs, "*" pooled over every pair (for a rule with fewer
+    than 3 pairs, or none). What a prediction's interval rests on besides the step noise (diagnose/prediction.py)."""
+
+    rule: str
+    error_frac: float       # share of the fault capture's step
+    pairs: int
+    source: str
+
+
+# benchmarks/residuals.py benchmarks/calibration.json derives these rows (tests/test_prediction.py checks that
+# they are what the record gives); the pairs are docs/impact.md's, the quiet run and the runs beside CPU hogs
+PREDICTION_ERRORS: list[PredictionError] = [
+    PredictionError("*", 0.0468, 12, "docs/impact.md: the 12 CPU pairs of the quiet run (load 1.5-2.2, 2 cores), "
+                    "P against M as a share of the fault capture's step; no rule has 3 pairs of its own yet"),
+]
+ERROR_BY_RULE = {e.rule: e for e in PREDICTION_ERRORS}
+
+THRESHOLDS += [
+    Threshold("prediction_wait_k", 0.1811, "share of step per share of window",
+              "how much a prediction's error grows with the contention of the profiled window (the share of it the "
+              "ranks' training threads waited for a CPU, w): error^2 = error_frac^2 + (k w)^2",
+              "benchmarks/residuals.py: least squares over the 5 calibration pairs timed beside 2 CPU hogs on 2 "
+              "cores (calibrate.py --hog 2; wait 0.45-0.71), their residuals against the quiet error"),
+    Threshold("prediction_wait_calibrated", 0.707, "share of window",
+              "the largest contention at which pairs were calibrated: beyond it a finding gives no saving, only "
+              "the reason (re-profile on an idle host)",
+              "benchmarks/residuals.py: the largest wait share of a fault capture in benchmarks/calibration.json "
+              "(ddp_single_bucket beside 2 hogs)"),
+]
+
 BY_NAME = {t.name: t for t in THRESHOLDS}
 
 

@@ -20,7 +20,9 @@ def _line(text: str) -> Text:
 
 def impact_text(f) -> str:
     """The time a fix saves per step; a finding whose time is unknown but whose share is (a hang
-    stops the whole step) shows the share."""
+    stops the whole step) shows the share; a saving withheld (a starved capture) shows none."""
+    if getattr(f, "impact_withheld", None):
+        return "saving withheld: re-profile on an idle host"
     if not f.impact_us and f.impact_frac:
         return f"{100 * f.impact_frac:.0f}% of the step"
     return f"{f.impact_us / 1e3:.1f} ms/step"

@@ -59,6 +59,8 @@ def summary(a: Analysis) -> Panel:
     line = straggler_line(a)
     if line:
         lines.append("\n" + line)
+    if a.contention is not None and a.findings:   # what every saving below rests on
+        lines.append(f"\nhost: {a.contention.text}", style="dim" if a.contention.source != "schedstat" else "")
     return Panel(lines, title=f"fsdpdoctor: {a.source}", title_align="left")
 
 
@@ -147,11 +149,14 @@ def findings_table(a: Analysis, evidence_lines: int = 2) -> Group | Text:
             head.append("caused by the above: ", style="dim")
         head.append(f"{f.severity.upper()} ", style=SEVERITY_STYLE.get(f.severity, ""))
         head.append(f.title, style="bold")
-        iv = (f" [{f.impact_interval_us[0] / 1e3:.1f}-{f.impact_interval_us[1] / 1e3:.1f}]"
+        iv = (f" [{f.impact_interval_us[0] / 1e3:.1f}, {f.impact_interval_us[1] / 1e3:.1f}]"
               if f.impact_interval_us and f.impact_us > 0 else "")
-        head.append(f"  {ms(f.impact_us)}{iv}/step ({pct(f.impact_frac)})  [{f.id}]", style="dim")
+        saving = "saving withheld" if f.impact_withheld else f"{ms(f.impact_us)}{iv}/step ({pct(f.impact_frac)})"
+        head.append(f"  {saving}  [{f.id}]", style="dim")
         body = Text()
         body.append(f.summary)
+        if f.impact_withheld:
+            body.append(f"\n{f.impact_withheld}", style="yellow")
         for e in f.evidence[:evidence_lines]:
             body.append(f"\n- {e.text}", style="dim")
         if f.source:

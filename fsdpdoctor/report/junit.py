@@ -20,6 +20,8 @@ def to_junit(a: Analysis, failing: list[Finding], rule_ids: list[str]) -> str:
         case = ET.SubElement(suite, "testcase", classname=visible("fsdpdoctor." + a.job.wrapping), name=visible(rid))
         for f in by_rule.get(rid, []):
             fail = ET.SubElement(case, "failure", type=visible(f.severity),
-                                 message=visible(f"{f.title} ({f.impact_us / 1e3:.1f} ms/step)"))
+                                 message=visible(f"{f.title} ("
+                                                 + ("saving withheld" if f.impact_withheld else
+                                                    f"{f.impact_us / 1e3:.1f} ms/step") + ")"))
             fail.text = visible_lines("\n".join([f.summary, *(e.text for e in f.evidence), f"fix: {f.fix}"]))
     return ET.tostring(suite, encoding="unicode")

@@ -372,12 +372,18 @@ class Finding:
     consequences: list[str] = field(default_factory=list)
     # ... and, on a consequence, the id of the finding that explains it
     caused_by: str | None = None
-    # the saving's interval [lo, hi] per step (the impact_confidence t-interval over the steps it rests on);
-    # None where the window is too short to give one
+    # the prediction's own error: the saving's impact_confidence interval [lo, hi] per step, the step noise it
+    # rests on combined with its rule's calibrated error, widened by the window's contention
+    # (diagnose/prediction.py); lo below 0: the fix may cost time. None where the window is too short
     impact_interval_us: list[float] | None = None
     # the fix as data: the settings it changes, in the terms of ``framework`` (the job's: JobInfo.framework)
     settings: list[Setting] = field(default_factory=list)
     framework: str | None = None
+    # the step noise alone: the t-interval of the per-step values the saving rests on (what severity is judged by)
+    impact_noise_interval_us: list[float] | None = None
+    # set where the profiled window was starved past the contention calibrated: the reason no saving is given
+    # (impact_us then orders the findings, it is not a prediction)
+    impact_withheld: str | None = None
 
 
 @result
@@ -432,6 +438,23 @@ class PeriodicStall:
 
 
 @result
+class Contention:
+    """How starved the profiled window was: the share of it each rank's training thread spent runnable but
+    waiting for a CPU (the capture's schedstat over the recorded steps), the host's load and cores. A
+    prediction rests on steps timed at this contention; its interval widens with it (diagnose/noise.py)."""
+
+    wait_share: float | None            # the largest over the ranks; None: not recorded
+    by_rank: dict[int, float] = field(default_factory=dict)
+    # every thread of the rank's process (loader, gloo, pin-memory threads): run-queue time over their on-CPU
+    # plus run-queue time, the largest over the ranks
+    process_wait_share: float | None = None
+    load: list[float] | None = None     # 1-minute load average, least and most at the windows' ends
+    cpus: int | None = None             # cores the ranks may run on (affinity)
+    source: str = "not recorded"        # "schedstat" or "not recorded"
+    text: str = "host load not recorded"
+
+
+@result
 class Analysis:
     """The whole result of ``analyze``: what every renderer shows."""
 
@@ -449,6 +472,7 @@ class Analysis:
     clock: ClockReport | None = None           # per-rank clock offsets (None with one rank)
     data_quality: DataQuality = field(default_factory=DataQuality)
     periodic: PeriodicStall | None = None      # a stall every N steps on one rank
+    contention: Contention | None = None       # how starved the profiled window was (analysis/contention.py)
     schema_version: str = SCHEMA_VERSION
 
     def to_dict(self, include_events: bool = False) -> dict:

@@ -83,6 +83,7 @@ class FindingChange:
     new_severity: Severity | None
     # the interval of the saving ``analyze BASE`` printed beside base_impact_us (None: it printed none)
     base_impact_interval_us: list[float] | None = None
+    base_impact_withheld: str | None = None   # analyze BASE gave no saving, and why (a starved capture)
     time: Estimate | None = None         # the component's time per step
     share: Estimate | None = None        # and its share of the step
     # a new or worse finding that a side effect of the base's fix can bring (diagnose/settings.py

@@ -89,6 +89,7 @@ _TOP: dict[str, Callable[[Any], bool]] = {
     # the host the manifest rank ran on (capture/host.py): cores it may run on, memory, ranks on it
     "host": lambda v: isinstance(v, dict) and all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)
                                                             and x >= 0) for x in v.values()),
+    "host_load": _list_of(_dict),
 }
 _MODEL: dict[str, Callable[[Any], bool]] = {
     "parameters": _int(), "trainable_parameters": _int(), "param_bytes": _int(),

@@ -132,7 +132,8 @@ class FindingsPane(Horizontal):
             if f.caused_by:
                 prompt.append("  ↳ ", style=pal.muted)
             prompt.append(SEVERITY_BADGE.get(f.severity, f.severity[:4].upper()), style=pal.severity(f.severity))
-            prompt.append(f"  {ms(f.impact_us)}/step  {pct(f.impact_frac)}\n", style=pal.muted)
+            saving = "saving withheld" if f.impact_withheld else f"{ms(f.impact_us)}/step  {pct(f.impact_frac)}"
+            prompt.append(f"  {saving}\n", style=pal.muted)
             prompt.append(f.title)
             lst.add_option(Option(prompt, id=f"f{i}"))
         if not self.shown:
@@ -174,7 +175,8 @@ class FindingsPane(Horizontal):
         t.append(f.severity.upper(), style=pal.severity(f.severity))
         t.append(f"  {f.id}\n", style=pal.muted)
         t.append("impact ", style=pal.muted)
-        t.append(f"{ms(f.impact_us)}/step ({pct(f.impact_frac)})", style="bold")
+        t.append(f.impact_withheld if f.impact_withheld else f"{ms(f.impact_us)}/step ({pct(f.impact_frac)})",
+                 style="bold")
         t.append("  confidence ", style=pal.muted)
         t.append(f"{f.confidence:.0%}\n")
         if f.ranks:
