@@ -97,19 +97,32 @@ def test_loader_fix_in_each_framework(framework, code, where):
     assert "pin_memory" not in f.fix   # a CPU job: nothing to pin for
 
 
-@pytest.mark.parametrize("cores, per_host, workers", [(2, 2, 1), (8, 2, 3), (64, 2, 4), (None, None, 4)])
-def test_loader_workers_sized_to_the_host(cores, per_host, workers):
-    """Workers per rank from the cores the manifest records: cores per rank less the rank's main thread, at
-    most 4; on a full host one worker for a loader that sleeps (it overlaps the waiting); without the host,
-    the usual 4 and a fix that says it is not sized."""
+@pytest.mark.parametrize("cores, per_host, waiting, needed, workers", [
+    (2, 2, False, 4, 0), (8, 2, False, 4, 3), (64, 2, False, 4, 4), (64, 2, False, 2, 2),
+    (2, 2, True, 3, 3), (2, 2, True, 9, 4), (None, None, False, 4, 4)])
+def test_loader_workers_sized_to_the_host(cores, per_host, waiting, needed, workers):
+    """Workers per rank from the cores the manifest records: a loader that computes gets the cores per rank less
+    the rank's main thread (none free: no worker), no more than keep up with the step, at most 4; a loader that
+    waits (sleep, I/O) needs no core of its own: as many as keep up, at most 4; without the host, the usual 4 and
+    words that say it is not sized."""
+    from fsdpdoctor.diagnose.sizing import loader_workers
+
+    a = _analysis("dataloader_slow")
+    a.job.manifest = {**(a.job.manifest or {}), "host": {"cores": cores, "ranks_per_host": per_host} if cores else {}}
+    n, sized = loader_workers(a, waiting, needed)
+    assert n == workers
+    assert sized.startswith("Not sized") if cores is None else f"{cores} cores" in sized
+
+
+@pytest.mark.parametrize("cores, per_host", [(2, 2), (16, 2), (None, None)])
+def test_loader_fix_on_a_sleeping_loader(cores, per_host):
+    """dataloader_slow's __getitem__ sleeps (32 ms of its 34 ms): workers overlap it without cores of their own,
+    so the same value on any host, sized from the step (one worker delivers a batch within the rest of it)."""
     host = {"cores": cores, "ranks_per_host": per_host} if cores else {}
     f = _finding(_rediagnosed("dataloader_slow", "plain", host), "input-bound")
     s = next(s for s in f.settings if s.name == "loader.num_workers")
-    assert s.value == workers and f"num_workers={workers}" in f.fix
-    if cores:
-        assert s.sized.startswith("Sized to the host") and f"{cores} cores" in s.sized
-    else:
-        assert s.sized.startswith("Not sized") and "Not sized" in f.fix
+    assert s.value == (1 if cores else 4) and f"num_workers={s.value}" in f.fix
+    assert ("waits" in s.sized and f"{cores} cores" in s.sized) if cores else s.sized.startswith("Not sized")
 
 
 def test_no_fix_for_no_saving():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from fsdpdoctor.diagnose.facts import (
     device_work, dominant_idle_cause, own_work_frame, reported_syncs, straggler_verdict, straggler_wait_us,
 )
@@ -104,11 +106,14 @@ def loader_fix(ctx: RuleContext, single: bool) -> tuple[list[Setting], str, int]
     (0: none can help, so nothing is saved)."""
     m = ctx.a.mean
     waiting = m.loader_sleep_us >= 0.5 * m.data_loading_us if ctx.a.job.has_stacks else False
-    workers, sized = loader_workers(ctx.a, waiting)
+    # each worker makes a batch in what the loop took for one: enough of them deliver one within the rest of the step
+    needed = math.ceil(m.data_loading_us / max(m.duration_us - m.data_loading_us, 1e3))
+    workers, sized = loader_workers(ctx.a, waiting, needed)
     pin = [Setting("loader.pin_memory", True)] if ctx.traits.device_timeline else []
-    if not single:
-        return pin + [Setting("loader.prefetch_factor", 4, sized=sized)], (
-            f"Up to {workers} workers per rank on this host; and speed up the dataset (cache decoded samples"
+    if not single and workers > 0:
+        return pin + [Setting("loader.num_workers", workers, sized=sized, side_effect=_worker_cost(ctx, workers)),
+                      Setting("loader.prefetch_factor", 4)], (
+            "At least that many workers per rank; and speed up the dataset (cache decoded samples"
             + (", decode/augment on the GPU)" if ctx.traits.device_timeline else ")")), RULE_WORKERS
     if workers <= 0:
         return [], f"No loader worker can help here ({sized}): {more_cores_words(ctx.a)}", 0

@@ -52,7 +52,8 @@ _DDP = {"plain": Spelling("DistributedDataParallel", "{name}", "DDP(model, {args
 _LOADER = {"plain": Spelling("DataLoader", "{name}", "DataLoader(..., {args})"),
            "hf-trainer": Spelling("TrainingArguments", "dataloader_{name}", "TrainingArguments(..., {args})"),
            "lightning": Spelling("DataLoader", "{name}",
-                                 "DataLoader(..., {args})  # the one your LightningDataModule's train_dataloader() returns"),
+                                 "DataLoader(..., {args})  # the one trainer.fit() gets, or your LightningDataModule's "
+                                 "train_dataloader() returns"),
            "accelerate": Spelling("DataLoader", "{name}", "DataLoader(..., {args})  # before accelerator.prepare()")}
 _FSDP = {"plain": Spelling("torch.distributed.fsdp.FullyShardedDataParallel", "{name}", "FSDP(model, ..., {args})", "enum"),
          "hf-trainer": Spelling("TrainingArguments", "fsdp_config.{name}", "TrainingArguments(..., {args})", "lower"),
@@ -193,11 +194,20 @@ def render(settings: list[Setting], framework: str) -> tuple[list[Setting], str]
     for raw, s in zip(settings, spelled):
         sp = SPELLINGS.get(raw.name, {}).get(fw)
         if sp is None or "{value}" in sp.call:
-            alone.append(s.code + _now([s]))
+            alone.append(_with_now(s.code, [s]))
             continue
         groups.setdefault(sp.call, []).append((sp, s))
-    lines = [_code(group) + _now([s for _, s in group]) for group in groups.values()] + alone
+    lines = [_with_now(_code(group), [s for _, s in group]) for group in groups.values()] + alone
     return spelled, "; ".join(lines)
+
+
+def _with_now(code: str, settings: list[Setting]) -> str:
+    """The code with the current values as its comment, ahead of a comment the call carries already."""
+    now = _now(settings)
+    if now and "  # " in code:
+        head, comment = code.split("  # ", 1)
+        return f"{head}{now}; {comment}"
+    return code + now
 
 
 def _now(settings: list[Setting]) -> str:

@@ -50,21 +50,28 @@ NOT_SIZED = ("Not sized to the host: the manifest records no host cores (a captu
              "them, or a trace without fsdpdoctor's manifest), so {n} is the usual value, not this host's")
 
 
-def loader_workers(a: Analysis, waiting_only: bool) -> tuple[int, str]:
-    """(workers per rank, what that was sized from). ``waiting_only``: the loader's time is mostly waiting (a
-    sleep, I/O), which a worker overlaps even on a busy core; computing needs a free core."""
+def loader_workers(a: Analysis, waiting: bool, needed: int) -> tuple[int, str]:
+    """(workers per rank, what that was sized from). ``waiting``: the loader's time is mostly waiting (a sleep,
+    I/O), which workers overlap without a core of their own; computing needs a free core each. ``needed``: the
+    workers that deliver a batch within the rest of the step (each takes what the loop took for one)."""
     share = host_share(a)
+    needed = max(needed, 1)
     if not share.known:
         return USUAL_WORKERS, NOT_SIZED.format(n=USUAL_WORKERS)
     free = share.free_per_rank
+    if waiting:
+        n = min(needed, USUAL_WORKERS)
+        return n, (f"Sized to the host and the loader: {share.words()}; the loader mostly waits (sleep or I/O under "
+                   f"__next__), which workers overlap without a core of their own, and {n} deliver a batch within "
+                   "the rest of the step" if n >= needed else
+                   f"Sized to the host and the loader: {share.words()}; the loader mostly waits, which workers overlap "
+                   f"without a core of their own; {needed} would keep up, {n} at most are given (memory)")
     if free >= 1:
-        n = min(free, USUAL_WORKERS)
+        n = min(free, needed, USUAL_WORKERS)
         return n, (f"Sized to the host: {share.words()}, so {free} core{'s' if free != 1 else ''} per rank beside "
-                   f"its main thread")
-    if waiting_only:
-        return 1, (f"Sized to the host: {share.words()}, no core free beside the ranks' main threads, so one "
-                   "worker, which overlaps the loader's waiting but not its computing")
-    return 0, f"{share.words()}: no core free beside the ranks' main threads"
+                   f"its main thread" + ("" if n == min(free, USUAL_WORKERS) else
+                                         f"; {n} deliver a batch within the rest of the step"))
+    return 0, f"{share.words()}: no core free beside the ranks' main threads, and the loader computes"
 
 
 def more_cores_words(a: Analysis) -> str:

@@ -55,7 +55,7 @@ def parse_setting(text: str) -> Setting:
     """NAME=VALUE; anything else is bad input (one line, exit 2)."""
     name, eq, value = text.partition("=")
     name, value = name.strip(), value.strip()
-    if not eq or not name or not value or not name.replace("_", "").isalnum():
+    if not eq or not name or not value or not name.replace("_", "").replace(".", "").isalnum():
         raise InputError(None, f"--set takes NAME=VALUE (e.g. num_workers=2), got {text!r}")
     return Setting(name, value)
 
@@ -144,7 +144,9 @@ def what_if_set(a: Analysis, setting: Setting, thresholds: dict | None = None,
     ctx = _context(a, thresholds)
     step = step_parts(a).step_us
     question = f"--set {setting.name}={setting.value}"
-    handler = _HANDLERS.get(setting.name)
+    # a finding's settings name them generically ("loader.num_workers", "ddp.bucket_cap_mb"): the same setting
+    short = setting.name.rsplit(".", 1)[-1]
+    handler = _HANDLERS.get(short if short in SETTINGS else setting.name)
     if handler is None:
         return WhatIf(a.source, question, None, step, withheld=(
             f"no model for {setting.name}: whatif predicts {', '.join(SETTINGS)} (docs/whatif.md)"))
@@ -195,19 +197,14 @@ def _num_workers(ctx: RuleContext, s: Setting, cores: int | None):
 
 
 def _bucket_cap(ctx: RuleContext, s: Setting, cores: int | None):
-    try:
-        cap = float(s.value)
-    except ValueError:
-        raise InputError(None, f"bucket_cap_mb takes a number of MiB, got {s.value!r}") from None
-    if not cap > 0 or cap != cap or cap == float("inf"):
-        raise InputError(None, f"bucket_cap_mb takes a positive number of MiB, got {s.value!r}")
+    cap = _cap_value(s)   # None: the argument left unset (DDP's default buckets, a 1 MiB first one)
     d = ctx.a.signals.ddp if ctx.a.signals else None
     grad_ar = ddp_rules.gradient_allreduces(ctx) if d else []
     if not grad_ar:
         return "no model for bucket_cap_mb on this run: no DDP gradient all-reduce in the trace"
     per_backward = len(grad_ar) / ddp_rules.rank_steps(ctx) / max(d.backwards_with_allreduce_per_step, 1.0)
     tiny = [f for f in ctx.a.findings if f.id == "ddp-tiny-buckets" and not f.caused_by]
-    if per_backward > 1.01 and tiny and cap >= ddp_rules.DDP_DEFAULT_BUCKET_MB:
+    if per_backward > 1.01 and tiny and (cap is None or cap >= ddp_rules.DDP_DEFAULT_BUCKET_MB):
         return what_if_fix(ctx.a, "ddp-tiny-buckets", dict(ctx.table))   # its fix: buckets of the default size
     if per_backward > 1.01:
         return (f"no model for bucket_cap_mb on this run: the bucket model covers gradients all-reduced in one "
@@ -215,12 +212,26 @@ def _bucket_cap(ctx: RuleContext, s: Setting, cores: int | None):
     grad_bytes = max((c.nelems or 0 for c in grad_ar), default=0) * ddp_rules._grad_dtype_bytes(ctx)
     if not grad_bytes:
         return "no model for bucket_cap_mb on this run: the trace records no gradient sizes"
-    sizes = ddp_rules.bucket_sizes(grad_bytes, cap * ddp_rules.MIB)
+    sizes = ddp_rules.bucket_sizes(grad_bytes, None if cap is None else cap * ddp_rules.MIB)
     saving, samples, note = ddp_rules.bucket_model(ctx, grad_ar, sizes)
+    at = ("bucket_cap_mb unset (a 1 MiB first bucket, then 25 MiB)" if cap is None else
+          f"bucket_cap_mb={cap:g} (a value passed caps the first bucket too)")
     return ("ddp-single-bucket (DDP bucket overlap: ddp_rules.bucket_model)", saving, samples,
             ("comm:all_reduce", "wait"),
-            [f"{len(sizes)} bucket{'s' if len(sizes) != 1 else ''} of the {grad_bytes / 1e6:.2f} MB of gradients at "
-             f"bucket_cap_mb={cap:g} (a value passed caps the first bucket too)", note], "ddp-single-bucket")
+            [f"{len(sizes)} bucket{'s' if len(sizes) != 1 else ''} of the {grad_bytes / 1e6:.2f} MB of gradients "
+             f"with {at}", note], "ddp-single-bucket")
+
+
+def _cap_value(s: Setting) -> float | None:
+    if s.value.lower() in ("none", "unset", "default"):
+        return None
+    try:
+        cap = float(s.value)
+    except ValueError:
+        raise InputError(None, f"bucket_cap_mb takes a number of MiB or None (unset), got {s.value!r}") from None
+    if not cap > 0 or cap != cap or cap == float("inf"):
+        raise InputError(None, f"bucket_cap_mb takes a positive number of MiB, got {s.value!r}")
+    return cap
 
 
 def _backward_prefetch(ctx: RuleContext, s: Setting, cores: int | None):
@@ -266,7 +277,8 @@ def _forward_prefetch(ctx: RuleContext, s: Setting, cores: int | None):
 
 
 def _no_sync(ctx: RuleContext, s: Setting, cores: int | None):
-    if s.value.lower() not in ("true", "1", "yes"):
+    # True, or the micro-steps per optimizer step (a finding's setting gives them): no_sync() on all but the last
+    if s.value.lower() not in ("true", "yes") and not (s.value.isdigit() and int(s.value) >= 1):
         raise InputError(None, f"no_sync takes True (all but the last micro-step under no_sync()), got {s.value!r}")
     d = ctx.a.signals.ddp if ctx.a.signals else None
     if not d or d.forwards_per_step < 2 or d.backwards_with_allreduce_per_step < 2:
