@@ -42,7 +42,7 @@ VERBS: tuple[tuple[str, str], ...] = (
     ("scaling", "scaling efficiency across world sizes, with a waterfall of the losses"),
     ("memory", "predict per-rank model-state memory for DDP/ZeRO/FSDP (and compare with a measured peak)"),
     ("summarize", "write rank<N>.summary.msgpack beside each trace (fast re-analysis)"),
-    ("reference", "list or run the reference scenarios (needs torch)"),
+    ("reference", "list or run the reference scenarios (needs the source checkout and torch)"),
     ("hang", "hang forensics: which rank stopped, where and why (from hang/ dumps)"),
     ("steps", "each rank's step time over the whole run, with the profiled windows marked"),
     ("trigger", "ask a running job captured into RUN_DIR to profile the next N steps"),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 
-@dataclass(frozen=True)   # not @result: options sit below results/ (tests/test_layers.py)
+@dataclass(frozen=True)
 class Options:
     """What to analyse and where.
 

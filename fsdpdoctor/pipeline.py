@@ -16,6 +16,7 @@ import re
 import stat
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
 
@@ -28,7 +29,6 @@ from fsdpdoctor.engines import make_engine
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.options import Options
 from fsdpdoctor.results import Analysis, DataQuality
-from fsdpdoctor.results.serial import result
 import fsdpdoctor.trace.identity as identity
 from fsdpdoctor.trace.io import read_head, read_raw, shown
 from fsdpdoctor.trace.limits import parse_bounded
@@ -120,7 +120,7 @@ def _read_saved(path: Path, ranks: list[int] | None, steps: set[int] | None) -> 
 
 
 # ------------------------------------------------------------------------------ the per-rank step
-@result(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankUnit:
     """The files of one rank (several when the profiler ran several cycles), and how to analyse them."""
 
@@ -138,7 +138,7 @@ class RankUnit:
         return self.files[0]
 
 
-@result
+@dataclass(slots=True)
 class RankOutput:
     """One rank found in a unit's files: its ``RankResult`` msgpack-encoded (small, so cheap to send
     back from a worker), and its tables when the unit asked for them."""

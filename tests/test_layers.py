@@ -14,7 +14,7 @@ PKG = ROOT / "fsdpdoctor"
 # a lower layer, or itself. capture -> trace -> analysis -> diagnose -> results -> render, with the
 # typed results and the engines below the code that builds them, and the front doors on top.
 LAYERS = {
-    "errors": 0, "units": 0, "version": 0, "hang_format": 0, "severity": 0, "visible_text": 0, "digest": 0,
+    "errors": 0, "units": 0, "version": 0, "hang_format": 0, "severity": 0, "visible_text": 0,
     "options": 0,
     "results": 1, "engines": 1, "capture": 1,
     "trace": 2,

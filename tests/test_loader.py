@@ -197,3 +197,25 @@ def test_allocator_samples_checked_as_defined(tmp_path):
         edges += [dict(good, args=dict(good["args"], **{k: value})) for k in good["args"]]
     check(edges, copies=4)  # enough events that the dropped ones stay under the limit
     settings(max_examples=80, deadline=None)(given(st.lists(sample, max_size=16), st.just(1))(check))()
+
+
+@pytest.mark.parametrize("name", ["expected.json", "trainer_state.json"])
+def test_a_json_document_that_is_not_a_trace_is_skipped_with_a_note(tmp_path, name):
+    """Without a manifest to say which files are traces, a JSON object that never names traceEvents (a
+    test's expectations, a trainer's state) is skipped by its content, whatever its name, and said; the
+    analysis is the one of the traces alone."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for rank in (0, 1):
+        shutil.copy(TRACES / "ddp_one_bucket" / f"rank{rank}.json.gz", run / f"rank{rank}.json.gz")
+    alone = open_analysis(run)
+    (run / name).write_text('{"findings": ["host-sync"], "step_us": 5, "rank": 0}')
+    a = open_analysis(run)
+    assert f"{name} skipped: not a trace (a JSON object without traceEvents)" in a.data_quality.notes
+    assert [r.rank for r in a.ranks] == [0, 1] and a.mean == alone.mean
+
+
+def test_a_folder_of_one_json_that_is_not_a_trace_says_why(tmp_path):
+    (tmp_path / "expected.json").write_text('{"findings": []}')
+    with pytest.raises(InputError, match="expected.json: JSON is not a Chrome/Kineto trace"):
+        open_analysis(tmp_path)

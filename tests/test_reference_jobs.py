@@ -141,8 +141,25 @@ def test_reference_dir_missing(monkeypatch, tmp_path):
     from fsdpdoctor.errors import InputError
 
     monkeypatch.setattr(fsdpdoctor, "__file__", str(tmp_path / "pkg" / "fsdpdoctor" / "__init__.py"))
-    with pytest.raises(InputError, match="reference jobs not found"):
+    with pytest.raises(InputError, match="needs the source checkout"):
         load_scenarios()
+
+
+@pytest.mark.parametrize("argv", [["reference", "list"], ["reference", "run", "ddp_default", "--out", "x"]])
+def test_reference_outside_a_checkout_says_so_in_one_line(monkeypatch, tmp_path, capsys, argv):
+    """An installed package (site-packages, no reference_jobs/ beside it), run from another folder: one
+    line that says the verb needs the source checkout, exit 2, nothing started."""
+    import fsdpdoctor
+
+    monkeypatch.setattr(fsdpdoctor, "__file__", str(tmp_path / "site-packages" / "fsdpdoctor" / "__init__.py"))
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert error_lines(captured.err) == [
+        "fsdpdoctor: error: `fsdpdoctor reference` needs the source checkout: its jobs (reference_jobs/) are not in "
+        "an installed package; run it from a clone (pip install -e .)"]
+    assert not (tmp_path / "x").exists()
 
 
 def test_no_committed_copy_of_the_expectations(repo_root):

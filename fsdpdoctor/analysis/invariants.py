@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 import os
 import re
+from dataclasses import dataclass
 from typing import Literal
 
-from fsdpdoctor.results.serial import result
 from fsdpdoctor.results import Analysis, StepBreakdown
 
 Invariant = Literal["share-in-unit", "impact-within-step", "roots-within-step", "step-adds-up",
@@ -46,7 +46,7 @@ REL = 1e-6
 SHOWN_SHARE = 1e-3
 
 
-@result
+@dataclass(slots=True)
 class Violation:
     """A figure outside the bound an invariant sets for it."""
 

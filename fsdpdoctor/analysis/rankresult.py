@@ -12,6 +12,7 @@ trace, with a hash of its content, stamped with the trace's identity (``TraceSta
 
 import os
 import stat
+from hashlib import blake2b
 from pathlib import Path
 
 import msgspec
@@ -20,7 +21,6 @@ from fsdpdoctor.results import (
     Collective, DataLoaderInfo, DialectTraits, GpuIdle, HostSync, OffloadInfo, RankDataQuality, RankSetup, RankSummary,
     RecomputeInfo,
 )
-from fsdpdoctor.digest import blake2b
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.identity import RankIdentity
 from fsdpdoctor.trace.io import read_raw, shown, write_atomic

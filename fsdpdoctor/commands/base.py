@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from fsdpdoctor.errors import InputError
 
 
-TYPE_CHECKING = False   # typing.TYPE_CHECKING without loading typing at every start
 if TYPE_CHECKING:
     from typing import Protocol
 

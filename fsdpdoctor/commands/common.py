@@ -6,11 +6,11 @@ import argparse
 import os
 import sys
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from fsdpdoctor.commands.base import add_analysis_flags
 from fsdpdoctor.errors import InputError
 
-TYPE_CHECKING = False   # typing.TYPE_CHECKING without loading typing at every start
 if TYPE_CHECKING:
     from fsdpdoctor.options import Options
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-TYPE_CHECKING = False   # typing.TYPE_CHECKING without loading typing at every start
+from typing import TYPE_CHECKING
 
 from fsdpdoctor.commands.base import add_output, print_json
 from fsdpdoctor.errors import InputError

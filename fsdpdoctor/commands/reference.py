@@ -20,8 +20,8 @@ def reference_dir() -> Path:
 
     path = Path(fsdpdoctor.__file__).resolve().parents[1] / "reference_jobs"
     if not (path / "train.py").is_file() or not (path / "scenarios.py").is_file():
-        raise InputError(path, "reference jobs not found (they ship with the source checkout; "
-                               "install fsdpdoctor editable from the repository)")
+        raise InputError(None, "`fsdpdoctor reference` needs the source checkout: its jobs (reference_jobs/) "
+                               "are not in an installed package; run it from a clone (pip install -e .)")
     return path
 
 

@@ -18,13 +18,12 @@ stays in that band beyond the run's own step-to-step noise (diagnose/noise.py).
 from __future__ import annotations
 
 import builtins
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Literal, Mapping, get_args
 
 from fsdpdoctor.diagnose.noise import EXPLICIT, SAMPLES_KEY, gate_by_noise
 from fsdpdoctor.diagnose.settings import fix_text
 from fsdpdoctor.diagnose.thresholds import BY_NAME
-from fsdpdoctor.results.serial import result
 from fsdpdoctor.results import SEVERITY_RANK, Analysis, DialectTraits, Evidence, Finding, Setting
 
 
@@ -50,7 +49,7 @@ class DeclaredThresholds(Mapping[str, float]):
         return len(self._names)
 
 
-@result
+@dataclass(slots=True)
 class RuleContext:
     """What a rule reads: the analysis and the resolved thresholds (its own declared ones as ``th``)."""
 
@@ -140,7 +139,7 @@ Part = Literal["exposed_comm_us", "idle_us", "data_loading_us", "compute_us", "o
 BUSY_PARTS = ("compute_us", "optimizer_us")
 
 
-@result(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Rule:
     """A rule as the framework sees it: the function, the ids it may emit, the thresholds it reads, and
     for ids whose impact is time inside one part of the step (their exposed collectives are exposed

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-TYPE_CHECKING = False   # typing.TYPE_CHECKING without loading typing at every start
 if TYPE_CHECKING:
     from fsdpdoctor.results.comparison import Estimate
 

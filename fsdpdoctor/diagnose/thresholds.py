@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.io import read_text
-from fsdpdoctor.results.serial import result
 from fsdpdoctor.trace.limits import parse_bounded
 
 
-@result(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Threshold:
     """One tunable bar of the rules: its default, unit, meaning and where the value comes from."""
 
@@ -155,7 +155,7 @@ THRESHOLDS: list[Threshold] = [
 ]
 
 
-@result(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PredictionError:
     """How far a rule's predicted savings fell from the measured ones on the calibration's fault/fix pairs:
     the root mean square of (M - P) / step over its pairs, "*" pooled over every pair (for a rule with fewer

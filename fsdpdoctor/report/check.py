@@ -3,6 +3,8 @@ whole) and as the ``--json`` document."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.console import Console
 from rich.text import Text
 
@@ -56,13 +58,18 @@ def render(res: CheckResult, console: Console | None = None) -> None:
                     f"or above {res.fail_on}, {len(res.budgets)} budget(s) exceeded{against})"))
 
 
+def _fields(obj) -> dict:
+    """A result's fields by name, in order, its values as they are (slotted dataclasses: no instance dict)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
 def document(res: CheckResult) -> dict:
     a = res.analysis
     return {"passed": res.passed, "fail_on": res.fail_on, "failing": [f.id for f in res.failing],
             "budgets_exceeded": [b.text() for b in res.budgets],
             "baseline": None if res.comparison is None else comparison_document(res.comparison),
             "data_quality": data_quality_lines(a.data_quality),
-            "findings": [f.__dict__ | {"evidence": [e.__dict__ for e in f.evidence]} for f in res.findings],
+            "findings": [_fields(f) | {"evidence": [_fields(e) for e in f.evidence]} for f in res.findings],
             **({"notes": res.notes} if res.notes else {})}
 
 

@@ -105,7 +105,7 @@ def _trace_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     return sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith((".json", ".json.gz"))
-                  and p.name not in ("manifest.json", "expected.json"))
+                  and p.name != "manifest.json")
 
 
 def run_hta(files: list[Path], include_last_step: bool = False) -> dict[int, float]:

@@ -2,7 +2,7 @@
 every renderer (console, JSON, JUnit, TUI) shows.
 
 ``analysis``: ``Analysis`` and its parts (``analyze``, ``check``, the TUI), with ``signals`` (the per-rank
-signals it holds) and ``serial`` (``@result`` and the writers every result shares); ``hang``: the hang report;
+signals it holds) and ``serial`` (the writers every result shares); ``hang``: the hang report;
 ``scaling``: the scaling report; ``comparison``: two runs compared (``diff``, ``check --baseline``);
 ``memory``: the memory prediction and measurement; ``check``: the CI gate's decision; ``steps``: a run's step series; ``frames``:
 pandas views of an ``Analysis``. Every result type is importable from here.
@@ -13,7 +13,7 @@ creation costs ~1 ms apiece at start-up, and a verb needs one or two of the modu
 """
 
 from fsdpdoctor.results.analysis import *  # noqa: F401,F403 - the face of the package, needed by every verb
-from fsdpdoctor.results.serial import dumps_indented, plain, result  # noqa: F401
+from fsdpdoctor.results.serial import dumps_indented, plain  # noqa: F401
 from fsdpdoctor.results.signals import *  # noqa: F401,F403 - the per-rank signals Analysis holds
 
 # where the other names are, in the order they are looked for; a new result module adds its name here

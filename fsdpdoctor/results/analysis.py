@@ -10,10 +10,10 @@ All times are microseconds (``*_us``), sizes bytes, bandwidths GB/s (1e9 B/s).
 # instructions). So a class comes after the classes its fields name.
 
 import json
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from fsdpdoctor.results.serial import _field_names, dumps_indented, plain, result
+from fsdpdoctor.results.serial import _field_names, dumps_indented, plain
 from fsdpdoctor.results.signals import Signals  # Analysis.signals' type: from_dict resolves it here
 
 SCHEMA_VERSION = "1.0"
@@ -26,7 +26,7 @@ PHASES: tuple[Phase, ...] = get_args(Phase)
 from fsdpdoctor.severity import SEVERITIES, SEVERITY_RANK, Severity  # noqa: E402,F401 - the one scale, named here
 
 
-@result(slots=True)
+@dataclass(slots=True)
 class Collective:
     """One collective call on one rank, as issued on the host and executed (kernel or gloo span).
 
@@ -63,7 +63,7 @@ class Collective:
         return self.end_us - self.start_us
 
 
-@result
+@dataclass(slots=True)
 class KindTime:
     """Communication time of one collective kind in one step (or averaged)."""
 
@@ -74,7 +74,7 @@ class KindTime:
     size_bytes: int = 0
 
 
-@result
+@dataclass(slots=True)
 class StepBreakdown:
     """Where one step's wall time went on one rank.
 
@@ -107,7 +107,7 @@ class StepBreakdown:
         return self.overlapped_comm_us / self.comm_us if self.comm_us > 0 else None
 
 
-@result
+@dataclass(slots=True)
 class DialectTraits:
     """What a trace dialect can and cannot show; rules ask these, never the dialect's name.
 
@@ -121,7 +121,7 @@ class DialectTraits:
     has_message_sizes: bool = False      # sizes (and dtypes) are recorded per collective
 
 
-@result
+@dataclass(slots=True)
 class InputKind:
     """What one rank's file is, decided once at the front door (``trace/kind.py``) with its evidence:
     who wrote it, which device timeline it holds, how its steps are marked and how far its host and
@@ -167,7 +167,7 @@ _DEVICES = {"cuda": "CUDA kernels", "rocm": "ROCm kernels", "xpu": "XPU kernels"
 _STEPS = {"profiler-step": "ProfilerStep", "cycles": "profiler cycles", "none": "no step markers"}
 
 
-@result
+@dataclass(slots=True)
 class RankSummary:
     """One rank's analysis: its steps, their mean, and the figures the cross-rank reduce reads."""
 
@@ -188,7 +188,7 @@ class RankSummary:
     on_cpu_share: float | None = None
 
 
-@result
+@dataclass(slots=True)
 class CollectiveStat:
     """Per (kind, phase) over the analysed ranks and steps.
 
@@ -211,7 +211,7 @@ class CollectiveStat:
     exposed_per_step_us: float = 0.0    # exposed_us per rank and step
 
 
-@result
+@dataclass(slots=True)
 class PrefetchStatus:
     """Whether FSDP prefetches its all-gathers, backward and forward, and how many were prefetched."""
 
@@ -231,7 +231,7 @@ class PrefetchStatus:
     per_step: list[dict] = field(default_factory=list)
 
 
-@result
+@dataclass(slots=True)
 class StragglerReport:
     """The rank the others wait for, if any, by how much, and each rank's mean wait."""
 
@@ -266,7 +266,7 @@ class StragglerReport:
     alone_speed: float | None = None
 
 
-@result
+@dataclass(slots=True)
 class RankClock:
     """One rank's clock against the reference rank's: t_ref = t - offset_us - drift_ppm * 1e-6 * (t - t0_us)."""
 
@@ -279,7 +279,7 @@ class RankClock:
     bound_hi_us: float | None = None
 
 
-@result
+@dataclass   # not slotted: ``of`` keeps its index by rank in the instance's __dict__
 class ClockReport:
     """Per-rank clock offsets estimated from matched collectives (analysis/clock.py, docs/clock.md)."""
 
@@ -301,7 +301,7 @@ class ClockReport:
         return index[1].get(rank)
 
 
-@result
+@dataclass(slots=True)
 class JobInfo:
     """What the job is: world size, ranks analysed, backend, dialect, wrapping and where that was read."""
 
@@ -327,7 +327,7 @@ class JobInfo:
     framework_source: str = "assumed"
 
 
-@result
+@dataclass(slots=True)
 class Evidence:
     """One fact a finding rests on, with the rank, step, time and source it was read from."""
 
@@ -338,7 +338,7 @@ class Evidence:
     source: str | None = None
 
 
-@result
+@dataclass(slots=True)
 class Setting:
     """One setting a fix changes, in the job's framework's terms (diagnose/settings.py): a rule names the
     generic setting and its value, the rendering says where that framework takes it and how it is written."""
@@ -353,7 +353,7 @@ class Setting:
     sized: str | None = None            # what the value was sized from (the host's cores), or why it is not
 
 
-@result
+@dataclass(slots=True)
 class Finding:
     """One diagnosis: what is wrong, how sure, what fixing it would save per step, the evidence and the fix."""
 
@@ -386,7 +386,7 @@ class Finding:
     impact_withheld: str | None = None
 
 
-@result
+@dataclass(slots=True)
 class RankDataQuality:
     """What the loader dropped from one rank's file, and why (trace/quality.py)."""
 
@@ -404,7 +404,7 @@ class RankDataQuality:
     notes: list[str] = field(default_factory=list)   # document fields ignored (distributedInfo...)
 
 
-@result
+@dataclass(slots=True)
 class DataQuality:
     """Everything the loader could not trust, over all ranks and the manifest."""
 
@@ -418,7 +418,7 @@ class DataQuality:
         return not (self.dropped_events or self.ranks or self.manifest or self.notes)
 
 
-@result
+@dataclass(slots=True)
 class PeriodicStall:
     """A step that is longer every ``period`` steps on one rank (analysis/periodic.py)."""
 
@@ -437,7 +437,7 @@ class PeriodicStall:
     occurrence_cost_us: list[float] = field(default_factory=list)   # each stalled step's share of cost_per_step_us
 
 
-@result
+@dataclass(slots=True)
 class Contention:
     """How starved the profiled window was: the share of it each rank's training thread spent runnable but
     waiting for a CPU (the capture's schedstat over the recorded steps), the host's load and cores. A
@@ -454,7 +454,7 @@ class Contention:
     text: str = "host load not recorded"
 
 
-@result
+@dataclass(slots=True)
 class Analysis:
     """The whole result of ``analyze``: what every renderer shows."""
 

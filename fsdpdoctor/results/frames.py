@@ -11,6 +11,11 @@ import dataclasses
 COMPONENTS = ("compute_us", "optimizer_us", "exposed_comm_us", "data_loading_us", "idle_us")
 
 
+def _fields(obj) -> dict:
+    """A result's fields by name, in order (the result types are slotted dataclasses: no instance dict)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
 def _pandas():
     try:
         import pandas as pd
@@ -45,7 +50,7 @@ def step_table_df(a):
     rows = []
     for r in a.ranks:
         for s in r.steps:
-            d = {k: v for k, v in vars(s).items() if not isinstance(v, dict)}
+            d = {k: v for k, v in _fields(s).items() if not isinstance(v, dict)}
             rows.append(d)
     return pd.DataFrame(rows)
 
@@ -54,11 +59,8 @@ def collectives_df(a, events: bool = False):
     """Per (kind, phase) statistics; ``events=True``: one row per collective call (needs the events)."""
     pd = _pandas()
     if events:
-        # slotted (no vars()): the fields, in order
-        names = [f.name for f in dataclasses.fields(a.collective_events[0])] if a.collective_events else []
-        return pd.DataFrame([{n: getattr(c, n) for n in names} | {"duration_us": c.duration_us}
-                             for c in a.collective_events])
-    return pd.DataFrame([vars(c) for c in a.collectives])
+        return pd.DataFrame([_fields(c) | {"duration_us": c.duration_us} for c in a.collective_events])
+    return pd.DataFrame([_fields(c) for c in a.collectives])
 
 
 def ranks_df(a):
@@ -69,7 +71,7 @@ def ranks_df(a):
         d = {"rank": r.rank, "file": r.file, "dialect": r.dialect, "host": r.host, "device": r.device,
              "steps": len(r.steps), "wait_us": r.wait_us, "is_straggler": r.is_straggler}
         if r.mean is not None:
-            d |= {k: v for k, v in vars(r.mean).items() if not isinstance(v, dict) and k not in ("rank", "step")}
+            d |= {k: v for k, v in _fields(r.mean).items() if not isinstance(v, dict) and k not in ("rank", "step")}
         rc = a.clock.of(r.rank) if a.clock else None
         d |= {"clock_offset_us": rc.offset_us if rc else None,
               "clock_uncertainty_us": rc.uncertainty_us if rc else None}

@@ -6,11 +6,10 @@ All times are microseconds (``*_us``)."""
 
 # Annotations are objects, not text: see results/analysis.py.
 
-from dataclasses import field
+from dataclasses import dataclass, field
 
-from fsdpdoctor.results.serial import result
 
-@result
+@dataclass(slots=True)
 class HostSync:
     """A host-device synchronisation inside a step (``.item()``, ``cudaStreamSynchronize``...)."""
 
@@ -24,7 +23,7 @@ class HostSync:
     bubble_us: float = 0.0
 
 
-@result
+@dataclass(slots=True)
 class DataLoaderInfo:
     """One rank's DataLoader: its iterator, calls per step, and the share of the step it stalls."""
 
@@ -38,7 +37,7 @@ class DataLoaderInfo:
     slow_frame_us: float = 0.0
 
 
-@result
+@dataclass(slots=True)
 class DdpInfo:
     """DDP structure seen in the trace (per step means on the analysed ranks)."""
 
@@ -68,7 +67,7 @@ class DdpInfo:
 IDLE_CAUSES = ("launch", "host_sync", "data_loading", "collective_wait", "host_compute", "profiler", "other")
 
 
-@result
+@dataclass(slots=True)
 class GpuIdleStep:
     """One step of one rank on a device timeline: when no kernel, memcpy or memset runs on any stream."""
 
@@ -79,7 +78,7 @@ class GpuIdleStep:
     by_cause: dict[str, float] = field(default_factory=dict)   # IDLE_CAUSES -> idle time; sums to idle_us
 
 
-@result
+@dataclass(slots=True)
 class GpuIdle:
     """GPU idle time of one rank, attributed to what the host was doing meanwhile (see analysis/gpu_idle.py)."""
 
@@ -103,7 +102,7 @@ class GpuIdle:
     startup_steps: list[int] = field(default_factory=list)  # the steps that hold it (the cold start)
 
 
-@result
+@dataclass(slots=True)
 class RankSetup:
     """How one rank was set up, as far as its trace and the manifest say (analysis/setup.py)."""
 
@@ -121,7 +120,7 @@ class RankSetup:
     smallest_group: int | None = None     # the smallest pg_size in distributedInfo.pg_config (a 2-D mesh's)
 
 
-@result
+@dataclass(slots=True)
 class RecomputeInfo:
     """Activation checkpointing: forward work re-run inside backward (analysis/recompute.py)."""
 
@@ -133,7 +132,7 @@ class RecomputeInfo:
     compute_frac: float | None            # of compute time (device busy)
 
 
-@result
+@dataclass(slots=True)
 class OffloadInfo:
     """Host<->device copies (CPU offload, pinned/pageable transfers) of one rank (analysis/recompute.py)."""
 
@@ -147,7 +146,7 @@ class OffloadInfo:
     fsdp_copies_per_step: float = 0.0     # copies launched inside FSDP's own scopes (offload seen in the trace)
 
 
-@result
+@dataclass(slots=True)
 class ProfilerCost:
     """The profiler's own cost per profiled step, measured by the job (analysis/profiler_cost.py): the
     profiled steps' median against the unprofiled steps' median in the capture's step series."""
@@ -159,7 +158,7 @@ class ProfilerCost:
     ranks: int
 
 
-@result
+@dataclass(slots=True)
 class Signals:
     """Structural facts the diagnosis rules read, beyond the time breakdown."""
 

@@ -18,13 +18,13 @@ What each field can tell (measured on the bundled, CUDA and public traces):
 
 # Annotations are objects, not text: see results/analysis.py (RankIdentity is in every RankResult).
 
+from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from fsdpdoctor.digest import blake2b
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.table import RankTrace
 

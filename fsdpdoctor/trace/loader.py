@@ -188,7 +188,7 @@ def _trace_files(folder: Path, notes: list[str]) -> list[Path]:
         raise InputError(folder, f"cannot list the folder: {exc.strerror or exc}") from None
     files = []
     for p in entries:
-        if not (p.name.endswith(".json.gz") or p.name.endswith(".json")) or p.name in ("manifest.json", "expected.json"):
+        if not (p.name.endswith(".json.gz") or p.name.endswith(".json")) or p.name == "manifest.json":
             continue
         problem = _not_a_file(p)
         if problem:
@@ -244,6 +244,36 @@ def _listed_only(manifest: dict | None, files: list[Path], notes: list[str]) -> 
     return keep
 
 
+# a plain .json file up to this size is looked into before it is read as a trace (larger: left to the reader)
+_LOOK_MAX_BYTES = 64 << 20
+
+
+def _traces_by_content(files: list[Path], notes: list[str]) -> list[Path]:
+    """``files`` less the plain JSON documents that cannot be traces (an object that never names
+    "traceEvents": a trainer's state, a metrics log, a test's expectations), skipped with a note. Where
+    that would leave nothing, all are kept: the reader then says what is wrong with them."""
+    if len(files) < 2:
+        return files
+    others = [f for f in files if _not_a_trace(f)]
+    if not others or len(others) == len(files):
+        return files
+    notes.append(f"{', '.join(shown(f.name) for f in others[:5])}{' ...' if len(others) > 5 else ''} skipped: "
+                 "not a trace (a JSON object without traceEvents)")
+    return [f for f in files if f not in others]
+
+
+def _not_a_trace(p: Path) -> bool:
+    if not p.name.endswith(".json"):
+        return False
+    try:
+        if p.stat().st_size > _LOOK_MAX_BYTES:
+            return False
+        data = p.read_bytes()
+    except OSError:
+        return False   # the reader names the problem
+    return data.lstrip()[:1] == b"{" and b'"traceEvents"' not in data
+
+
 def input_files(path: Path, dq: DataQuality) -> tuple[dict | None, list[Path]]:
     """(manifest, trace files) of a file or a run folder; what cannot be trusted or read is noted in ``dq``."""
     if not path.exists():
@@ -251,7 +281,7 @@ def input_files(path: Path, dq: DataQuality) -> tuple[dict | None, list[Path]]:
     if not path.is_dir():
         return None, [path]
     manifest, dq.manifest = read_manifest(path)
-    files = _listed_only(manifest, _trace_files(path, dq.notes), dq.notes)
+    files = _traces_by_content(_listed_only(manifest, _trace_files(path, dq.notes), dq.notes), dq.notes)
     for r, why in sorted((manifest or {}).get("missing_ranks", {}).items(), key=lambda kv: int(kv[0])):
         dq.notes.append(f"rank {r} profiled but its trace is missing: {why[:200]}")
     if not files:

@@ -11,12 +11,11 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from struct import error as StructError, pack_into
-from dataclasses import field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from fsdpdoctor.results.serial import result
 from fsdpdoctor.results import InputKind, RankDataQuality
 
 # Category codes. Old (2021) traces spell them "Operator", "Kernel", "Runtime"...
@@ -95,7 +94,7 @@ def category_code(cat) -> int:
     return code
 
 
-@result
+@dataclass(slots=True)
 class Track:
     """A timeline: a CPU thread or a GPU stream."""
 
@@ -107,7 +106,7 @@ class Track:
     process: str = ""   # its process's name and labels ("Ascend Hardware", "NPU"...): trace/kind.py reads them
 
 
-@result
+@dataclass(slots=True)
 class RankTrace:
     """Everything fsdpdoctor keeps of one rank's trace file."""
 

@@ -9,16 +9,16 @@ latest window and lists the others; ``--window STEP`` picks one by its first ste
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from fsdpdoctor.errors import InputError
-from fsdpdoctor.results.serial import result
 from fsdpdoctor.trace.manifest import read_manifest
 
 WINDOW_RE = re.compile(r"^window-(\d{1,12})$")
 
 
-@result
+@dataclass(slots=True)
 class Window:
     """One profiled window of a run folder: its folder, steps, what opened it and the steps it cut."""
 
@@ -39,7 +39,7 @@ class Window:
 
 def _has_traces(folder: Path) -> bool:
     try:
-        return any(p.name.endswith((".json", ".json.gz")) and p.name not in ("manifest.json", "expected.json")
+        return any(p.name.endswith((".json", ".json.gz")) and p.name != "manifest.json"
                    and not p.name.startswith(".") for p in folder.iterdir())
     except OSError:
         return False

@@ -8,11 +8,11 @@ records, timelines and ``DialectTraits``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
-from fsdpdoctor.results.serial import result
 from fsdpdoctor.results import Collective, DialectTraits
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from fsdpdoctor.trace.table import RankTrace
 
 
-@result
+@dataclass(slots=True)
 class StepWindow:
     """One profiler step's span on this rank's clock (us)."""
 
@@ -29,7 +29,7 @@ class StepWindow:
     end: float
 
 
-@result
+@dataclass(slots=True)
 class Timelines:
     """A rank's compute, optimizer and communication as interval sets, communication by kind and phase."""
 
@@ -40,7 +40,7 @@ class Timelines:
     comm_by_phase: dict      # phase -> interval set
 
 
-@result
+@dataclass(slots=True)
 class CollectiveRecord:
     """One collective as a dialect found it: the public ``Collective`` plus what only
     the per-rank analysis needs (where it was issued, which kernel ran it)."""
