@@ -6,7 +6,10 @@ for categorical features, an MLP over them and the dense features), DDP over glo
 
 The periodic work is sized from the job's own step time, measured before the captured steps (a
 checkpoint of about three healthy steps, an evaluation of a few), so it stands out of the noise on any
-machine; the job runs 20 steps so the step series holds several periods.
+machine; the job runs 20 steps so the step series holds several periods. ``periodic_checkpoint_short``
+runs only the profiled steps (wait 1, warmup 1, active 8): the stall is seen twice, in the profiled window
+alone. ``periodic_eval_all_ranks``: every rank evaluates its own share of the held-out set (a share of
+about four steps each), so every rank's step holds the work and none waits for another.
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ def main(argv=None) -> int:
     model = nn.parallel.DistributedDataParallel(Recommender())
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(rank)
-    steps = args.steps if args.steps is not None else 20
+    steps = args.steps if args.steps is not None else p.get("total_steps") or 20
+    everyone = p.get("periodic_ranks") == "all"
 
     def train_step():
         dense, sparse, y = batch(g)
@@ -97,19 +101,24 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         save_checkpoint(model.module, opt, os.path.join(tmp, "probe"), 1)
         copies = max(1, round(3 * step_s / max(time.perf_counter() - t0, 1e-4)))
-    if kind == "eval" and rank == 0:
+    if kind == "eval" and (rank == 0 or everyone):
         eg = torch.Generator().manual_seed(1000)
         probe = [batch(eg) for _ in range(4)]
         evaluate(model.module, probe[:1])   # warm
         t0 = time.perf_counter()
         evaluate(model.module, probe)
-        eval_batches = [batch(eg) for _ in range(max(1, round(4 * step_s / max(time.perf_counter() - t0, 1e-4))))]
+        n_eval = max(1, round(4 * step_s / max(time.perf_counter() - t0, 1e-4)))
+        if everyone:   # every rank's share of the evaluation set the same size (about four steps long)
+            box = torch.tensor([n_eval])
+            dist.all_reduce(box, op=dist.ReduceOp.MAX)
+            n_eval = int(box.item())
+        eval_batches = [batch(eg) for _ in range(n_eval)]
     i = 0
 
     def step_with_periodic_work():
         nonlocal i
         train_step()
-        if rank == 0 and i % every == every - 1:
+        if (rank == 0 or everyone) and i % every == every - 1:
             if kind == "checkpoint":
                 save_checkpoint(model.module, opt, os.path.join(tmp, f"step{i}"), copies)
             elif kind == "eval":

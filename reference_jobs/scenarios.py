@@ -140,6 +140,9 @@ USER_JOB_PARAMS = {
                                  # mlp_loss_allreduce
     "periodic": "none",          # periodic.py: checkpoint / eval on rank 0 every `every` steps
     "every": 4,
+    "periodic_ranks": "rank0",   # periodic.py: rank0 / all (every rank does its share of the periodic work)
+    "total_steps": None,         # periodic.py: steps of the whole run (None: 20)
+    "persistent_workers": False,  # epoch_loader.py: DataLoader(persistent_workers=...)
     "units": "per_block",        # wrapping.py: per_block / fsdp2_root_only / fsdp1_no_policy /
                                  # fsdp1_per_block_no_prefetch
     "collate_sleep_ms": 0.0,     # wrapping.py: slow_rank's collate_fn sleeps this long per batch
@@ -232,6 +235,25 @@ USER_SCENARIOS: dict[str, dict] = {
         script="periodic.py", wrap="ddp",
         injects="rank 0 runs an evaluation pass (a few steps long) after every 3rd step",
         params={"periodic": "eval", "every": 3}, must=["periodic-stall"]),
+    "periodic_checkpoint_short": dict(
+        script="periodic.py", wrap="ddp", active=8,
+        injects="rank 0 saves a checkpoint (about three steps long) after every 4th step; the run is only the "
+                "profiled window (8 steps): the stall is seen twice", params={"periodic": "checkpoint", "every": 4,
+                                                                           "total_steps": 10},
+        must=["periodic-stall"]),
+    "periodic_eval_all_ranks": dict(
+        script="periodic.py", wrap="ddp",
+        injects="every rank runs its share of an evaluation pass (about four steps long) after every 3rd step",
+        params={"periodic": "eval", "every": 3, "periodic_ranks": "all"}, must=["periodic-stall"]),
+    "loader_epoch_restart": dict(
+        script="epoch_loader.py", wrap="ddp", active=8,
+        injects="epochs of 4 batches, DataLoader(num_workers=2) without persistent_workers: the workers start "
+                "again at every epoch and both ranks wait about half a step for the first batch",
+        params={"persistent_workers": False}, must=["input-bound"]),
+    "loader_epoch_persistent": dict(
+        script="epoch_loader.py", wrap="ddp", active=8,
+        injects="nothing (healthy): the same epochs with persistent_workers=True (the workers start once)",
+        params={"persistent_workers": True}, must=[]),
     "wrap_fsdp2_per_block": dict(
         script="wrapping.py", wrap="fsdp2", injects="nothing (healthy): small ViT, fully_shard per block then root",
         params={}, must=[]),

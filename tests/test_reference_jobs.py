@@ -40,6 +40,8 @@ REQUIRED = [
     "vit_fsdp2_bf16_ckpt", "gru_lm_amp_accum", "gru_lm_amp_accum_sync_every", "mlp_loss_allreduce",
     # the same loss all_reduce under torch.compile(DDP(model)); DDP static_graph=True
     "mlp_compiled_loss_allreduce", "gru_lm_static_graph",
+    # periodic work seen twice in the window, and done by every rank; loader workers started every epoch
+    "periodic_checkpoint_short", "periodic_eval_all_ranks", "loader_epoch_restart", "loader_epoch_persistent",
 ]
 MUST = {
     # forward_prefetch=False in every FSDP1 scenario but fsdp1_forward_prefetch (the on/off pair)
@@ -72,6 +74,10 @@ MUST = {
     "mixer_hf_trainer": ["ddp-find-unused-unneeded"],
     "periodic_checkpoint": ["periodic-stall"],
     "periodic_eval": ["periodic-stall"],
+    "periodic_checkpoint_short": ["periodic-stall"],
+    "periodic_eval_all_ranks": ["periodic-stall"],
+    # the workers' start at every epoch is data loading (persistent_workers), not a periodic stall
+    "loader_epoch_restart": ["input-bound"],
     "wrap_fsdp2_root_only": ["fsdp-single-unit"],
     "wrap_fsdp1_no_policy": ["fsdp-single-unit"],
     "wrap_fsdp1_no_prefetch_slow_collate": ["fsdp1-no-backward-prefetch", "fsdp-forward-prefetch-off", "straggler",
@@ -88,7 +94,7 @@ MUST = {
 HEALTHY = ["fsdp1_backward_pre", "fsdp2_default", "ddp_default", "dataloader_fixed", "grad_accum_no_sync"]
 HEALTHY_USER_JOBS = ["hf_ddp", "hf_fsdp2", "hf_accelerate", "cnn_ddp", "seq_ddp", "moe_balanced", "mixer_plain",
                      "mixer_lightning", "mixer_lbfgs", "syncbn_ddp", "wrap_fsdp2_per_block",
-                     "gru_lm_amp_accum", "gru_lm_static_graph"]
+                     "gru_lm_amp_accum", "gru_lm_static_graph", "loader_epoch_persistent"]
 UNSYNCHRONIZED = {"hf_accelerate_unsynchronized", "cnn_no_process_group"}
 
 

@@ -36,16 +36,19 @@ MAX_PERIOD = 16
 SKIP_FIRST = 2              # the first steps hold start-up (allocation, autotuning, a first collective)
 
 
-def _fit(steps: list[int], durs: list[float]) -> tuple[int, int, float, list[int]] | None:
-    """(period, offset, mean excess of the stalled steps, stalled step numbers) of the best periodic fit."""
-    pairs = [(s, d) for s, d in zip(steps, durs)][SKIP_FIRST:]
+def _fit(steps: list[int], durs: list[float], skip: int = SKIP_FIRST,
+         hits: int = 3) -> tuple[int, int, float, list[int]] | None:
+    """(period, offset, mean excess of the stalled steps, stalled step numbers) of the best periodic fit, with
+    ``hits`` occurrences at least (three: two outliers a period apart happen by chance; two only where the
+    caller corroborates them, ``_two_in_window``)."""
+    pairs = [(s, d) for s, d in zip(steps, durs)][skip:]
     n = len(pairs)
     best = None
-    for p in range(2, min(MAX_PERIOD, n // 2) + 1):
+    for p in range(2, min(MAX_PERIOD, n // hits) + 1):
         for k in range(p):
             a = [d for s, d in pairs if s % p == k]
             b = [d for s, d in pairs if s % p != k]
-            if len(a) < 3 or len(b) < 3:   # three occurrences: two outliers a period apart happen by chance
+            if len(a) < hits or len(b) < 3:
                 continue
             base = median(b)
             noise = MAD_TO_SIGMA * median(abs(x - base) for x in b)
@@ -112,11 +115,7 @@ def find(summaries: list[RankSummary], step_frames: dict[int, dict[str, dict[int
             fits[r] = f
     if not fits:
         source = "profiled steps"
-        for s in summaries:
-            f = _fit([b.step for b in s.steps if b.step is not None],
-                     [b.duration_us for b in s.steps if b.step is not None])
-            if f:
-                fits[s.rank] = f
+        fits = _profiled_fits(summaries, step_frames)
     if not fits:
         return None
     # the period most ranks agree on (the waiting ranks show the same one, maybe shifted)
@@ -125,8 +124,11 @@ def find(summaries: list[RankSummary], step_frames: dict[int, dict[str, dict[int
     fits = {r: f for r, f in fits.items() if f[0] == period}
     rank, how = _owner(summaries, fits, series)
     p, k, excess, stalled = fits[rank]
+    every = _every_rank(summaries, p, k)
+    if every:
+        how = every
     n = len(series[rank][0]) - SKIP_FIRST if source == "step series" else \
-        len([b for b in next(s for s in summaries if s.rank == rank).steps]) - SKIP_FIRST
+        len([b for b in next(s for s in summaries if s.rank == rank).steps])
     cost = excess * len(stalled) / max(n, 1)
     frame, frame_extra = _frame(step_frames.get(rank, {}), p, k)
     mean_step = median(d for d in (series[rank][2] if source == "step series" else
@@ -140,7 +142,60 @@ def find(summaries: list[RankSummary], step_frames: dict[int, dict[str, dict[int
     return PeriodicStall(rank=rank, period=p, offset=k, stalled_steps=stalled, excess_us=excess, occurrence_cost_us=each,
                          cost_per_step_us=cost, source=source, owner_evidence=how, frame=frame,
                          frame_extra_us=frame_extra, median_step_us=mean_step,
-                         ranks_showing=sorted(fits))
+                         ranks_showing=sorted({s.rank for s in summaries} if every else fits),
+                         every_rank=bool(every))
+
+
+def _profiled_fits(summaries: list[RankSummary], step_frames: dict[int, dict[str, dict[int, float]]]) -> dict:
+    """Fits on the profiled steps alone (all of them: the profiler's warm-up already holds the start-up). Three
+    occurrences, or two where a user frame runs in those two steps only and holds most of their excess on a
+    rank (a checkpoint every 4th step seen twice in an 8-step window): the work itself, seen twice, is the
+    corroboration a third occurrence gives otherwise. The ranks that only wait for it fit with that period."""
+    def steps_of(s):
+        return [b.step for b in s.steps if b.step is not None], [b.duration_us for b in s.steps if b.step is not None]
+
+    fits = {s.rank: f for s in summaries for f in [_fit(*steps_of(s), skip=0)] if f}
+    if fits:
+        return fits
+    two = {s.rank: f for s in summaries for f in [_fit(*steps_of(s), skip=0, hits=2)] if f}
+    seen = [r for r, f in two.items() if _only_in_stalled(step_frames.get(r, {}), f)]
+    if not seen:
+        return {}
+    period = two[seen[0]][0]
+    return {r: f for r, f in two.items() if f[0] == period}
+
+
+def _only_in_stalled(frames: dict[str, dict[int, float]], fit: tuple) -> bool:
+    """A frame that runs in the stalled steps only (none of the others) and holds half their excess there."""
+    p, k, excess, _ = fit
+    for per in frames.values():
+        a = [v for st, v in per.items() if st % p == k]
+        o = [v for st, v in per.items() if st % p != k]
+        if a and o and max(o) == 0.0 and min(a) >= 0.5 * excess:
+            return True
+    return False
+
+
+def _every_rank(summaries: list[RankSummary], p: int, k: int) -> str | None:
+    """Why the periodic work is every rank's (each rank's own time, the step less its exposed communication,
+    rises in the stalled steps by a like amount: an evaluation every rank runs, the loader's start at each
+    epoch), or None when one rank does it and the others wait. From the profiled steps (where the step
+    series of a rank may miss the period in its noise)."""
+    if len(summaries) < 2:
+        return None
+    own = {}
+    for s in summaries:
+        a = [b.duration_us - b.exposed_comm_us for b in s.steps if b.step is not None and b.step % p == k]
+        o = [b.duration_us - b.exposed_comm_us for b in s.steps if b.step is not None and b.step % p != k]
+        if not a or not o:
+            return None
+        own[s.rank] = sum(a) / len(a) - median(o)
+    step = median(b.duration_us for s in summaries for b in s.steps)
+    lo, hi = min(own.values()), max(own.values())
+    if lo < MIN_EXCESS_FRAC * step or lo < 0.5 * hi:
+        return None
+    return ("every rank's own time (not waiting in a collective) rises in the stalled steps: "
+            + ", ".join(f"rank {r} {own[r] / 1e3:.1f} ms" for r in sorted(own)) + " more than in its other steps")
 
 
 def _owner(summaries: list[RankSummary], fits: dict[int, tuple], series: dict) -> tuple[int, str]:

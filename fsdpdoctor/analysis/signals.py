@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_right
 from collections import defaultdict
 
@@ -134,7 +135,63 @@ def dataloader(ctx: RankContext, windows: list[StepWindow], steps: list[StepBrea
                 # deepest frame that still holds most of the time: prefer the innermost heavy frame
                 best = max(per_name.items(), key=lambda kv: kv[1])
                 info.slow_frame, info.slow_frame_us = best[0], best[1] / len(steps)
+    _worker_starts(ctx, windows, rows, info)
     return info
+
+
+# DataLoader.__iter__ makes a new iterator (torch/utils/data/dataloader.py): every epoch without
+# persistent_workers, which forks the worker processes again (multiprocessing's Popen under it) and shuts
+# the last epoch's down; with persistent_workers=True it runs once and later epochs only _reset the iterator
+_GET_ITERATOR = re.compile(r"(^|/)torch/utils/data/dataloader\.py\(\d+\): _get_iterator$")
+_SHUTDOWN = re.compile(r"(^|/)torch/utils/data/dataloader\.py\(\d+\): _shutdown_workers$")
+_FORK = re.compile(r"(^|/)multiprocessing/(popen_\w+|process)\.py\(\d+\): (_launch|start)$")
+
+
+def _worker_starts(ctx: RankContext, windows: list[StepWindow], nexts: list[int], info: DataLoaderInfo) -> None:
+    """The steps in which the loader's worker processes start again (a new iterator that forks workers), and
+    what each start holds on this rank: the new iterator (the fork), the last epoch's workers shut down, and
+    the first ``__next__``'s wait past the median ``__next__`` of the other steps (the workers' start-up
+    and first batch). Python stacks only."""
+    t = ctx.t
+    if not t.has_stacks or not info.iterator.startswith("_MultiProcessing"):
+        return
+    frames = t.rows_named(_loader_frame, cat=PYFUNC)
+    frames = frames[t.track[frames] == ctx.main_track] if len(frames) else frames
+    if not len(frames):
+        return
+    names = [t.name(int(r)) for r in frames]
+    gets = [int(r) for r, n in zip(frames, names) if _GET_ITERATOR.search(n)]
+    forks = np.array([float(t.ts[r]) for r, n in zip(frames, names) if _FORK.search(n)])
+    starts: dict[int, float] = {}
+    for r in gets:
+        a, b = float(t.ts[r]), float(t.ts[r] + t.dur[r])
+        w = _window_of(windows, a)
+        if w is None or w.step is None or not ((forks >= a) & (forks < b)).any():
+            continue   # a single-process iterator, or outside the analysed steps
+        starts[w.step] = starts.get(w.step, 0.0) + (b - a)
+    if not starts:
+        return
+    for r, n in zip(frames, names):
+        w = _window_of(windows, float(t.ts[r])) if _SHUTDOWN.search(n) else None
+        if w is not None and w.step in starts:
+            starts[w.step] += float(t.dur[r])
+    first_next: dict[int, float] = {}
+    for r in nexts:
+        w = _window_of(windows, float(t.ts[r]))
+        if w is not None and w.step is not None:
+            first_next.setdefault(w.step, float(t.dur[r]))
+    rest = sorted(d for st, d in first_next.items() if st not in starts)
+    typical = rest[len(rest) // 2] if rest else 0.0
+    for st in starts:
+        starts[st] += max(first_next.get(st, typical) - typical, 0.0)
+    info.worker_start_steps = sorted(starts)
+    info.worker_start_each_us = [starts[st] for st in info.worker_start_steps]
+    info.worker_start_us = sum(starts.values()) / len(starts)
+
+
+def _loader_frame(name: str) -> bool:
+    """Python frames of the loader's and multiprocessing's own files (not user frames)."""
+    return "dataloader.py(" in name or "multiprocessing/" in name
 
 
 # DDP's own forward frames that run only with find_unused_parameters=True (torch/nn/parallel/distributed.py,

@@ -194,6 +194,7 @@ def attribute_cause(report: StragglerReport, ranks: list[RankSummary],
         return
     report.cause = cause
     report.extra_us = amount
+    report.extra_each_us = _extra_each(s, [r for r in ranks if r.rank != report.straggler], cause)
     report.cause_evidence = (f"rank {s.rank} spends {amount / 1e3:.1f} ms/step more on {cause} than the median "
                              f"of the other ranks")
     if cause != "compute" or not work or report.straggler not in work:
@@ -219,6 +220,27 @@ def attribute_cause(report: StragglerReport, ranks: list[RankSummary],
                                       "hands it the extra work")
     else:
         report.cause_evidence += f"; its steps hold the same work as theirs ({same})"
+
+
+_CAUSE_PARTS = {"data loading": ("data_loading_us",), "compute": ("compute_us", "optimizer_us"),
+                "host sync": ("host_sync_us",), "sleep": ("sleep_us",)}
+
+
+def _extra_each(s: RankSummary, others: list[RankSummary], cause: str) -> list[float]:
+    """The culprit's time in ``cause`` less the other ranks' median, step by step (steps every rank has): the
+    repeated measurements of its imbalance, whose spread is that imbalance's own noise."""
+    def part(b) -> float:
+        if cause == "idle":
+            return b.idle_us - b.sleep_us
+        return sum(getattr(b, f) for f in _CAUSE_PARTS[cause])
+
+    theirs = [{b.step: part(b) for b in o.steps} for o in others]
+    out = []
+    for b in s.steps:
+        vals = [t[b.step] for t in theirs if b.step in t]
+        if len(vals) == len(theirs) and vals:
+            out.append(part(b) - float(median(vals)))
+    return out
 
 
 # the culprit must have run alone (the others waiting) for at least this share of its runnable time for its

@@ -63,6 +63,8 @@ def _straggler_verdict(ctx: RuleContext) -> float:
         return 0.0
     if s.last_fraction < th["straggler_consistency"] or ctx.frac(s.wait_us) < th["straggler_min_frac"]:
         return 0.0
+    if not imbalance_beyond_noise(s, th["straggler_noise_z"]):
+        return 0.0
     if s.noise_us > 0:
         above_noise = s.wait_us >= th["straggler_noise_z"] * s.noise_us
         corroborated = (s.chance <= th["straggler_chance"] and own_work(s) and s.wait_us >= s.noise_us)
@@ -72,6 +74,21 @@ def _straggler_verdict(ctx: RuleContext) -> float:
         return 0.0  # one step: no noise estimate, so only a wait of a quarter of the step is trusted
     explained = min(s.extra_us / s.wait_us, 1.0) if s.wait_us > 0 else 0.0
     return round(0.5 + 0.3 * (1.0 - s.chance) + 0.2 * explained, 2)
+
+
+def imbalance_beyond_noise(s, z: float) -> bool:
+    """Whether the culprit's extra time in its cause is an imbalance beyond noise: the mean of its per-step
+    excess over the other ranks at least ``z`` standard errors above zero, and at least the run's step-to-step
+    noise (``noise_us``). Ranks doing the same work (a loader stall on every rank, tiny buckets on every rank)
+    differ step by step both ways, and the latest of them in a few steps is chance, its wait the largest of
+    many small ones; a rank with more to do (a sleep, a longer batch, a slow collate) is behind in every step
+    by a like amount. Fewer than two steps: not testable, left to the other tests."""
+    e = s.extra_each_us
+    if len(e) < 2:
+        return True
+    mean = sum(e) / len(e)
+    sd = (sum((x - mean) ** 2 for x in e) / (len(e) - 1)) ** 0.5
+    return mean > 0 and mean >= s.noise_us and (sd == 0 or mean >= z * sd / len(e) ** 0.5)
 
 
 def straggler_wait_in(ctx: RuleContext, kind: str, phase: str | None = None) -> float:

@@ -9,6 +9,7 @@ from fsdpdoctor.diagnose.facts import (
 )
 from fsdpdoctor.analysis.host import host_cores
 from fsdpdoctor.diagnose.framework import RuleContext, rule
+from fsdpdoctor.diagnose.loader_restart import restart_finding, worker_restarts
 from fsdpdoctor.diagnose.noise import per_step
 from fsdpdoctor.diagnose.sizing import loader_workers, more_cores_words
 from fsdpdoctor.results import Evidence, Finding, Setting
@@ -21,6 +22,9 @@ def input_bound(ctx: RuleContext) -> list[Finding]:
     m = ctx.a.mean
     if not loaders or not m:
         return []
+    restart = worker_restarts(ctx)
+    if restart is not None:
+        return [restart_finding(ctx, loaders, restart)]
     f = ctx.frac(m.data_loading_us)
     if f < ctx.th["input_bound_frac"]:
         return []

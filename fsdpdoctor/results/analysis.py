@@ -251,6 +251,7 @@ class StragglerReport:
     saving_us: float = 0.0              # what the step would save without it: the next-latest rank's wait (median)
     noise_us: float = 0.0               # the run's own step-to-step jitter of step time (robust sd)
     extra_us: float = 0.0               # the culprit's extra time per step in `cause`
+    extra_each_us: list[float] = field(default_factory=list)   # that extra in each step (the others' median)
     cause_source: str | None = None     # the culprit's own user frame holding its extra time
     cause_frames: list[dict] = field(default_factory=list)   # frame, culprit_us, others_us, extra_us
     # "more work" brought by a collective: the kind of the matched call whose message on the culprit is the
@@ -435,6 +436,7 @@ class PeriodicStall:
     frame: str | None = None            # the user frame holding the stall (profiled steps, with stacks)
     frame_extra_us: float | None = None
     occurrence_cost_us: list[float] = field(default_factory=list)   # each stalled step's share of cost_per_step_us
+    every_rank: bool = False            # every rank does the work in the same steps (none waits for another)
 
 
 @dataclass(slots=True)

@@ -35,6 +35,11 @@ class DataLoaderInfo:
     exposed_frac: float              # data loading not hidden under compute / step time
     slow_frame: str | None = None    # user frame under __next__ with the most time (e.g. dataset __getitem__)
     slow_frame_us: float = 0.0
+    # steps in which the worker processes start again (a new iterator each epoch: persistent_workers=False),
+    # and the mean time one start holds on this rank (fork, the old workers' shutdown, the first batch's wait)
+    worker_start_steps: list[int] = field(default_factory=list)
+    worker_start_each_us: list[float] = field(default_factory=list)   # per start, as worker_start_steps
+    worker_start_us: float = 0.0
 
 
 @dataclass(slots=True)
