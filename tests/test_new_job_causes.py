@@ -36,6 +36,10 @@ def test_loader_workers_started_at_every_epoch_are_a_data_loading_cause():
     f = next(f for f in a.findings if f.id == "input-bound")
     assert f.title.startswith("DataLoader workers start again at every epoch") and "every 4 steps" in f.title
     assert "persistent_workers=True" in f.fix and "forward" not in f.fix
+    # the fix as data: the generic setting, written in the job's framework (plain PyTorch here)
+    (setting,) = f.settings
+    assert (setting.name, setting.value, setting.now, setting.where) == ("loader.persistent_workers", True, False,
+                                                                         "DataLoader")
     assert f.severity in ("warning", "error") and sorted(f.ranks) == [0, 1]
     # the saving is the starts' own time spread over the epoch, not more than the stall the steps show
     assert f.impact_us == pytest.approx(sum(d.worker_start_us for d in a.signals.dataloader) / 2 / 4)

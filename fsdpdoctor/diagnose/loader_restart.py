@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from fsdpdoctor.analysis.stats import median
 from fsdpdoctor.diagnose.framework import RuleContext
-from fsdpdoctor.results import Evidence, Finding
+from fsdpdoctor.results import Evidence, Finding, Setting
 from fsdpdoctor.units import ms
 
 
@@ -106,9 +106,10 @@ def restart_finding(ctx: RuleContext, loaders, r: Restarts) -> Finding:
         "step, so it is data loading, not one rank's stall."
         + ("" if r.seen else " (Inferred from the loader's periodic wait: if the period is not your epoch, "
                              "look for what restarts the loader.)"),
-        "DataLoader(..., persistent_workers=True)  # the workers start once and are reused by every epoch; "
-        "now False", confidence=0.85 if r.seen else 0.6, evidence=ev, source=loaders[0].slow_frame,
-        floor="warning",
+        "The workers start once and are reused by every epoch.",
+        # the fix as data, written in the job's framework (diagnose/settings.py)
+        settings=[Setting("loader.persistent_workers", True, now=False)],
+        confidence=0.85 if r.seen else 0.6, evidence=ev, source=loaders[0].slow_frame, floor="warning",
         # each start is one measurement of the cost (as a periodic stall's occurrences): the step-to-step noise
         # is the wrong yardstick, the starts themselves are most of it
         samples=[us / period for us in r.each_us] if len(r.each_us) >= 2 else None)
