@@ -248,3 +248,81 @@ def test_diff_names_the_base_fix_behind_a_new_finding():
     assert "CPU contention" in ch.explained_by and "so it was applied" in ch.explained_by
     assert any(ln.startswith("new straggler: may be a side effect") for ln in fix_lines(c))
     assert all(f.explained_by is None for f in c.findings if f.id != "straggler")
+
+
+def test_hf_callback_without_a_trainer_refuses_loudly(tmp_path):
+    """Called outside a Trainer's loop (no Trainer on the stack, no trainer=) in a job of several ranks, the
+    callback cannot find the wrapper: it says so on stderr and in the manifest, never records the unwrapped
+    model in silence."""
+    pytest.importorskip("transformers")
+    import types
+    import warnings
+
+    import torch
+
+    from fsdpdoctor.capture.hf import FsdpdoctorCallback
+
+    cb = FsdpdoctorCallback(tmp_path / "run", wait=0, warmup=1, active=1)
+    args = types.SimpleNamespace(per_device_train_batch_size=4, world_size=2, gradient_accumulation_steps=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cb.on_train_begin(args, None, None, model=torch.nn.Linear(2, 2))
+    try:
+        assert any("found no Trainer" in str(w.message) for w in caught)
+        assert any("trainer=trainer" in t for t in cb.cap.warnings)
+        assert cb.cap.framework["name"] == "hf-trainer"
+    finally:
+        cb.on_train_end(args, None, None)
+
+
+def test_unwrapped_model_in_a_multi_rank_job_is_said():
+    """capture(model=...) given the bare model while several ranks run: a warning on stderr and in the manifest;
+    nothing said for one rank, a wrapped model, or no model at all."""
+    import warnings
+
+    from fsdpdoctor.capture.manifest_writer import _unwrapped_warning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        said = _unwrapped_warning({"kind": "none"}, 2, True)
+    assert said and "not wrapped in DDP or FSDP though 2 ranks run" in said[0] and caught
+    assert _unwrapped_warning({"kind": "ddp"}, 2, True) == []
+    assert _unwrapped_warning({"kind": "none"}, 1, True) == []
+    assert _unwrapped_warning({"kind": "none"}, 2, False) == []
+
+
+_ACCELERATE_LOOP = """
+import sys, torch
+from accelerate import Accelerator
+from fsdpdoctor.capture import capture
+
+acc = Accelerator(cpu=True)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model, opt = acc.prepare(model, opt)
+with capture(sys.argv[1], model=model, optimizer=opt, wait=0, warmup=1, active=2) as cap:
+    for _ in range(4):
+        loss = model(torch.randn(4, 8)).sum()
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        cap.step()
+"""
+
+
+def test_accelerate_loop_records_its_framework(tmp_path):
+    """A loop of the user's own over Accelerate's prepared objects, captured by capture(): the manifest says
+    accelerate, so its fixes are written as kwargs handlers and the FSDP plugin."""
+    pytest.importorskip("accelerate")
+    out = tmp_path / "run"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": "0",
+           "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    proc = subprocess.run([sys.executable, "-c", _ACCELERATE_LOOP, str(out)], capture_output=True, text=True,
+                          env=env, timeout=600, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["framework"]["name"] == "accelerate" and m["wrapping"]["kind"] == "ddp"
+    assert open_analysis(out).job.framework == "accelerate"
