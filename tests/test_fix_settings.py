@@ -326,3 +326,17 @@ def test_accelerate_loop_records_its_framework(tmp_path):
     m = json.loads((out / "manifest.json").read_text())
     assert m["framework"]["name"] == "accelerate" and m["wrapping"]["kind"] == "ddp"
     assert open_analysis(out).job.framework == "accelerate"
+
+
+def test_a_straggler_on_shared_cores_names_the_jobs_own_workers():
+    """dataloader_fixed loads in worker processes on the cores the CPU ranks compute on: a rank slower at the
+    same work there is told to look at them first; dataloader_slow (no workers) is not."""
+    from fsdpdoctor.diagnose.framework import RuleContext
+    from fsdpdoctor.diagnose.host_rules import _own_workers_words
+    from fsdpdoctor.diagnose.thresholds import resolve
+
+    fixed = _analysis("dataloader_fixed")
+    fixed.job.manifest = {**(fixed.job.manifest or {}), "host": {"cores": 2, "ranks_per_host": 2}}
+    words = _own_workers_words(RuleContext(fixed, resolve(None)))
+    assert "DataLoader worker processes" in words and "2 cores" in words
+    assert _own_workers_words(RuleContext(_analysis("dataloader_slow"), resolve(None))) == ""

@@ -11,7 +11,7 @@ from fsdpdoctor.analysis.host import host_cores
 from fsdpdoctor.diagnose.framework import RuleContext, rule
 from fsdpdoctor.diagnose.loader_restart import restart_finding, worker_restarts
 from fsdpdoctor.diagnose.noise import per_step
-from fsdpdoctor.diagnose.sizing import loader_workers, more_cores_words
+from fsdpdoctor.diagnose.sizing import host_share, loader_workers, more_cores_words
 from fsdpdoctor.results import Evidence, Finding, Setting
 from fsdpdoctor.units import ms, pct
 
@@ -199,7 +199,8 @@ def straggler(ctx: RuleContext) -> list[Finding]:
                         "specific code, uneven shapes -> bucket by length)",
              "slower at the same work": "Rank {r} runs the same code {extra} per step slower than the others: " + (
                  "check its device (clocks, thermal, other processes on it)" if ctx.traits.device_timeline else
-                 "check that no other process takes its cores (pin ranks to cores, fewer jobs per host)"),
+                 "check that no other process takes its cores (pin ranks to cores, fewer jobs per host)"
+                 + _own_workers_words(ctx)),
              "idle": "Rank {r} is idle outside ops: look for Python work, logging or I/O only it does"}
     # wait_us is the longest wait of a step (median over steps): with more than two ranks the others
     # wait between the next-latest rank's wait and that
@@ -256,6 +257,18 @@ def straggler(ctx: RuleContext) -> list[Finding]:
         confidence=verdict, evidence=ev, ranks=[r], source=frame, consequences=conseq, severity=severity,
         # per step, the wait it causes where it is last and nothing where another rank is
         samples=[p.get("saving_us", p["imbalance_us"]) if p["straggler"] == r else 0.0 for p in s.per_step])]
+
+
+def _own_workers_words(ctx: RuleContext) -> str:
+    """Where the job's own loader worker processes share the cores the ranks compute on, they are the first
+    other processes to suspect (more workers than free cores slow a rank's compute)."""
+    loaders = ctx.a.signals.dataloader if ctx.a.signals else []
+    if not ctx.traits.shared_host_cores or not any(not d.iterator.startswith("_SingleProcess") for d in loaders):
+        return ""
+    share = host_share(ctx.a)
+    where = f" ({share.words()})" if share.known else ""
+    return (f"; this job's own DataLoader worker processes run on the host's cores{where}: fewer workers per rank, "
+            "or a host with a core free for each, may be what it needs")
 
 
 def _compute_ratio(ctx: RuleContext, r: int) -> float:
