@@ -234,3 +234,24 @@ def test_a_worker_dies_with_its_parent(tmp_path, how):
         parent.wait()
         if worker is not None and not _ended(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+def test_beside_another_thread_a_pool_starts_from_a_fresh_process(monkeypatch):
+    """Another thread alive: no fork of this process; a pool started by a fork server maps the ranks,
+    and where multiprocessing cannot start one (a stderr stream whose fileno() is -1, as the TUI's), this
+    process maps them itself."""
+    import io
+
+    monkeypatch.setattr(forking, "other_threads", lambda: 1)
+    assert forking.pool_context().get_start_method() in ("forkserver", "spawn")
+    units = _units("straggler")
+    serial = _by_file(SerialEngine().map(rank_step, units))
+    assert _by_file(local.LocalEngine(2).map(rank_step, units)) == serial
+
+    class NoDescriptor(io.StringIO):
+        def fileno(self):
+            return -1
+
+    monkeypatch.setattr(sys, "stderr", NoDescriptor())
+    assert not local._pool_can_start()
+    assert _by_file(local.LocalEngine(2).map(rank_step, units)) == serial

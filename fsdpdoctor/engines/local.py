@@ -58,11 +58,23 @@ class LocalEngine:
             yield from SerialEngine(pieces=self.workers).map(fn, units)
         elif can_fork():
             yield from _forked_map(fn, units, n)
-        else:
+        elif _pool_can_start():
             yield from _pool_map(fn, units, n)
+        else:
+            yield from SerialEngine(pieces=1).map(fn, units)
 
     def close(self) -> None:
         pass
+
+
+def _pool_can_start() -> bool:
+    """Whether a pool can start its workers from a fresh process here: multiprocessing hands its helper
+    processes this process's stderr by its file descriptor, and a stream put in its place whose
+    ``fileno()`` says -1 (the TUI's) makes every start fail; then the ranks are mapped in this process."""
+    try:
+        return sys.stderr.fileno() >= 0
+    except Exception:  # noqa: BLE001 - no descriptor at all: multiprocessing does without it
+        return True
 
 
 def _died(unit) -> InputError:
