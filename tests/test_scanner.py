@@ -24,7 +24,10 @@ from shared_data import PUBLIC, SHARED
 def test_the_scanner_is_built():
     """`pip install -e .` compiles it (pyproject.toml, ext-modules); without it every trace is read by
     the decoding readings, correctly but ~3x slower per event."""
-    assert columns._scan is not None, "fsdpdoctor/trace/_scan.c was not compiled: reinstall with a C compiler"
+    from fsdpdoctor.trace import scanner
+
+    assert columns._scan is not None, (f"trace scanner {scanner.state()}: rebuild it (pip install -e ., or cc -shared "
+                                       "-fPIC -O3 -I<python include> fsdpdoctor/trace/_scan.c -o <its .so>)")
 
 
 def _same_columns(a: columns.Columns, b: columns.Columns) -> None:

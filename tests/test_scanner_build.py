@@ -68,9 +68,19 @@ def _python(code: str, *args: str) -> subprocess.CompletedProcess:
 CLI = "import sys\nfrom fsdpdoctor.cli import main\nsys.exit(main(sys.argv[1:]))\n"
 
 
-def test_without_the_scanner_a_command_says_so_once():
+def _installed_without_the_scanner(tmp_path: Path) -> Path:
+    """A copy of the package as an install that could not build the scanner leaves it: no _scan*.so."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(REPO / "fsdpdoctor", site / "fsdpdoctor",
+                    ignore=shutil.ignore_patterns("_scan*.so", "_scan*.pyd", "__pycache__"))
+    return site
+
+
+def test_without_the_scanner_a_command_says_so_once(tmp_path):
     run = str(TRACES / "ddp_one_bucket")
-    plain = _python(WITHOUT + CLI, "analyze", run, "--json")
+    env = dict(os.environ, PYTHONPATH=str(_installed_without_the_scanner(tmp_path)), FSDPDOCTOR_NO_SCANNER="")
+    plain = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", run, "--json"], capture_output=True,
+                           text=True, timeout=300, env=env, cwd=tmp_path)
     scanned = _python(CLI, "analyze", run, "--json")
     assert plain.returncode == scanned.returncode == 0, plain.stderr
     said = [line for line in plain.stderr.splitlines() if "scanner" in line]
