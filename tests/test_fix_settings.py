@@ -340,3 +340,15 @@ def test_a_straggler_on_shared_cores_names_the_jobs_own_workers():
     words = _own_workers_words(RuleContext(fixed, resolve(None)))
     assert "DataLoader worker processes" in words and "2 cores" in words
     assert _own_workers_words(RuleContext(_analysis("dataloader_slow"), resolve(None))) == ""
+
+
+def test_single_unit_fix_in_each_framework():
+    """FSDP1 without an auto_wrap_policy: one unit per block, as each framework's FSDP setting takes it."""
+    want = {"plain": "FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))",
+            "hf-trainer": 'fsdp_config={"transformer_layer_cls_to_wrap": ["Block"]}',
+            "lightning": "Trainer(strategy=FSDPStrategy(auto_wrap_policy={Block}))",
+            "accelerate": 'transformer_cls_names_to_wrap=["Block"]'}
+    for fw, code in want.items():
+        f = _finding(_rediagnosed("wrap_fsdp1_no_policy", fw), "fsdp-single-unit")
+        assert f is not None and code in f.fix and f.settings[0].name == "fsdp.wrap_per_block", (fw, f.fix)
+        assert "one block unsharded at a time" in f.fix

@@ -101,6 +101,17 @@ SPELLINGS: dict[str, dict[str, Spelling | None]] = {
         "accelerate": Spelling("Accelerator", "gradient_accumulation_steps",
                                "Accelerator({args}); with accelerator.accumulate(model): ...  # syncs only the last "
                                "micro-step")},
+    # one FSDP unit per repeated block (value: the block's class name; "Block" where the trace cannot name it)
+    "fsdp.wrap_per_block": {
+        "plain": Spelling("torch.distributed.fsdp.FullyShardedDataParallel", "auto_wrap_policy",
+                          "FSDP(model, auto_wrap_policy=ModuleWrapPolicy({{{value}}}))"),
+        "hf-trainer": Spelling("TrainingArguments", "fsdp_config.transformer_layer_cls_to_wrap",
+                               'TrainingArguments(..., fsdp="full_shard auto_wrap", '
+                               'fsdp_config={{"transformer_layer_cls_to_wrap": ["{value}"]}})'),
+        "lightning": Spelling("FSDPStrategy", "auto_wrap_policy", "Trainer(strategy=FSDPStrategy(auto_wrap_policy={{{value}}}))"),
+        "accelerate": Spelling("FullyShardedDataParallelPlugin", "transformer_cls_names_to_wrap",
+                               'Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(auto_wrap_policy='
+                               '"transformer_based_wrap", transformer_cls_names_to_wrap=["{value}"]))')},
     # a logged or metric value synced over the ranks at every step
     "log.sync_dist": {
         "plain": Spelling("torchmetrics.Metric", "dist_sync_on_step",
@@ -129,6 +140,8 @@ SIDE_EFFECTS: dict[str, str] = {
     "fsdp.forward_prefetch": "one more unsharded unit in memory during forward",
     "fsdp.limit_all_gathers": "without the limit, all-gathers may run ahead and hold more unsharded memory",
     "grad_accum.no_sync": "gradients of the skipped micro-steps stay unreduced on each rank until the last one",
+    "fsdp.wrap_per_block": "more, smaller collectives (each with its latency); in exchange the peak holds one block "
+                           "unsharded at a time instead of the whole model",
     "log.sync_dist": "each rank's value is logged unsynced at each step; the mean over ranks comes at the epoch's end",
 }
 

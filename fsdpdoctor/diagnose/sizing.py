@@ -77,8 +77,9 @@ def loader_workers(a: Analysis, waiting: bool, needed: int) -> tuple[int, str]:
 def more_cores_words(a: Analysis) -> str:
     """What would let workers help where no core is free: the cores a host would need, and where."""
     share = host_share(a)
-    need = (share.ranks_per_host or 1) * 2
-    return (f"on a host with at least {need} cores for these {share.ranks_per_host or 1} ranks (one main thread "
+    ranks = share.ranks_per_host or (len(a.ranks) if a.job.traits.shared_host_cores else 1) or 1
+    need = ranks * 2
+    return (f"on a host with at least {need} cores for these {ranks} rank{'s' if ranks != 1 else ''} (one main thread "
             "and one loader worker each), or with fewer ranks on this host, workers would take the loading "
             "off the step; here, make the dataset cheaper (cache decoded samples, move the collate's work "
             "out of the loop)")

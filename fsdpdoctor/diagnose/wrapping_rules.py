@@ -5,7 +5,7 @@ without an ``auto_wrap_policy``). Units so small that latency dominates are late
 from __future__ import annotations
 
 from fsdpdoctor.diagnose.framework import RuleContext, rank_steps, rule
-from fsdpdoctor.results import Evidence, Finding
+from fsdpdoctor.results import Evidence, Finding, Setting
 from fsdpdoctor.units import ms, size
 
 
@@ -48,14 +48,15 @@ def single_unit(ctx: RuleContext) -> list[Finding]:
                 "last gradient, so on GPUs nothing can overlap them (here, on gloo, FSDP's collectives block the host "
                 "whatever the wrapping, so no time saving is claimed).")
         impact = 0.0
+    fsdp2 = ctx.a.job.wrapping == "fsdp2"
     fix = ("for block in model.blocks: fully_shard(block), then fully_shard(model): one unit per repeated block "
-           "(transformer layer, residual stage)" if ctx.a.job.wrapping == "fsdp2" else
-           "FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))  # the repeated block class "
-           "(or transformer_auto_wrap_policy)")
+           "(transformer layer, residual stage)" if fsdp2 else
+           "Block: the repeated block class (transformer layer, residual stage)")
+    settings = [] if fsdp2 else [Setting("fsdp.wrap_per_block", "Block")]
     words = "fully_shard on the root only" if ctx.a.job.wrapping == "fsdp2" else "no auto_wrap_policy"
     return [ctx.finding(
         "fsdp-single-unit", f"The whole model is one FSDP unit ({words})", impact,
-        f"FSDP shards the model as a single unit ({src}: 1 unit). {cost}{memory}", fix,
+        f"FSDP shards the model as a single unit ({src}: 1 unit). {cost}{memory}", fix, settings=settings,
         confidence=0.9 if src == "manifest" else 0.7, floor="warning",
         evidence=[Evidence(f"{s.kind} {s.phase}: {s.per_step:.0f} per step, {size(s.mean_size_bytes)} each, "
                            f"{ms(s.exposed_per_step_us)} exposed", time_us=s.exposed_per_step_us) for s in fsdp]
