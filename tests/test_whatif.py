@@ -274,3 +274,35 @@ def test_bad_input(capsys):
         assert e.value.code == 2
         err = error_lines(capsys.readouterr().err)
         assert len(err) == 1 and "fsdpdoctor whatif: error:" in err[0]
+
+
+def test_the_docs_example_is_the_verbs_output(capsys, monkeypatch):
+    """docs/whatif.md's example: its table rows are what the verb prints on the bundled run (the interval
+    line is left out of the comparison: how a finding's interval is computed may change)."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "whatif.md").read_text()
+    block = doc.split("$ fsdpdoctor whatif traces/dataloader_slow --set num_workers=2\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["whatif", str(TRACES / "dataloader_slow"), "--set", "num_workers=2", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+
+    def rows(text: str) -> list[str]:
+        return [" ".join(line.split()) for line in text.splitlines()
+                if line.strip() and line.split()[0] in ("compute", "exposed", "waiting", "data", "idle", "step")]
+
+    assert rows(block) and rows(block) == rows(out)
+
+
+def test_world_size_from_a_saved_analysis(capsys, tmp_path):
+    """A saved --json holds the per-call collectives only with --events: without them the verb says so."""
+    for events in ((), ("--events",)):
+        assert main(["analyze", str(TRACES / "scaling_2proc"), "--json", "--no-progress", *events]) == 0
+        saved = tmp_path / f"saved{len(events)}.json"
+        saved.write_text(capsys.readouterr().out)
+        w = _json(capsys, ["whatif", str(saved), "--world-size", "4"])
+        direct = predict_world_size(open_analysis(TRACES / "scaling_2proc"), 4)
+        if events:
+            assert w["predicted_step_us"] == pytest.approx(direct.predicted_step_us, rel=1e-6)
+        else:
+            assert w["predicted_step_us"] is None and "--events" in w["withheld"]

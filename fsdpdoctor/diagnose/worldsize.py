@@ -153,7 +153,9 @@ def predict_world_size(a: Analysis, n: int, link_gbps: float | None = None, per_
     out = WhatIf(source=a.source, question=f"--world-size {n}", model="ring/tree collective costs (weak scaling)",
                  step_us=parts.step_us)
     kinds = transfers(a)
-    out.withheld = (_withhold(a, n, per_host, cores, host.source) or _starved(a)
+    saved = ("the analysis was saved without its per-call collectives (analyze --json --events keeps them): "
+             "their sizes and times cannot be read" if not a.collective_events and a.collectives else None)
+    out.withheld = (_withhold(a, n, per_host, cores, host.source) or _starved(a) or saved
                     or _no_transfer(kinds, n, n0, link_gbps))
     if out.withheld:
         return out
