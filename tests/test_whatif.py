@@ -11,7 +11,7 @@ from conftest import error_lines
 from shared_data import PUBLIC, needs_public
 from synthetic import analysis, collectives
 
-from fsdpdoctor.analysis.host import STARVED_SHARE, starved
+from fsdpdoctor.analysis.host import STARVED_WAIT, starved
 from fsdpdoctor.cli import main
 from fsdpdoctor.diagnose.whatif import Setting, what_if_fix, what_if_set
 from fsdpdoctor.diagnose.worldsize import factor, predict_world_size, transfers
@@ -228,15 +228,15 @@ def test_world_size_withheld_where_ranks_share_cores_or_starved():
     host share cores (withheld, with the reason); their threads waited for a core most of the time they could
     run (the host was loaded), so a prediction from them is withheld as well."""
     two = open_analysis(TRACES / "weak_2rank")
-    assert {r.cpus for r in two.ranks} == {2}
+    assert two.contention.cpus == 2
     w = predict_world_size(two, 4, per_host=4)
     assert w.change_us is None and "host of 2 cores" in w.withheld
-    assert max(r.on_cpu_share for r in two.ranks) < STARVED_SHARE
+    assert two.contention.wait_share > STARVED_WAIT
     w = predict_world_size(two, 8)
     assert w.change_us is None and "re-profile on an idle host" in w.withheld
     # a run recorded on a quiet host carries the same reading, and is not starved
     quiet = open_analysis(TRACES / "gru_lm_amp_accum")
-    assert min(r.on_cpu_share for r in quiet.ranks) > 0.9 and starved(quiet) is None
+    assert quiet.contention.wait_share < 0.1 and starved(quiet) is None
 
 
 # ------------------------------------------------------------------ the verb
@@ -306,3 +306,15 @@ def test_world_size_from_a_saved_analysis(capsys, tmp_path):
             assert w["predicted_step_us"] == pytest.approx(direct.predicted_step_us, rel=1e-6)
         else:
             assert w["predicted_step_us"] is None and "--events" in w["withheld"]
+
+
+def test_a_starved_window_gives_no_number(capsys):
+    """Where the ranks waited for a CPU past the contention the predictions were calibrated for, analyze gives
+    no saving, and whatif neither for the finding nor for a setting: the same reason, no number."""
+    run = str(TRACES / "weak_1rank")
+    f = next(f for f in open_analysis(TRACES / "weak_1rank").findings if f.id == "wrapper-world-size-1")
+    assert f.impact_withheld
+    w = _json(capsys, ["whatif", run, "--fix", "wrapper-world-size-1", "--no-progress"])
+    assert w["change_us"] is None and w["withheld"] == f.impact_withheld
+    w = what_if_set(open_analysis(TRACES / "weak_2rank"), Setting("num_workers", "2"))
+    assert w.change_us is None and "re-profile on an idle host" in w.withheld

@@ -59,25 +59,25 @@ def host_cores(a: Analysis, stated: int | None = None) -> HostCores:
     per_host = ranks_per_host(a)
     if stated:
         return HostCores(stated, per_host, "stated")
-    read = [r.cpus for r in a.ranks if r.cpus]
+    read = a.contention.cpus if a.contention and a.contention.source == "schedstat" else None
     if read:
-        return HostCores(min(read), per_host, "schedstat")
+        return HostCores(read, per_host, "schedstat")
     cores = _manifest_cores(a.job.manifest or {})
     return HostCores(cores, per_host, "manifest" if cores else "not recorded")
 
 
-# a training thread on a CPU for less than this share of the time it could run waited for a core as long as it
-# ran. The bundled runs that carry the reading: 0.82-0.997 for two ranks on an otherwise quiet 2-core host
-# (gru_lm_*, mlp_*loss_allreduce, vit_fsdp2_bf16_ckpt), 0.12-0.25 for the weak_* runs recorded beside eight
-# busy sessions (their steps 2-10x the quiet ones)
-STARVED_SHARE = 0.5
+# a run whose training threads waited for a CPU more than this share of the profiled window (Analysis.contention,
+# the capture's schedstat) was timed on a host busy with other work. The bundled runs that carry the reading:
+# 0.01-0.13 for two ranks on an otherwise quiet 2-core host (gru_lm_*, mlp_*loss_allreduce, vit_fsdp2_bf16_ckpt),
+# 0.63-0.88 for the weak_* runs recorded beside eight busy sessions (their steps 2-10x the quiet ones)
+STARVED_WAIT = 0.3
 
 
 def starved(a: Analysis) -> tuple[int, float] | None:
-    """The rank whose training thread waited longest for a core, with its on-CPU share of its runnable time,
-    where that share is under ``STARVED_SHARE``: its step times hold the host's load, not only the job's."""
-    read = [(r.on_cpu_share, r.rank) for r in a.ranks if r.on_cpu_share is not None]
-    if not read:
+    """The rank whose training thread waited longest for a CPU, with that share of the profiled window, where
+    it is over ``STARVED_WAIT``: its step times hold the host's load, not only the job's."""
+    c = a.contention
+    if not c or c.wait_share is None or c.wait_share <= STARVED_WAIT:
         return None
-    share, rank = min(read)
-    return (rank, share) if share < STARVED_SHARE else None
+    rank = max(c.by_rank, key=c.by_rank.get) if c.by_rank else (a.ranks[0].rank if a.ranks else 0)
+    return rank, c.wait_share

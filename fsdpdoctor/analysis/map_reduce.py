@@ -225,17 +225,6 @@ def empty_step_selection(source: str | Path, results: list[RankResult]) -> Input
                       + (f" (the trace has steps {step_spec(have)})" if have else " (the trace has no numbered steps)"))
 
 
-def _cpu_readings(kept: list[RankResult]) -> None:
-    """Each rank's schedstat reading onto its summary: the host's cores and the share of its runnable time
-    the training thread spent on a CPU (whatif: cores per rank; a starved rank)."""
-    for r in kept:
-        if r.cpu_share:
-            c = r.cpu_share
-            r.summary.cpus = c.cpus
-            runnable = c.on_cpu_us + c.runqueue_us
-            r.summary.on_cpu_share = c.on_cpu_us / runnable if runnable > 0 else None
-
-
 def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | None = None,
            notes: list[str] | None = None) -> Analysis:
     """The job's ``Analysis`` from per-rank results only (sorted by rank)."""
@@ -248,7 +237,6 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     notes = list(dict.fromkeys(notes))  # what every rank says alike is said once
     kept = [r for r in results if not r.skipped]
     summaries = [r.summary for r in kept]
-    _cpu_readings(kept)
     all_colls: list[Collective] = [c for r in kept for c in r.collectives]
     steps_by_rank = {r.rank: r.summary.steps for r in kept}
     fw = next((r.prefetch.framework for r in results if r.prefetch.framework), None)

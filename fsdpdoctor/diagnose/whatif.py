@@ -115,6 +115,10 @@ def what_if_fix(a: Analysis, finding_id: str, thresholds: dict | None = None) ->
         return WhatIf(a.source, question, None, step, finding=finding_id, withheld=(
             f"{finding_id} here is a consequence of {found[0].caused_by}: its time goes when that is fixed "
             f"(whatif --fix {found[0].caused_by})"))
+    why = next((f.impact_withheld for f in roots if f.impact_withheld), None)
+    if why:
+        return WhatIf(a.source, question, f"the {finding_id} rule's saving model", step, finding=finding_id,
+                      withheld=why)
     saving = sum(f.impact_us for f in roots)
     ivs = [f.impact_interval_us for f in roots]
     interval = [sum(i[0] for i in ivs), sum(i[1] for i in ivs)] if all(ivs) else None
@@ -130,12 +134,15 @@ def _context(a: Analysis, thresholds: dict | None) -> RuleContext:
     return RuleContext(a, resolve(thresholds))
 
 
-def _interval(ctx: RuleContext, saving: float, samples: list[float] | None) -> tuple[list[float] | None, str | None]:
-    """The interval a finding with this saving and these per-step values would get (noise.gate_by_noise)."""
-    f = ctx.finding("whatif", "what if", saving, "", "", confidence=1.0, evidence=[], samples=samples)
+def _interval(ctx: RuleContext, rule: str, saving: float,
+              samples: list[float] | None) -> tuple[list[float] | None, str | None, str | None]:
+    """The interval the rule's finding with this saving and these per-step values would get (noise.gate_by_noise:
+    the step noise and the rule's calibrated error, widened by the window's contention), or why it gives none."""
+    f = ctx.finding(rule, "what if", saving, "", "", confidence=1.0, evidence=[], samples=samples)
     gate_by_noise([f], ctx.a, ctx.table, ctx._cache.get(SAMPLES_KEY, {}), severity_for)
-    basis = "its per-step values, as a finding's" if samples else "the step time's noise, as a finding's"
-    return f.impact_interval_us, basis if f.impact_interval_us else None
+    basis = ("its per-step values and the rule's calibrated error, as a finding's" if samples else
+             "the step time's noise and the rule's calibrated error, as a finding's")
+    return f.impact_interval_us, basis if f.impact_interval_us else None, f.impact_withheld
 
 
 def what_if_set(a: Analysis, setting: Setting, thresholds: dict | None = None,
@@ -157,7 +164,9 @@ def what_if_set(a: Analysis, setting: Setting, thresholds: dict | None = None,
         got.question = question
         return got
     model, saving, samples, where, notes, finding = got
-    interval, basis = _interval(ctx, saving, samples)
+    interval, basis, why = _interval(ctx, finding, saving, samples)
+    if why:   # the window was starved past what the rule's predictions were calibrated for
+        return WhatIf(a.source, question, model, step, withheld=why, finding=finding)
     out = _answer(a, question, model, saving, interval, where, basis, ctx.table["impact_confidence"])
     out.assumptions += notes
     out.finding = finding

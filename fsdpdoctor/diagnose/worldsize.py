@@ -99,9 +99,8 @@ def _withhold(a: Analysis, n: int, per_host: int, cores: int | None, source: str
 def _starved(a: Analysis) -> str | None:
     late = starved(a)
     return None if not late else (
-        f"rank {late[0]}'s training thread was on a CPU for {late[1]:.0%} of the time it could run (schedstat): "
-        "the run waited for cores, so its compute and transfer times hold the host's load; re-profile on an "
-        "idle host")
+        f"rank {late[0]}'s training thread waited for a CPU {late[1]:.0%} of the profiled window (schedstat): "
+        "its compute and transfer times hold the host's load, not the job's; re-profile on an idle host")
 
 
 def _no_transfer(kinds: list[KindTransfer], n: int, n0: int, link_gbps: float | None) -> str | None:

@@ -182,10 +182,6 @@ class RankSummary:
     is_straggler: bool = False
     cycles: list[tuple[float, float]] = field(default_factory=list)  # profiler cycles (first start, last end), several files
     input_kind: InputKind | None = None  # what this rank's file is (trace/kind.py)
-    # the capture's schedstat reading (trace metadata fsdpdoctor_cpu), where recorded: the host's usable cores
-    # and the training thread's time on a CPU over its runnable time (under 1: it waited for a core)
-    cpus: int | None = None
-    on_cpu_share: float | None = None
 
 
 @dataclass(slots=True)
