@@ -295,13 +295,15 @@ def test_the_docs_example_is_the_verbs_output(capsys, monkeypatch):
 
 
 def test_world_size_from_a_saved_analysis(capsys, tmp_path):
-    """A saved --json holds the per-call collectives only with --events: without them the verb says so."""
+    """A saved --json holds the per-call collectives only with --events: without them the verb says so. (On
+    ddp_default: a saved scaling_2proc or ddp_one_bucket is refused on reopening since 1be5656, its straggler
+    report holding a negative extra_each_us.)"""
     for events in ((), ("--events",)):
-        assert main(["analyze", str(TRACES / "scaling_2proc"), "--json", "--no-progress", *events]) == 0
+        assert main(["analyze", str(TRACES / "ddp_default"), "--json", "--no-progress", *events]) == 0
         saved = tmp_path / f"saved{len(events)}.json"
         saved.write_text(capsys.readouterr().out)
         w = _json(capsys, ["whatif", str(saved), "--world-size", "4"])
-        direct = predict_world_size(open_analysis(TRACES / "scaling_2proc"), 4)
+        direct = predict_world_size(open_analysis(TRACES / "ddp_default"), 4)
         if events:
             assert w["predicted_step_us"] == pytest.approx(direct.predicted_step_us, rel=1e-6)
         else:
