@@ -6,8 +6,9 @@ finding id that must fire on the fault and not on the fix; the calibration bench
 (``benchmarks/calibrate.py``) compares that finding's predicted saving with the measured one.
 
 ``model``: ``mixer`` (an MLP-Mixer on 32x32 images), ``encoder`` (pre-LN transformer blocks on token
-sequences), ``convnet`` (a VGG-style conv net with GroupNorm), ``mlp`` (a residual MLP): none of them
-is a bundled scenario's model. ``world``: processes under torchrun. ``fault`` / ``fix``: parameters
+sequences), ``convnet`` (a VGG-style conv net with GroupNorm), ``mlp`` (a residual MLP), ``gru`` (a two-layer
+GRU language model on token sequences, added for the calibration under contention): none of them is a
+bundled scenario's model. ``world``: processes under torchrun. ``fault`` / ``fix``: parameters
 over ``DEFAULTS`` (pairs.py reads them). ``mode="processes"``: the calibration times this pair with a
 launch per run, never in alternating blocks of one launch: a fix's loader workers would fill their
 prefetch queue while the fault's block runs, and the fix's block would start on batches already made.
@@ -94,6 +95,16 @@ PAIRS: dict[str, dict] = {
         model="mlp", world=2, expect="host-sync",
         case=".item() of the loss and the clipped grad norm every step (residual MLP, DDP, CPU); fix: clip, no .item()",
         fault={"clip_grad": True, "host_sync": True}, fix={"clip_grad": True}),
+    # on a model the calibration had not seen (issue 45: the GRU LM with 8 micro-batches was the pair whose
+    # prediction failed beside CPU hogs)
+    "gru_grad_accum_no_sync": dict(
+        model="gru", world=2, expect="grad-accum-without-no-sync",
+        case="8 micro-steps, every one all-reduces (GRU LM, DDP); fix: no_sync() on the first 7",
+        fault={"accum": 8, "no_sync": False, "batch": 8}, fix={"accum": 8, "batch": 8}),
+    "gru_loader_workers": dict(
+        model="gru", world=2, expect="input-bound", mode="processes",
+        case="__getitem__ sleeps 3 ms a sample, 16 a batch, num_workers=0 (GRU LM, DDP); fix: num_workers=2",
+        fault={"item_sleep_ms": 3.0}, fix={"item_sleep_ms": 3.0, "num_workers": 2}),
 }
 
 # Pairs for one CUDA GPU (``device="cuda"``, NCCL at world size 1: one GPU gives no cross-rank collectives),

@@ -136,8 +136,23 @@ class ResidualMLP(nn.Module):
         return self.head(x)
 
 
+class GRULM(nn.Module):
+    """A GRU language model: token embedding, two GRU layers, a head on the last state (classification of the
+    sequence, so the data and loss are the encoder's)."""
+
+    def __init__(self, dim: int = 128, layers: int = 2):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, dim)
+        self.rnn = nn.GRU(dim, dim, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(dim, CLASSES)
+
+    def forward(self, tokens):
+        out, _ = self.rnn(self.embed(tokens))
+        return self.head(out[:, -1])
+
+
 MODELS = {"mixer": (Mixer, MixerBlock), "encoder": (Encoder, EncoderBlock), "convnet": (ConvNet, None),
-          "mlp": (ResidualMLP, None)}
+          "mlp": (ResidualMLP, None), "gru": (GRULM, None)}
 
 
 # --------------------------------------------------------------------------- data
@@ -155,7 +170,7 @@ class Synthetic(Dataset):
             slow_read(self.item_sleep_ms)
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(i))
         y = int(torch.randint(CLASSES, (1,), generator=g))
-        if self.model == "encoder":
+        if self.model in ("encoder", "gru"):
             return torch.randint(VOCAB, (self.length,), generator=g), y
         if self.model == "mlp":
             return torch.randn(IMAGE * IMAGE * 3 // 4, generator=g), y

@@ -176,16 +176,16 @@ PREDICTION_ERRORS: list[PredictionError] = [
 ERROR_BY_RULE = {e.rule: e for e in PREDICTION_ERRORS}
 
 THRESHOLDS += [
-    Threshold("prediction_wait_k", 0.1811, "share of step per share of window",
+    Threshold("prediction_wait_k", 0.1691, "share of step per share of window",
               "how much a prediction's error grows with the contention of the profiled window (the share of it the "
               "ranks' training threads waited for a CPU, w): error^2 = error_frac^2 + (k w)^2",
-              "benchmarks/residuals.py: least squares over the 5 calibration pairs timed beside 2 CPU hogs on 2 "
-              "cores (calibrate.py --hog 2; wait 0.45-0.71), their residuals against the quiet error"),
-    Threshold("prediction_wait_calibrated", 0.707, "share of window",
+              "benchmarks/residuals.py: least squares over the 6 calibration pairs timed beside 2 CPU hogs on 2 "
+              "cores (calibrate.py --hog 2; wait 0.45-0.80), their residuals against the quiet error"),
+    Threshold("prediction_wait_calibrated", 0.801, "share of window",
               "the largest contention at which pairs were calibrated: beyond it a finding gives no saving, only "
               "the reason (re-profile on an idle host)",
               "benchmarks/residuals.py: the largest wait share of a fault capture in benchmarks/calibration.json "
-              "(ddp_single_bucket beside 2 hogs)"),
+              "(gru_grad_accum_no_sync beside 2 hogs)"),
 ]
 
 BY_NAME = {t.name: t for t in THRESHOLDS}
