@@ -318,5 +318,6 @@ def test_a_starved_window_gives_no_number(capsys):
     assert f.impact_withheld
     w = _json(capsys, ["whatif", run, "--fix", "wrapper-world-size-1", "--no-progress"])
     assert w["change_us"] is None and w["withheld"] == f.impact_withheld
-    w = what_if_set(open_analysis(TRACES / "weak_2rank"), Setting("num_workers", "2"))
+    # weak_1rank (wait 0.88): weak_2rank (0.73) is within the contention calibrated since the GRU pair at 0.80
+    w = what_if_set(open_analysis(TRACES / "weak_1rank"), Setting("num_workers", "2"))
     assert w.change_us is None and "re-profile on an idle host" in w.withheld
