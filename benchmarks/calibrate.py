@@ -31,7 +31,8 @@ Verdict (``basis``): where M's interval holds 0 the fix saves nothing measurable
 inside M's interval (or with no finding); otherwise "holds" when P is within ``--tolerance`` (35 %) of M, inside
 M's interval, or when P's interval (as tight as the tolerance) overlaps M's; "over" / "under" otherwise;
 "missed" when the fault run does not show the finding. It writes ``docs/impact.md`` (and
-``--json`` when asked) with the machine's load average (os.getloadavg) over the runs.
+``--json`` when asked), and the machine's load average (os.getloadavg) over the runs, with the date, in
+``benchmarks/calibration/impact-runs.md``.
 """
 
 from __future__ import annotations
@@ -354,21 +355,20 @@ def render(results: list[dict], meta: dict) -> str:
         "",
         f"Regenerate: `{meta['command']}` (see benchmarks/README.md).",
         "",
-        f"Measured {meta['date']} on {meta['machine']}; load average (1 min) {meta['load']}.",
+        f"Measured on {meta['machine']} (when, and under what load: benchmarks/calibration/).",
         "",
-        f"| rule | case | P ms | M ms [{lvl} %] | P/M | verdict | step ms fault / fix | fix clears it | load |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| rule | case | P ms | M ms [{lvl} %] | P/M | verdict | step ms fault / fix | fix clears it |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         if "doc_row" in r:  # a result kept as its page wrote it (residuals.py --seed-from-doc)
             lines.append(r["doc_row"])
             continue
         if "error" in r:
-            lines.append(f"| {r['rule']} | {r['case']} | | | | error: {r['error']} | | | |")
+            lines.append(f"| {r['rule']} | {r['case']} | | | | error: {r['error']} | | |")
             continue
         fs = statistics.median(r["fault_step_us"]) if r["fault_step_us"] else None
         xs = statistics.median(r["fix_step_us"]) if r["fix_step_us"] else None
-        load = f"{min(r['load_runs']):.1f}-{max(r['load_runs']):.1f}" if r["load_runs"] else "n/a"
         ratio = "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}"
         said = r["verdict"]
         why = r.get("basis") if "basis" in r else None
@@ -381,7 +381,7 @@ def render(results: list[dict], meta: dict) -> str:
         p = _ms(r["predicted_us"]) + _iv(r["predicted_interval_us"]) + ("" if r["found_on_fault"] else " (not found)")
         lines.append(f"| {r['rule']} | {r['case']} | {p} | {_ms(r['measured_us'])}{_iv(r['measured_interval_us'])} "
                      f"| {ratio} | {said} | {_ms(fs)} / {_ms(xs)} | "
-                     f"{'no (still found)' if r['found_on_fix'] else 'yes' if r['found_on_fault'] else 'n/a'} | {load} |")
+                     f"{'no (still found)' if r['found_on_fix'] else 'yes' if r['found_on_fault'] else 'n/a'} |")
     n_ok = sum(r.get("verdict") == "holds" for r in results)
     n_tight = sum(r.get("verdict") == "holds" and abs(r["predicted_us"] - r["measured_us"])
                   <= meta["tolerance"] * abs(r["measured_us"]) for r in results)
@@ -439,6 +439,42 @@ def reinterval(data: dict) -> None:
     meta["interval"] = "t-drift"
 
 
+def run_record(results: list[dict], meta: dict) -> str:
+    """When and under what load a page's runs were made: beside the measurements (benchmarks/), not on the
+    user's page."""
+    lines = [f"# The runs behind {meta.get('page', 'the page')}", "",
+             f"Measured {meta['date']} on {meta['machine']}; load average (1 min) {meta['load']}.", "",
+             "| pair | rule | load average over its runs |", "|---|---|---|"]
+    for r in results:
+        runs = r.get("load_runs") or []
+        lines.append(f"| {r['pair']} | {r['rule']} | "
+                     + (f"{min(runs):.1f}-{max(runs):.1f}" if runs else "n/a") + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_page(doc: str, results: list[dict], meta: dict) -> None:
+    """The page, and its run record: benchmarks/calibration/<page>-runs.md for a page of docs/, else beside it."""
+    page = Path(doc)
+    page.write_text(render(results, meta))
+    record = (ROOT / "benchmarks" / "calibration" if page.resolve().parent == ROOT / "docs" else page.parent)
+    record.mkdir(parents=True, exist_ok=True)
+    (record / f"{page.stem}-runs.md").write_text(run_record(results, {**meta, "page": f"docs/{page.name}"}))
+
+
+def write_page_all(doc: str, data: dict) -> None:
+    """docs/impact.md from the calibration record, and its run record (every run's dates and loads)."""
+    page = Path(doc)
+    page.write_text(render_all(data))
+    record = (ROOT / "benchmarks" / "calibration" if page.resolve().parent == ROOT / "docs" else page.parent)
+    record.mkdir(parents=True, exist_ok=True)
+    runs = data["runs"]
+    text = run_record(runs["quiet"]["pairs"], {**runs["quiet"]["meta"], "page": f"docs/{page.name}"}) \
+        if "quiet" in runs else f"# The runs behind docs/{page.name}\n"
+    for label in sorted((k for k in runs if k != "quiet"), key=lambda k: int(k.split()[1])):
+        text += "\n" + "\n".join(store.loaded_record(label, runs[label]))
+    (record / f"{page.stem}-runs.md").write_text(text)
+
+
 def rerender(path: Path, doc: str, again: bool = False) -> int:
     try:
         data = json.loads(path.read_text())
@@ -447,7 +483,7 @@ def rerender(path: Path, doc: str, again: bool = False) -> int:
         return 2
     if "runs" in data:  # the calibration record: every run's table
         if doc != "-":
-            Path(doc).write_text(render_all(data))
+            write_page_all(doc, data)
         return 0
     tol = data["meta"]["tolerance"]
     if again:
@@ -462,7 +498,7 @@ def rerender(path: Path, doc: str, again: bool = False) -> int:
             r["verdict"], r["basis"] = verdict(*args), basis(*args)
     path.write_text(json.dumps(data, indent=1))
     if doc != "-":
-        Path(doc).write_text(render(data["pairs"], data["meta"]))
+        write_page(doc, data["pairs"], data["meta"])
     return 0
 
 
@@ -610,9 +646,9 @@ def _write(args, results: list[dict], load0: float, load1: float) -> None:
     if args.calibration:
         data = store.merge(Path(args.calibration), store.label(args.hog), meta, results)
         if args.doc != "-":
-            Path(args.doc).write_text(render_all(data))
+            write_page_all(args.doc, data)
     elif args.doc != "-":
-        Path(args.doc).write_text(render(results, meta))
+        write_page(args.doc, results, meta)
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "pairs": results}, indent=1))
 

@@ -145,6 +145,19 @@ def loaded_verdict(r: dict, plain_verdict: str) -> str:
     return plain_verdict
 
 
+def loaded_record(run_label: str, run: dict) -> list[str]:
+    """When and under what load one hog count's pieces ran (benchmarks/calibration/, not the page)."""
+    meta = run["meta"]
+    pieces = meta.get("pieces") or [{"date": meta["date"], "load": meta["load"], "command": meta["command"]}]
+    lines = [f"## Beside {run_label.split()[1]} CPU hog(s)", ""]
+    lines += [f"- {p['date']}, load average (1 min) {p['load']}: `{p['command']}`" for p in pieces]
+    lines += ["", "| pair | rule | load average over its runs |", "|---|---|---|"]
+    for r in run["pairs"]:
+        runs = r.get("load_runs") or []
+        lines.append(f"| {r['pair']} | {r['rule']} | " + (f"{min(runs):.1f}-{max(runs):.1f}" if runs else "n/a") + " |")
+    return lines + [""]
+
+
 def render_loaded(run_label: str, run: dict) -> list[str]:
     """The table of one hog count's run: what the contention fact said, P as printed, M and the verdict."""
     meta, lines = run["meta"], []
@@ -153,12 +166,12 @@ def render_loaded(run_label: str, run: dict) -> list[str]:
     lines += [f"## Beside {run_label.split()[1]} CPU hog(s)", "",
               f"The same pairs with {run_label.split()[1]} processes spinning beside them (started and killed by "
               f"`calibrate.py --hog`), on {meta['machine']}, measured in {len(pieces)} piece(s): "
-              + "; ".join(f"{p['date']}, load average (1 min) {p['load']}: `{p['command']}`" for p in pieces)
-              + ". *wait* is the fault capture's contention "
+              + "; ".join(f"`{p['command']}`" for p in pieces)
+              + " (when, and under what load: benchmarks/calibration/). *wait* is the fault capture's contention "
               "(the share of its profiled window the ranks' training threads waited for a CPU); P is as `analyze` "
               "printed it, its interval widened by that contention, or withheld beyond the contention calibrated.",
-              "", f"| rule | case | wait | P ms [{lvl} %] | M ms [{lvl} %] | verdict | step ms fault / fix | load |",
-              "|---|---|---|---|---|---|---|---|"]
+              "", f"| rule | case | wait | P ms [{lvl} %] | M ms [{lvl} %] | verdict | step ms fault / fix |",
+              "|---|---|---|---|---|---|---|"]
     import statistics
     from calibrate import verdict   # the quiet table's rule, on P as printed now
 
@@ -173,9 +186,8 @@ def render_loaded(run_label: str, run: dict) -> list[str]:
         p = "withheld" if r.get("impact_withheld") else _ms(r["predicted_us"]) + _iv(r.get("predicted_interval_us"))
         fs = statistics.median(r["fault_step_us"]) if r.get("fault_step_us") else None
         xs = statistics.median(r["fix_step_us"]) if r.get("fix_step_us") else None
-        ld = f"{min(r['load_runs']):.1f}-{max(r['load_runs']):.1f}" if r.get("load_runs") else "n/a"
         lines.append(f"| {r['rule']} | {r['case']} | {w} | {p} | {_ms(r['measured_us'])}{_iv(r['measured_interval_us'])} "
-                     f"| {r['loaded_verdict']} | {_ms(fs)} / {_ms(xs)} | {ld} |")
+                     f"| {r['loaded_verdict']} | {_ms(fs)} / {_ms(xs)} |")
     for r in run["pairs"]:
         if r.get("impact_withheld"):
             lines += ["", f"- {r['pair']}: {r['impact_withheld']}"]

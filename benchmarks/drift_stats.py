@@ -87,7 +87,7 @@ def abba(i: int) -> tuple[str, str]:
 
 # --------------------------------------------------------------------------- A/A check on recorded runs
 # What ``aa_rates`` gave on the three recorded full runs (render puts it in the method paragraph).
-AA_NOTE = ("A/A check (`calibrate.py --aa` on the recorded full runs of 26 Nov 19:06, 27 Nov 01:16 and 04:45 UTC: "
+AA_NOTE = ("A/A check (`calibrate.py --aa` on three recorded full runs: "
            "34 launches, 176 pseudo-A/A pairs of adjacent blocks of one variant, so the true saving is 0 with the "
            "machine's real drift): a 90 % interval should exclude 0 in at most 10 % of them; the bootstrap "
            "excluded it in 7 of 34 (21 %), this interval in 0 of 34 (at 80 %: 9 of 34 against 2 of 34, "

@@ -290,7 +290,7 @@ def _rank_results(path: Path, opts: Options, *, write_summaries, summary_dir, pa
                              keep_tables=keep_tables))
     tables = _run_units(todo, opts, len(groups), results, given) if todo else {}
     if used:
-        dq.notes.append(f"figures of {len(used)} rank(s) read from {_names(used)}, made from these very traces "
+        dq.sources.append(f"figures of {len(used)} rank(s) read from {_names(used)}, made from these very traces "
                         "(--no-summaries re-reads the traces)")
     try:
         manifest, results = _one_job(path, results, opts.ranks, manifest, dq, "trace")
@@ -458,7 +458,7 @@ def _only_summaries(path: Path, files: list[Path], ranks: list[int] | None, mani
             raise InputError(f, f"summary of analysis version {r.analysis_version}, this is "
                                 f"{rankresult.ANALYSIS_VERSION}: rebuild it with `fsdpdoctor summarize` on the traces")
         out.append(r)
-    dq.notes.append(f"figures of every rank read from summaries alone, with no trace to check them against: "
+    dq.sources.append(f"figures of every rank read from summaries alone, with no trace to check them against: "
                     f"{_names(files)}")
     return _one_job(path, out, ranks, manifest, dq, "summary", names=[shown(f) for f in files])
 

@@ -1,6 +1,6 @@
 """Precision and recall of every diagnosis rule over the bundled reference scenarios.
 
-    python reference_jobs/scorecard.py [--traces traces] [--markdown]
+    python reference_jobs/scorecard.py [--traces traces] [--write docs/scorecard.md | --check docs/scorecard.md]
 
 For each bundled recording (CPU scenarios in traces/<name>/, GPU recordings in traces/cuda/<name>/)
 with its expectations derived from the scenario tables (expectations.py): a rule listed in "must"
@@ -106,10 +106,20 @@ def hang_scorecard(traces: Path) -> tuple[list[str], list[str]]:
     return rows, failures
 
 
-README_NOTE = """
+PAGE_HEAD = """# Scorecard: each rule on the reference jobs
+
+Precision and recall of every diagnosis rule over the bundled recordings of the reference jobs
+(`traces/<scenario>/`, 2 ranks on CPU/gloo; `traces/cuda/<scenario>/`, one H100), with the findings each
+must and must not show derived from the scenario table (`reference_jobs/expectations.py`). Written by
+`python reference_jobs/scorecard.py --write docs/scorecard.md`; `--check docs/scorecard.md` says whether
+this page is still what the rules give.
+
+"""
+
+PAGE_NOTE = """
 `exposed-comm-high`, `low-overlap`, `latency-bound-collectives` and `low-bus-bandwidth` are not judged per
 scenario: on 2 ranks sharing 2 CPU cores every FSDP gloo collective blocks the host, so healthy runs expose
-up to 40 % of the step and injected faults sit inside that range ([docs/noise-study.md](docs/noise-study.md));
+up to 40 % of the step and injected faults sit inside that range ([noise-study.md](noise-study.md));
 on such traces exposed communication is reported only above half of the step, and the last three are GPU
 rules, tested on the public GPU traces (`tests/test_diagnose.py`, `tests/test_gpu_rules.py`).
 
@@ -119,37 +129,41 @@ passes every healthy run, except the faults that cost nothing measurable on a CP
 `BACKWARD_POST`, the default `forward_prefetch=False`, FSDP2 prefetch disabled: on gloo a prefetch only moves
 a blocking wait, and the fault/fix pairs measured no saving, so none is predicted there), one DDP bucket
 (a bucket reduced during backward takes a core from backward's compute where the ranks share the host's
-cores: the default buckets measured slower on the gloo pair), `.item()` (no device queue to drain on CPU; on the CUDA recording the same job fails
-on its measured device idle) and activation checkpointing (a chosen memory/compute trade, reported with its
-cost). The third table checks `fsdpdoctor hang` on the recorded hangs.
+cores: the default buckets measured slower on the gloo pair), `.item()` (no device queue to drain on CPU;
+on the CUDA recording the same job fails on its measured device idle) and activation checkpointing (a
+chosen memory/compute trade, reported with its cost). The third table checks `fsdpdoctor hang` on the
+recorded hangs.
 """
 
 
-def readme_block(text: str) -> str:
-    return text.rstrip() + "\n" + README_NOTE
+def page(tables: str) -> str:
+    """docs/scorecard.md: the tables with what they mean."""
+    return PAGE_HEAD + tables.rstrip() + "\n" + PAGE_NOTE
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=str(Path(__file__).resolve().parents[1] / "traces"))
-    ap.add_argument("--readme", help="write the tables between the scorecard markers of this README")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--write", metavar="PAGE", help="write the scorecard page (docs/scorecard.md)")
+    where.add_argument("--check", metavar="PAGE", help="exit 1 when the page differs from what the rules give")
     args = ap.parse_args()
-    if args.readme:
-        import contextlib
-        import io
-        import re
+    if not (args.write or args.check):
+        return _print(args)
+    import contextlib
+    import io
 
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            code = _print(args)
-        readme = Path(args.readme)
-        text = re.sub(r"(<!-- scorecard -->\n).*?(<!-- /scorecard -->)",
-                      lambda m: m.group(1) + readme_block(buf.getvalue()) + m.group(2),
-                      readme.read_text(), flags=re.S)
-        readme.write_text(text)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = _print(args)
+    text = page(buf.getvalue())
+    if args.write:
+        Path(args.write).write_text(text)
         print(buf.getvalue())
         return code
-    return _print(args)
+    same = Path(args.check).is_file() and Path(args.check).read_text() == text
+    print(f"{args.check}: {'up to date' if same else 'stale: rewrite it with --write'}")
+    return code or (0 if same else 1)
 
 
 def _print(args) -> int:

@@ -17,6 +17,7 @@ from pilot import dump
 from fsdpdoctor.cli import main
 
 WIDE = 200
+UNWRAPPED = 2000   # wide enough that no paragraph wraps
 _WORD = re.compile(r"[A-Za-z]{2,}")
 _TOKEN = re.compile(r"[^\s│┃|]+")
 
@@ -84,6 +85,64 @@ def _text(verb: str, columns: int, tmp: Path, monkeypatch, capsys, extra: tuple 
     return out.out.splitlines()
 
 
+# a figure's unit: a line never starts with one (its number would end the line above)
+_UNIT_FIRST = re.compile(r"(ms|us|µs|ns|s|%|B|KB|MB|GB|TB|KiB|MiB|GiB|GB/s)(?!\w)")
+_BORDER = "│┃|"
+
+
+
+def _body(line: str) -> str:
+    """A line without a panel's borders, its indent kept."""
+    return line[1:] if line[:1] in _BORDER else line
+
+
+def _words(line: str) -> str:
+    """A line's text: no borders, spaces between cells as one."""
+    return " ".join(_body(line).rstrip().rstrip(_BORDER).split())
+
+
+def _cells(line: str) -> list[str]:
+    """A line's cells: its text split at borders and at runs of two spaces or more."""
+    return [" ".join(c.split()) for c in re.split(r"\s{2,}|[│┃]", _body(line).strip())]
+
+
+def _is_rule(c: str) -> bool:
+    return "\u2500" <= c <= "\u257f" and c not in _BORDER
+
+
+def _indent(line: str) -> int:
+    b = _body(line)
+    return len(b) - len(b.lstrip(" "))
+
+
+def _layout_problems(narrow_lines: list[str], wide_lines: list[str]) -> list[str]:
+    """Lines that end in spaces, start with a figure's unit, or go on from the line above (a line of the
+    narrow text that starts no line of the wide one) at or left of that line's indent."""
+    starts = [_words(w) for w in wide_lines]
+    starts = [w for w in starts if w]
+    rows = [c for c in map(_cells, wide_lines) if len(c) > 2]   # a table's rows
+    bad, start_indent, above, in_table = [], 0, "", False
+    for ln in narrow_lines:
+        if ln != ln.rstrip():
+            bad.append(f"trailing spaces: {ln!r}")
+        text = _words(ln)
+        if not text or _is_rule(text[0]):   # a blank line, a panel's top or bottom, a table's rule
+            in_table = bool(text) and not text.startswith(("╭", "╰"))   # a table's rows follow its rule
+            continue
+        if _UNIT_FIRST.match(text) and above[-1:].isdigit():
+            bad.append(f"a figure parted from its unit: {above!r} / {text!r}")
+        cells = _cells(ln)
+        if in_table or not cells[0] or _body(ln).count("│") > 1:   # a cell wraps in its column
+            continue
+        # a line of its own, or a table row whose first cell wrapped
+        if any(w.startswith(text) for w in starts) or any(r[0].startswith(cells[0]) for r in rows):
+            start_indent = _indent(ln)
+        elif _indent(ln) <= start_indent:
+            bad.append(f"continuation not indented: {ln!r}")
+        above = text
+    return bad
+
+
 @pytest.mark.parametrize("verb", sorted(TEXT_VERBS))
 def test_every_verb_fits_80_columns_words_whole(verb, tmp_path, monkeypatch, capsys):
     narrow_lines = _text(verb, 80, tmp_path, monkeypatch, capsys)
@@ -95,10 +154,45 @@ def test_every_verb_fits_80_columns_words_whole(verb, tmp_path, monkeypatch, cap
     extra = ("--width", str(WIDE)) if verb == "steps" else ()
     wide = "\n".join(_text(verb, WIDE, tmp_path, monkeypatch, capsys, extra))
     assert not _cut_words(narrow, wide), (_cut_words(narrow, wide), narrow)
+    # where no line wraps, every line starts one of the 80-column text's lines
+    extra = ("--width", str(UNWRAPPED)) if verb == "steps" else ()
+    whole = _text(verb, UNWRAPPED, tmp_path, monkeypatch, capsys, extra)
+    assert not _layout_problems(narrow_lines, whole), (_layout_problems(narrow_lines, whole), narrow)
     # a table row holding nothing but a mark is a cell that broke off its row
     assert not [ln for ln in narrow_lines if ln.strip(" │┃|") == "*"], narrow
     if "comm[all reduce]" in wide:   # a component's name is never split over two rows
         assert "comm[all reduce]" in narrow, narrow
+
+
+def _bundled_runs() -> list[str]:
+    return sorted(p.name for p in TRACES.iterdir() if p.is_dir() and not p.name.startswith(("hang_", "cuda", "ab"))
+                  and any(p.glob("*.json*"))) if TRACES.is_dir() else []
+
+
+@pytest.mark.parametrize("run", _bundled_runs())
+def test_every_bundled_report_at_80_columns(run, monkeypatch):
+    """The analyze report of every bundled run at 80 columns: no trailing spaces, no figure parted from
+    its unit, every wrapped line indented under its start; and no "data quality" line on a run whose
+    loader dropped and set aside nothing."""
+    import io
+
+    from fsdpdoctor.pipeline import open_analysis
+    from fsdpdoctor.report.console import render
+    from fsdpdoctor.report.terminal import terminal_console
+
+    monkeypatch.chdir(TRACES.parent)   # the path in the panel's title as a user types it
+    a = open_analysis(f"traces/{run}")
+
+    def shown(width: int) -> list[str]:
+        out = io.StringIO()
+        render(a, terminal_console(file=out, width=width, color_system=None, highlight=False))
+        return out.getvalue().splitlines()
+
+    narrow, wide = shown(80), shown(UNWRAPPED)
+    assert max(map(len, narrow)) <= 80
+    assert not _layout_problems(narrow, wide), (_layout_problems(narrow, wide), "\n".join(narrow))
+    assert not _cut_words("\n".join(narrow), "\n".join(wide))
+    assert any(ln.startswith("data quality: ") for ln in narrow) == (not a.data_quality.clean)
 
 
 # -- the TUI at 80x24 --------------------------------------------------------------------------------

@@ -44,8 +44,10 @@ def test_one_pair_end_to_end(tmp_path):
     assert r["verdict"] in ("holds", "over", "under", "undecided") and r["load_runs"]
     text = doc.read_text()
     row = next(ln for ln in text.splitlines() if ln.startswith("| wrapper-world-size-1 |"))
-    assert row.count("|") == 10 and f"{r['measured_us'] / 1e3:.1f} [{lo / 1e3:.1f}, {hi / 1e3:.1f}]" in row
-    assert "load average" in text and "python benchmarks/calibrate.py" in text
+    assert row.count("|") == 9 and f"{r['measured_us'] / 1e3:.1f} [{lo / 1e3:.1f}, {hi / 1e3:.1f}]" in row
+    assert "python benchmarks/calibrate.py" in text and "load average" not in text and " UTC" not in text
+    # when and under what load: beside the page, not on it
+    assert "load average" in (tmp_path / "impact-runs.md").read_text()
 
 
 def test_bad_pair_name_is_one_line_exit_2(capsys):

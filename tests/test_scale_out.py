@@ -143,10 +143,10 @@ def test_summaries_give_the_same_analysis_as_traces(run, tmp_path, monkeypatch):
     monkeypatch.setattr(loader, "load_file", no_parsing)
     got = doc(folder)
     # the report says where the figures come from, and nothing else differs
-    assert got["data_quality"].pop("notes") == [
+    assert got["data_quality"].pop("sources") == [
         "figures of 2 rank(s) read from rank0.summary.msgpack, rank1.summary.msgpack, made from these very "
         "traces (--no-summaries re-reads the traces)"]
-    full["data_quality"].pop("notes")
+    full["data_quality"].pop("sources")
     assert got == full
     # only the summaries (and the manifest), far from the traces
     alone = tmp_path / "alone"
@@ -154,7 +154,7 @@ def test_summaries_give_the_same_analysis_as_traces(run, tmp_path, monkeypatch):
     for f in list(folder.glob("*.summary.msgpack")) + [folder / "manifest.json"]:
         shutil.copy(f, alone)
     got = doc(alone)
-    assert got["data_quality"].pop("notes") == [
+    assert got["data_quality"].pop("sources") == [
         "figures of every rank read from summaries alone, with no trace to check them against: "
         "rank0.summary.msgpack, rank1.summary.msgpack"]
     assert got == full
@@ -201,10 +201,13 @@ def test_capture_writes_a_summary_beside_the_trace(tmp_path):
     run_captured(out, train_step, model=model, optimizer=opt, wait=0, warmup=1, active=2)
     wait_for_summary(out)
     from_summary, from_trace = doc(out), doc(out, use_summaries=False)
-    assert from_summary["data_quality"].pop("notes") == [
+    assert from_summary["data_quality"].pop("sources") == [
         "figures of 1 rank(s) read from rank0.summary.msgpack, made from these very traces "
         "(--no-summaries re-reads the traces)"]
-    assert from_trace["data_quality"].pop("notes") == []
+    assert from_trace["data_quality"].pop("sources") == []
+    # nothing was dropped or set aside: no "data quality" line, in the report or the TUI's header
+    assert from_summary["data_quality"] == from_trace["data_quality"] == {
+        "dropped_events": 0, "ranks": [], "manifest": [], "notes": []}
     assert from_summary == from_trace
 
 

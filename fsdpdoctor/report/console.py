@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fsdpdoctor.report.data_quality import lines as data_quality_lines
+from fsdpdoctor.report.prose import prose
 from fsdpdoctor.report.format import (
     CATEGORY_STYLE, SEVERITY_STYLE, categories, ms, num, pct, size, straggler_rank, trace_family, wrapping_line,
 )
@@ -61,7 +62,7 @@ def summary(a: Analysis) -> Panel:
         lines.append("\n" + line)
     if a.contention is not None and a.findings:   # what every saving below rests on
         lines.append(f"\nhost: {a.contention.text}", style="dim" if a.contention.source != "schedstat" else "")
-    return Panel(lines, title=f"fsdpdoctor: {a.source}", title_align="left")
+    return Panel(prose(lines), title=f"fsdpdoctor: {a.source}", title_align="left")
 
 
 def gpu_lines(a: Analysis) -> Text:
@@ -166,12 +167,12 @@ def findings_table(a: Analysis, evidence_lines: int = 2) -> Group | Text:
         body.append(f.fix)
         if f.consequences:
             body.append(f"\nexplains: {', '.join(f.consequences)} (below)", style="dim")
-        blocks += [head, Padding(body, (0, 0, 0, 2 + indent))]
+        blocks += [prose(head), Padding(prose(body), (0, 0, 0, 2 + indent))]
     return Group(*blocks)
 
 
 def ranks_table(a: Analysis) -> Table:
-    t = Table(title="Per rank (mean per step, ms)", title_justify="left", box=box.SIMPLE_HEAD)
+    t = Table(title=prose("Per rank (mean per step, ms)"), title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("rank", "step", "compute", "optim", "exposed", "overlap", "data", "idle", "wait"):
         t.add_column(col, justify="right")
     strag = straggler_rank(a)
@@ -190,8 +191,8 @@ def ranks_table(a: Analysis) -> Table:
 def collectives_table(a: Analysis) -> Table | None:
     if not a.collectives:
         return None
-    t = Table(title="Collectives (mean per rank and step, ms; calls running together share their time, so the rows "
-                    "add up to the step's communication; size = mean message, GB/s = bus bandwidth)",
+    t = Table(title=prose("Collectives (mean per rank and step, ms; calls running together share their time, so the "
+                          "rows add up to the step's communication; size = mean message, GB/s = bus bandwidth)"),
               title_justify="left", box=box.SIMPLE_HEAD)
     widths = {"kind": 14, "phase": 9}
     for col in ("kind", "phase", "calls/step", "ms", "exp ms", "size", "GB/s"):
@@ -211,7 +212,7 @@ def render(a: Analysis, console: Console | None = None, verbose: bool = False) -
         parts.append(ct)
     if verbose:
         for r in a.ranks:
-            st = Table(title=f"rank {r.rank} per step (ms)", title_justify="left")
+            st = Table(title=prose(f"rank {r.rank} per step (ms)"), title_justify="left")
             for col in ("step", "time", "compute", "optimizer", "exposed", "overlapped", "data", "idle"):
                 st.add_column(col, justify="right")
             for s in r.steps:
@@ -221,7 +222,8 @@ def render(a: Analysis, console: Console | None = None, verbose: bool = False) -
             parts.append(st)
     dq = data_quality_lines(a.data_quality)
     if dq:
-        parts.append(Text("\n".join(f"data quality: {n}" for n in dq), style="yellow"))
-    if a.notes:
-        parts.append(Text("\n".join(f"note: {n}" for n in a.notes), style="dim"))
+        parts.append(prose("\n".join(f"data quality: {n}" for n in dq), style="yellow"))
+    notes = [*a.notes, *(a.data_quality.sources if a.data_quality else [])]
+    if notes:
+        parts.append(prose("\n".join(f"note: {n}" for n in notes), style="dim"))
     console.print(Group(*parts))

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from fsdpdoctor.results.hang import HangReport, RankState
 from fsdpdoctor.report.format import SEVERITY_STYLE
+from fsdpdoctor.report.prose import prose
 from fsdpdoctor.report.terminal import terminal_console
 
 def frame_text(f) -> str:
@@ -52,8 +53,9 @@ def rank_doing(s: RankState) -> str:
 
 
 def _indented(con: Console, markup: str | Text) -> None:
-    """Printed 2 columns in, every wrapped line too (rich wraps at spaces, never inside a word)."""
-    con.print(Padding(Text.from_markup(markup) if isinstance(markup, str) else markup, (0, 0, 0, 2), expand=False))
+    """Printed 2 columns in, its wrapped lines 2 more (report/prose.py)."""
+    con.print(Padding(prose(Text.from_markup(markup) if isinstance(markup, str) else markup), (0, 0, 0, 2),
+                      expand=False))
 
 
 def render(rep: HangReport, console: Console | None = None) -> None:

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from fsdpdoctor.analysis import memory as mem
 from fsdpdoctor.results.memory import GB, GiB, MemoryReport
+from fsdpdoctor.report.prose import prose
 from fsdpdoctor.report.terminal import terminal_console
 
 
@@ -113,24 +114,24 @@ def _print_explanation(console: Console, rep: MemoryReport) -> None:
     est = rep.estimate
     console.print("[bold]Explanation[/]")
     for line in est.explanation:
-        console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
+        console.print(Padding(prose(line), (0, 0, 0, 2), expand=False))
     if est.activations is not None:
-        console.print(Padding(Text(f"activations: {est.activations.formula}"), (0, 0, 0, 2), expand=False))
+        console.print(Padding(prose(f"activations: {est.activations.formula}"), (0, 0, 0, 2), expand=False))
         for n in est.activations.notes:
-            console.print(Padding(Text(f"({n})"), (0, 0, 0, 4), expand=False))
+            console.print(Padding(prose(f"({n})"), (0, 0, 0, 4), expand=False))
     console.print(Text.assemble(("Not included", "bold"), ": " + "; ".join(est.not_included)))
     for n in rep.notes:
-        console.print(Padding(Text(f"note: {n}"), (0, 0, 0, 2), expand=False))
+        console.print(Padding(prose(f"note: {n}"), (0, 0, 0, 2), expand=False))
 
 
 def render(rep: MemoryReport, console: Console | None = None) -> None:
     """The prediction, whether it fits, the other strategies, the measured peaks, then the explanation."""
     console = console or terminal_console(highlight=False)
     console.print(_prediction_table(rep))
-    console.print(Padding(Text(_fit(rep, mem.fmt_gb)), (0, 0, 0, 2), expand=False))
+    console.print(Padding(prose(_fit(rep, mem.fmt_gb)), (0, 0, 0, 2), expand=False))
     console.print(_strategies_table(rep.strategies))
     for s in rep.sentences:
-        console.print(Padding(Text(f"• {s}"), (0, 0, 0, 2), expand=False))
+        console.print(Padding(prose(f"• {s}"), (0, 0, 0, 2), expand=False))
     if rep.measured:
         console.print(_measured_table(rep.measured))
     _print_explanation(console, rep)

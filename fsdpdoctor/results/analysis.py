@@ -409,6 +409,8 @@ class DataQuality:
     ranks: list[RankDataQuality] = field(default_factory=list)   # only ranks with something dropped or noted
     manifest: list[str] = field(default_factory=list)            # manifest fields ignored, and why
     notes: list[str] = field(default_factory=list)               # run-level (files skipped, duplicates)
+    # where the figures were read from when not from the traces (per-rank summaries): nothing left out
+    sources: list[str] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:

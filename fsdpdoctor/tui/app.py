@@ -232,7 +232,8 @@ class FsdpDoctorApp(VisibleTextApp, App[int]):
 
     def action_data_quality(self) -> None:
         if self.analysis is not None and not isinstance(self.screen, NotesScreen):
-            self.push_screen(NotesScreen(data_quality_lines(self.analysis.data_quality), list(self.analysis.notes)))
+            a = self.analysis
+            self.push_screen(NotesScreen(data_quality_lines(a.data_quality), [*a.notes, *a.data_quality.sources]))
 
     def action_filter(self) -> None:
         if not self._on_main():
