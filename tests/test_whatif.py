@@ -321,3 +321,23 @@ def test_a_starved_window_gives_no_number(capsys):
     # weak_1rank (wait 0.88): weak_2rank (0.73) is within the contention calibrated since the GRU pair at 0.80
     w = what_if_set(open_analysis(TRACES / "weak_1rank"), Setting("num_workers", "2"))
     assert w.change_us is None and "re-profile on an idle host" in w.withheld
+
+
+def test_tree_where_the_trace_names_it():
+    """An all-reduce whose recorded name says TREE costs 2 x size / bandwidth at any N > 1: from 2 ranks to 64
+    its transfer stays 10 ms; the same calls without the name are a ring, 1 -> 2 x 63/64 of the size: 19.7 ms."""
+    from dataclasses import replace
+
+    from synthetic import GPU
+
+    ring = collectives(2, 4, "all_reduce", "backward", dur_us=10 * MS, exposed_us=10 * MS, size_bytes=4_000_000)
+    tree = [replace(c, raw_name="ncclKernel_AllReduce_TREE_LL_Sum_float") for c in ring]
+    a = analysis(exposed_comm_us=10 * MS, collective_events=tree, traits=GPU)
+    (t,) = transfers(a)
+    assert t.tree and t.gbps == pytest.approx(0.8)          # 4 MB x 2 / 10 ms
+    w = predict_world_size(a, 64)
+    assert w.change_us == pytest.approx(0.0, abs=1e-6)
+    assert not any("ring algorithm" in s for s in w.assumptions)
+    w = predict_world_size(analysis(exposed_comm_us=10 * MS, collective_events=ring, traits=GPU), 64)
+    assert w.change_us == pytest.approx(10 * MS * (2 * 63 / 64 - 1))
+    assert any("ring algorithm" in s for s in w.assumptions)
