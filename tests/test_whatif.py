@@ -311,15 +311,18 @@ def test_world_size_from_a_saved_analysis(capsys, tmp_path):
 
 
 def test_a_starved_window_gives_no_number(capsys):
-    """Where the ranks waited for a CPU past the contention the predictions were calibrated for, analyze gives
-    no saving, and whatif neither for the finding nor for a setting: the same reason, no number."""
+    """Where the ranks waited for a CPU past the contention the predictions were calibrated for
+    (prediction_wait_calibrated, set to 0.5 here: weak_1rank's threads waited 88 % of the window, weak_2rank's
+    73 %), analyze gives no saving, and whatif neither for the finding nor for a setting: the same reason."""
+    bar = ["--threshold", "prediction_wait_calibrated=0.5"]
     run = str(TRACES / "weak_1rank")
-    f = next(f for f in open_analysis(TRACES / "weak_1rank").findings if f.id == "wrapper-world-size-1")
-    assert f.impact_withheld
-    w = _json(capsys, ["whatif", run, "--fix", "wrapper-world-size-1", "--no-progress"])
-    assert w["change_us"] is None and w["withheld"] == f.impact_withheld
-    # weak_1rank (wait 0.88): weak_2rank (0.73) is within the contention calibrated since the GRU pair at 0.80
-    w = what_if_set(open_analysis(TRACES / "weak_1rank"), Setting("num_workers", "2"))
+    d = _json(capsys, ["analyze", run, "--no-progress", *bar])
+    f = next(f for f in d["findings"] if f["id"] == "wrapper-world-size-1")
+    assert f["impact_withheld"]
+    w = _json(capsys, ["whatif", run, "--fix", "wrapper-world-size-1", "--no-progress", *bar])
+    assert w["change_us"] is None and w["withheld"] == f["impact_withheld"]
+    w = what_if_set(open_analysis(TRACES / "weak_2rank", thresholds={"prediction_wait_calibrated": 0.5}),
+                    Setting("num_workers", "2"), {"prediction_wait_calibrated": 0.5})
     assert w.change_us is None and "re-profile on an idle host" in w.withheld
 
 
