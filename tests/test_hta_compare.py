@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("hta", reason="needs the [hta] extra (traceinsight)")
+
 import fsdpdoctor  # noqa: E402
 from fsdpdoctor.report import hta_compare as hc  # noqa: E402
 from shared_data import PUBLIC  # noqa: E402
