@@ -61,3 +61,11 @@ def test_the_package_is_marked_typed():
     pyproject = (ROOT / "pyproject.toml").read_text()
     package_data = pyproject.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
     assert re.search(r'^"fsdpdoctor" = \[[^]]*"py\.typed"', package_data, re.M), package_data
+
+
+def test_the_library_page_lists_every_option():
+    page = (ROOT / "docs" / "library.md").read_text()
+    rows = re.findall(r"^\| `(\w+)` \|", page, re.M)
+    assert rows == list(FIELDS)
+    for name in fsdpdoctor.__all__:
+        assert f"`{name}`" in page, name
