@@ -61,11 +61,13 @@ def loader_workers(a: Analysis, waiting: bool, needed: int) -> tuple[int, str]:
     free = share.free_per_rank
     if waiting:
         n = min(needed, USUAL_WORKERS)
+        shared = ("; what they compute still runs on the cores the ranks fill, so expect the ranks' own steps to "
+                  "slow" if free == 0 else "")
         return n, (f"Sized to the host and the loader: {share.words()}; the loader mostly waits (sleep or I/O under "
                    f"__next__), which workers overlap without a core of their own, and {n} deliver a batch within "
                    "the rest of the step" if n >= needed else
                    f"Sized to the host and the loader: {share.words()}; the loader mostly waits, which workers overlap "
-                   f"without a core of their own; {needed} would keep up, {n} at most are given (memory)")
+                   f"without a core of their own; {needed} would keep up, {n} at most are given (memory)") + shared
     if free >= 1:
         n = min(free, needed, USUAL_WORKERS)
         return n, (f"Sized to the host: {share.words()}, so {free} core{'s' if free != 1 else ''} per rank beside "
