@@ -1,5 +1,5 @@
 """docs/diff.md's tables of measured pairs are what `diff` gives today: for every row naming two recorded
-runs (bundled, traces/ab/ or tests/data/), the step times it shows and its verdict."""
+runs (bundled, traces/ab/ or tests/data/), the step times and interval it shows and its verdict."""
 
 from __future__ import annotations
 
@@ -36,6 +36,11 @@ def test_row_is_what_diff_gives(base, new, _what, _steps, lo, hi, shown, verdict
     c = compare(a, b)
     if "→" in shown.split(";")[0] and "ms" in shown.split(";")[0]:
         assert f"{c.step.base_mean / 1e3:.1f} → {c.step.new_mean / 1e3:.1f} ms" in shown, (shown, c.step)
+    ci = re.search(r"CI ([−+-]?[\d.]+)\.\.([−+-]?[\d.]+) ms", shown)
+    if ci:   # the interval, to the digits shown
+        for text, value in zip(ci.groups(), (c.step.lo, c.step.hi)):
+            digits = len(text.split(".")[1]) if "." in text else 0
+            assert float(text.replace("−", "-")) == round(value / 1e3, digits), (shown, c.step)
     said = {"no detectable change": "no-detectable-change", "regression": "regression",
             "environment-slower": "environment-slower", "slower-unattributed": "slower-unattributed"}
     word = next(k for k in said if verdict.startswith(k))
