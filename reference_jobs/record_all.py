@@ -41,15 +41,19 @@ def active_steps(name: str) -> int:
     sc = SCENARIOS[name]
     if sc.get("active"):
         return sc["active"]   # the scenario needs this window (a period seen twice in it)
+    if sc.get("nproc", 2) > 2:
+        return 3   # a mesh of 4 ranks: 4 traces; a straggler through it is decided per step over 3 steps
     # FSDP2 and activation checkpointing: their with_stack traces are several times larger
     if sc["wrap"] == "fsdp2" or sc["params"].get("act_ckpt", "none") != "none":
         return 2
+    if sc["script"] == "lightning_metrics.py":
+        return 6   # Lightning's stacks make large traces; a sync of a sixth of the step against the noise
     if sc["params"].get("metrics") == "step":
         return 8   # a sync's own time against the step-to-step noise of shared cores: more steps decide it
     if sc["params"].get("periodic", "none") != "none":
         return 4   # one period of the checkpoint (4) and of the evaluation (3) in the profiled steps
     if (name == "straggler" or sc["params"].get("straggler", "none") != "none" or sc["params"].get("delay_ms")
-            or sc["params"].get("length_skew", 1.0) != 1.0 or sc["params"].get("expert_skew", 1.0) != 1.0
+            or sc["params"].get("length_skew", 1.0) != 1.0 or sc["params"].get("token_skew", 1.0) != 1.0 or sc["params"].get("expert_skew", 1.0) != 1.0
             or sc["params"].get("collate_sleep_ms")):
         return 4
     return 3
@@ -91,7 +95,8 @@ def main() -> int:
     args = ap.parse_args()
     out_root = Path(args.out)
     out_root.mkdir(parents=True, exist_ok=True)
-    runs = [(n, n, args.nproc) for n in SCENARIOS]
+    # a scenario that needs a mesh names its process count (hsdp_tokens.py: 4 ranks, a (2, 2) mesh)
+    runs = [(n, n, SCENARIOS[n].get("nproc", args.nproc)) for n in SCENARIOS]
     runs += [(n, base, np_) for n, (base, np_) in SCALING_RUNS.items()]
     if args.only:
         unknown = set(args.only) - {r[0] for r in runs}

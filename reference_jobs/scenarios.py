@@ -149,6 +149,10 @@ USER_JOB_PARAMS = {
     "metrics": "epoch",          # metric_sync.py: torchmetrics dist_sync_on_step=True ("step") / False ("epoch")
     "variant": "ddp",            # metric_sync.py: ddp / clip_fsdp1 (FSDP1 + clip_grad_norm_) /
                                  # zero (DDP + ZeroRedundancyOptimizer)
+    "token_skew": 1.0,           # hsdp_tokens.py: slow_rank's batches hold this many times the others' tokens
+    "logging": "epoch",          # lightning_metrics.py: sync_dist (Lightning self.log/log_dict(sync_dist=True)
+                                 # every step) / torchmetrics_compute (MetricCollection.compute() every step)
+                                 # / epoch (no per-step sync)
 }
 
 USER_SCENARIOS: dict[str, dict] = {
@@ -314,6 +318,32 @@ USER_SCENARIOS: dict[str, dict] = {
         injects="the loop of mlp_loss_allreduce with torch.compile(DDP(model)) (TorchDynamo's DDPOptimizer splits "
                 "the graph at the buckets): the .item() is the one host sync", params={"loop": "mlp_compiled"},
         must=["host-sync"]),
+    "hsdp_balanced": dict(
+        script="hsdp_tokens.py", wrap="fsdp2", nproc=4,
+        injects="nothing (healthy): LLaMA-style decoder LM, FSDP2 HSDP on a (2, 2) mesh, equal batches",
+        params={}, must=[]),
+    "hsdp_token_skew": dict(
+        script="hsdp_tokens.py", wrap="fsdp2", nproc=4,
+        injects="the same decoder, FSDP2 HSDP on a (2, 2) mesh: rank 1's batches hold 2x the tokens of the others'",
+        params={"token_skew": 2.0}, must=["straggler"]),
+    "unet_syncnorm_ddp": dict(
+        script="unet_syncnorm.py", wrap="ddp",
+        injects="nothing (healthy): small U-Net segmenting per pixel with 10 synchronised BatchNorms (an "
+                "all-gather in forward and an all-reduce in backward each) under DDP", params={}, must=[]),
+    "widedeep_lightning_sync_dist": dict(
+        script="lightning_metrics.py", wrap="ddp",
+        injects="Wide & Deep click model under Lightning (DDPStrategy): self.log(loss, sync_dist=True) and "
+                "self.log_dict(5 batch statistics, sync_dist=True) every step: 6 barriers and 6 all-reduces a step",
+        params={"logging": "sync_dist"}, must=["metric-sync"]),
+    "widedeep_torchmetrics_compute": dict(
+        script="lightning_metrics.py", wrap="ddp",
+        injects="the same model, hand-written DDP loop: torchmetrics MetricCollection (accuracy, precision, "
+                "recall) and MeanMetric compute()-d every step for a progress line (sync_on_compute=True)",
+        params={"logging": "torchmetrics_compute"}, must=["metric-sync"]),
+    "widedeep_lightning_epoch": dict(
+        script="lightning_metrics.py", wrap="ddp",
+        injects="nothing (healthy): the Lightning job logging the loss without sync_dist and the accuracy as a "
+                "torchmetrics object on_epoch (synced at the epoch's end)", params={"logging": "epoch"}, must=[]),
     "cnn_no_process_group": dict(
         script="cnn.py", wrap="none",
         injects="torchrun without init_process_group: two independent models, no communication",

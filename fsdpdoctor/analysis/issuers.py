@@ -92,6 +92,8 @@ def _issuer(ctx, c, tr, nodes, ddp_fwd, modules, known, libs) -> str | None:
                 # a metric's entry point (forward, compute, sync) groups its syncs, not the helper that gathers
                 lib = _outermost(ctx, libs, tr, at, top)
             func = t.name(lib).split("): ", 1)[-1]
+            if top == "torchmetrics" and func == "wrapped_func":
+                func = "compute"   # torchmetrics' Metric._wrap_compute: the compute() the user called
             return f"metrics ({top}: {func})" if top in _METRICS else f"framework ({top}: {func})"
     if mod_name and mod_name != "DistributedDataParallel":
         return f"module {mod_name}"

@@ -19,6 +19,7 @@ from fsdpdoctor.analysis import collectives as coll_mod
 from fsdpdoctor.analysis import contention as contention_mod
 from fsdpdoctor.analysis import gpu_idle as gpu_idle_mod
 from fsdpdoctor.analysis import intervals as iv
+from fsdpdoctor.analysis import groups as groups_mod
 from fsdpdoctor.analysis import issuers as issuers_mod
 from fsdpdoctor.analysis import periodic as periodic_mod
 from fsdpdoctor.analysis import prefetch as prefetch_mod
@@ -172,6 +173,7 @@ def analyze_rank(trace: RankTrace, steps: set[int] | None = None, files: list[Pa
     if colls:
         _overlap_and_bandwidth(ctx, records, windows, tl, shares)
         issuers_mod.annotate(ctx, records)
+        groups_mod.annotate(colls, groups_mod.hsdp_roles(trace.distributed_info, trace.world_size))
     by_step = defaultdict(list)
     for c in colls:
         by_step[c.step].append(c)
@@ -253,7 +255,9 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     # process groups smaller than the world (a 2-D mesh): a rank waits for a late one through other groups
     sub_groups = bool(world_size and any(r.setup and r.setup.smallest_group and r.setup.smallest_group < world_size
                                          for r in kept))
-    strag = stragglers.analyze(all_colls, summaries, same_clock, clock, sub_groups=sub_groups)
+    group_ranks = {name: ranks for r in kept if r.setup for name, ranks in r.setup.groups.items()}
+    strag = stragglers.analyze(all_colls, summaries, same_clock, clock, sub_groups=sub_groups,
+                               group_ranks=group_ranks)
     if strag:
         stragglers.attribute_cause(strag, summaries, {r.rank: r.work for r in kept if r.work}, all_colls)
         stragglers.culprit_frames(strag, {r.rank: r.user_frames for r in kept})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fsdpdoctor.analysis import groups as groups_mod
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis import prefetch as prefetch_mod
 from fsdpdoctor.analysis.breakdown import StepWindow
@@ -40,7 +41,8 @@ def rank_setup(ctx: RankContext, windows: list[StepWindow], colls: list[Collecti
                      collective_kinds=sorted({c.kind for c in colls}),
                      has_backward=bool(len(bwd)), wrapper=wrapper,
                      smallest_group=min((p["pg_size"] for p in pgs if isinstance(p.get("pg_size"), int)),
-                                        default=None))
+                                        default=None),
+                     groups=groups_mod.pg_ranks(dist))
 
 
 def single_rank_prefetch(p: PrefetchStatus | None, world_size: int | None) -> None:

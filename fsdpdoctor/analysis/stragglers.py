@@ -55,16 +55,23 @@ def _by_rank_and_step(colls: list[Collective]) -> dict[tuple[int, int | None], l
 
 
 def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
-            clock: ClockReport | None = None, sub_groups: bool = False) -> StragglerReport | None:
+            clock: ClockReport | None = None, sub_groups: bool = False,
+            group_ranks: dict[str, list[int]] | None = None) -> StragglerReport | None:
     """``sub_groups``: the ranks' process groups include some smaller than the world (a 2-D mesh: HSDP,
     TP + FP). Then a rank's k-th collective runs in its own group, and a rank late in one group makes its
     group's peers late in their other groups: ranks that share no group with it wait for it too, through
-    them. Per step each rank's wait is its largest over the step's collectives; the rank waited for is the
-    one whose largest wait is smallest, and had it been on time the others would not have waited the least
-    of their largest waits (``saving_us``), not the next-latest arrival at one collective."""
+    them. Where the trace says each call's group (``Collective.process_group``, ``group_ranks``: name ->
+    ranks) calls are matched within their group (``through_named_groups``); otherwise per step each rank's
+    wait is its largest over the step's collectives; the rank waited for is the one whose largest wait is
+    smallest, and had it been on time the others would not have waited the least of their largest waits
+    (``saving_us``), not the next-latest arrival at one collective."""
     rank_ids = [r.rank for r in ranks]
     if len(rank_ids) < 2 or not colls:
         return None
+    if sub_groups:
+        named = through_named_groups(colls, ranks, group_ranks or {})
+        if named is not None:
+            return named
     groups = _by_rank_and_step(colls)
     steps = sorted({s for (_, s) in groups if s is not None}) or [None]
     step_time = {(r.rank, s.step): s.duration_us for r in ranks for s in r.steps}
@@ -116,13 +123,27 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
                          # had it arrived with the others, the step ends when the next-latest rank arrives:
                          # the saving is the smallest wait among the other ranks
                          "saving_us": float(np.sort(waits)[1])})
+    rep = _report("wait" + ("+arrival" if same_clock or clock is not None else ""), per_step, culprits, total_wait,
+                  ranks, sub_groups)
+    if rep is not None and sub_groups:
+        rep.groups_note = ("the trace does not say which process group each collective ran in (no Process Group "
+                           "Name on record_param_comms, no FSDP2 HSDP collectives): the culprit is the rank whose "
+                           "largest wait in a step was least, not read from the groups it made wait")
+    return rep
+
+
+def _report(method: str, per_step: list[dict], culprits: dict, total_wait: dict, ranks: list[RankSummary],
+            through_groups: bool) -> StragglerReport | None:
+    """The run's verdict from its steps' culprits: the rank last most often, its wait and saving (medians over
+    the steps it was last) and the chance a healthy rank is last that often."""
     if not per_step:
         return None
+    rank_ids = [r.rank for r in ranks]
     culprit, count = max(culprits.items(), key=lambda kv: kv[1])
     nsteps = len(per_step)
     mine = [p["imbalance_us"] for p in per_step if p["straggler"] == culprit]
     saving = [p["saving_us"] for p in per_step if p["straggler"] == culprit]
-    return StragglerReport(method="wait" + ("+arrival" if same_clock or clock is not None else ""), straggler=culprit,
+    return StragglerReport(method=method, straggler=culprit,
                            spread_frac=float(median([p["imbalance_frac"] for p in per_step])),
                            last_fraction=count / nsteps, per_step=per_step,
                            wait_by_rank={r: total_wait[r] / nsteps for r in rank_ids},
@@ -130,7 +151,94 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
                            chance=chance_last(count, nsteps, len(rank_ids)),
                            wait_us=float(median(mine)) if mine else 0.0,
                            saving_us=float(median(saving)) if saving else 0.0,
-                           noise_us=step_time_noise(ranks), through_groups=sub_groups)
+                           noise_us=step_time_noise(ranks), through_groups=through_groups)
+
+
+def _group_calls(colls: list[Collective], rank_ids: list[int], group_ranks: dict[str, list[int]]):
+    """Per step, each group call matched across its members: {step: [(group ranks, {rank: call})]}: a rank's
+    j-th call of a step in a group matches its peers' j-th there. None unless most calls name a group whose
+    ranks are known (a call without one runs in the world group)."""
+    world = tuple(sorted(rank_ids))
+    named = sum(1 for c in colls if c.process_group is not None and c.process_group in group_ranks)
+    if named < 0.5 * len(colls):
+        return None
+    out: dict = defaultdict(list)
+    for (r, st), cs in _by_rank_and_step(colls).items():
+        if st is None:
+            continue
+        seen: dict = defaultdict(int)
+        for c in sorted(cs, key=lambda c: c.index):
+            members = tuple(group_ranks.get(c.process_group or "", world))
+            key = (st, members, seen[members])
+            seen[members] += 1
+            out[key] = out.get(key) or {}
+            out[key][r] = c
+    steps: dict = defaultdict(list)
+    for (st, members, _), calls in out.items():
+        if set(calls) == set(members) and len({c.kind for c in calls.values()}) == 1:
+            steps[st].append((members, calls))
+    return steps
+
+
+def through_named_groups(colls: list[Collective], ranks: list[RankSummary],
+                         group_ranks: dict[str, list[int]]) -> StragglerReport | None:
+    """The straggler of a 2-D mesh, from calls matched within their process groups (``_group_calls``).
+
+    At each call the member that waited least arrived last, and its peers' waits there are caused by it.
+    A rank late only because it waited for another (a peer of the culprit, making its own other group
+    wait) causes about as much as it was caused to wait; the culprit causes waits and waits little. So per
+    step the culprit is the rank whose caused wait exceeds its own wait the most; each rank's wait is the
+    sum of its waits in the step's calls, the others' largest is the step's imbalance and the least of
+    theirs what the step would save were the culprit on time. None where the trace does not name groups."""
+    steps = _group_calls(colls, [r.rank for r in ranks], group_ranks)
+    if not steps:
+        return None
+    rank_ids = [r.rank for r in ranks]
+    step_time = {(r.rank, s.step): s.duration_us for r in ranks for s in r.steps}
+    per_step, culprits, total_wait = [], defaultdict(int), defaultdict(float)
+    shared: dict = defaultdict(lambda: defaultdict(float))   # (culprit, group) -> {kind: wait caused}
+    for st in sorted(steps):
+        caused, waited, longest = defaultdict(float), defaultdict(float), defaultdict(float)
+        for members, calls in steps[st]:
+            durs = {r: c.duration_us for r, c in calls.items()}
+            last = min(durs, key=durs.get)
+            for r in members:
+                w = durs[r] - durs[last]
+                waited[r] += w
+                caused[last] += w
+                longest[r] = max(longest[r], w)
+        net = {r: caused[r] - waited[r] for r in rank_ids}
+        culprit = max(net, key=net.get)
+        others = sorted(waited[r] for r in rank_ids if r != culprit)
+        for members, calls in steps[st]:
+            durs = {r: c.duration_us for r, c in calls.items()}
+            if culprit in members and min(durs, key=durs.get) == culprit:
+                shared[(culprit, members)][next(iter(calls.values())).kind] += sum(durs[r] - durs[culprit]
+                                                                                   for r in members)
+        for r in rank_ids:
+            total_wait[r] += waited[r]
+        # the wait the verdict weighs is the others' longest in one call (a sum over the step's calls adds up
+        # every call's jitter: a healthy (2, 2) mesh on shared cores summed to 4.5x its step noise); the
+        # saving is the least of their waits over the whole step, which a culprit late in every call causes
+        wait = max((longest[r] for r in rank_ids if r != culprit), default=0.0)
+        waiter = max((r for r in rank_ids if r != culprit), key=lambda r: longest[r])
+        st_time = step_time.get((waiter, st), 0.0) or 1.0
+        culprits[culprit] += 1
+        per_step.append({"step": st, "straggler": culprit, "imbalance_us": wait,
+                         "imbalance_frac": min(wait / st_time, 1.0), "collective_index": None,
+                         "arrival_lead_us": None, "kind": None, "phase": None,
+                         "mean_wait_us": sum(waited.values()) / len(rank_ids),
+                         "saving_us": others[0] if others else 0.0, "net_late_us": net[culprit],
+                         "step_wait_us": others[-1] if others else 0.0})
+    rep = _report("wait per process group", per_step, culprits, total_wait, ranks, True)
+    if rep is not None:
+        n = len(per_step)
+        rep.culprit_groups = [{"ranks": list(members), "kinds": sorted(kinds), "wait_us": sum(kinds.values()) / n}
+                              for (c, members), kinds in sorted(shared.items(), key=lambda kv: kv[0][1])
+                              if c == rep.straggler]
+        near = {r for g in rep.culprit_groups for r in g["ranks"]}
+        rep.far_ranks = [r for r in rank_ids if r not in near]
+    return rep
 
 
 def chance_last(k: int, n: int, nranks: int) -> float:

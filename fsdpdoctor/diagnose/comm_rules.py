@@ -5,6 +5,7 @@ from __future__ import annotations
 from fsdpdoctor.diagnose.ddp_rules import default_buckets_fix
 from fsdpdoctor.diagnose.facts import straggler_wait_us
 from fsdpdoctor.diagnose.framework import RuleContext, rank_steps, rule, sync_confidence
+from fsdpdoctor.diagnose.metric_rules import issuer_fix
 from fsdpdoctor.diagnose.noise import per_step, per_step_calls
 from fsdpdoctor.results import Evidence, Finding
 from fsdpdoctor.units import ms, pct, size
@@ -47,9 +48,17 @@ def exposed_comm(ctx: RuleContext) -> list[Finding]:
     if sync:
         summary += (f" Collectives here block the host and the ranks share CPU cores, so healthy runs expose "
                     f"up to {pct(ctx.th['exposed_comm_frac_sync'])} (noise study); this is above it.")
+    # synchronised norms' exchanges are a chosen accuracy trade (as in the small-collectives finding): where
+    # they hold most of the exposed time it is reported with its cost and the norms' fix, not gated
+    nrs = rank_steps(ctx)
+    chosen = sum(c.exposed_us for c in ctx.a.collective_events if (c.issuer or "").startswith(_CHOSEN)) / nrs
+    if chosen >= 0.5 * m.exposed_comm_us:
+        summary += (f" {ms(chosen)} of it is synchronised norms' statistics and DDP's buffer broadcast, exchanged "
+                    "by design.")
     out.append(ctx.finding(
         "exposed-comm-high", f"Exposed communication is {pct(total)} of the step", exposed, summary, fix,
         confidence=sync_confidence(ctx, 0.85), consequences=["low-overlap"],  # the same time, seen as overlap
+        severity="info" if chosen >= 0.5 * m.exposed_comm_us else None,
         samples=per_step(ctx.a, lambda st: st.exposed_comm_us),
         evidence=[Evidence(f"communication {ms(m.comm_us)} per step, overlapped {ms(m.overlapped_comm_us)} "
                            f"({pct(m.overlap_frac)})")] +
@@ -67,7 +76,12 @@ def exposed_comm(ctx: RuleContext) -> list[Finding]:
 
 
 def _comm_fix(ctx: RuleContext, kind: str) -> str:
-    """What to change for the kind that exposes most, from what this job has set (never what is set)."""
+    """What to change for the kind that exposes most, from what this job has set (never what is set). Where
+    that kind's calls are mostly another issuer's than the wrapper's (a metrics library's gathers, synchronised
+    norms' exchanges: analysis/issuers.py), the fix is that issuer's: no bucket or unit size reaches them."""
+    groups = _by_issuer([c for c in ctx.a.collective_events if c.kind == kind])
+    if groups and groups[0][0].startswith(_OWN_FIX):
+        return _latency_fix_by_issuer(ctx, groups, rank_steps(ctx))
     w, p = ctx.wrap, ctx.a.prefetch
     if kind == "all_reduce":
         cap = w.get("bucket_cap_mb")
@@ -151,6 +165,8 @@ def message_sizes(ctx: RuleContext) -> list[Finding]:
 
 _UNKNOWN = "issuer unknown"
 _CHOSEN = ("norm statistics", "DDP buffer broadcast")
+# issuers with a fix of their own (_issuer_fix), which no wrapper setting reaches
+_OWN_FIX = _CHOSEN + ("metrics", "framework (", "clip_grad_norm_", "optimizer-state sharding", "user code ")
 _MERGE_ONLY = ("gradient buckets", "fsdp", _UNKNOWN)   # issuers whose fix is fewer, larger calls (_latency_fix)   # what a model with synchronised BatchNorm issues
 
 
@@ -162,19 +178,17 @@ def _by_issuer(colls: list) -> list[tuple[str, list]]:
     return sorted(groups.items(), key=lambda kv: -sum(c.exposed_us for c in kv[1]))
 
 
-def _issuer_fix(ctx: RuleContext, who: str) -> str:
-    """The change that reaches the collectives of one issuer (analysis/issuers.py labels)."""
+def _issuer_fix(ctx: RuleContext, who: str, calls: list | None = None) -> str:
+    """The change that reaches the collectives of one issuer (analysis/issuers.py labels); ``calls``: the
+    issuer's collectives, which say whether an unnamed issuer could be DDP's gradient buckets at all."""
     if who.startswith("norm statistics"):
         return ("fewer synchronised norm layers (SyncBatchNorm only where a rank's batch is too small for its own "
                 "statistics) or plain BatchNorm with a larger per-rank batch: each exchange waits for the layer "
                 "before it, so no bucket size merges them")
     if who == "DDP buffer broadcast":
         return "DDP(model, broadcast_buffers=False) where the buffers stay equal on every rank (or sync them less often)"
-    if who.startswith("metrics"):
-        return ("sync metrics at the end of an epoch, not every step (torchmetrics: dist_sync_on_step=False and "
-                "compute() once; Lightning: self.log(..., sync_dist=False) for per-step values)")
-    if who.startswith("framework (lightning"):
-        return "Lightning: log per-step values without sync_dist=True (sync on_epoch), keep rank-0-only work off the step"
+    if who.startswith("metrics") or who.startswith("framework ("):
+        return issuer_fix(who)
     if who == "clip_grad_norm_":
         return "clip with one norm reduction per step (FSDP: model.clip_grad_norm_ once; foreach=True), or clip less often"
     if who == "optimizer-state sharding":
@@ -183,7 +197,22 @@ def _issuer_fix(ctx: RuleContext, who: str) -> str:
     if who.startswith("user code "):
         return (f"coalesce the calls at {who[len('user code '):]} into one collective "
                 "(torch.cat then split, or all_reduce_coalesced)")
+    if calls and not _could_be_buckets(ctx, calls):
+        kinds = "/".join(sorted({c.kind for c in calls}))
+        phases = "/".join(sorted({c.phase for c in calls}))
+        whose = (f"the trace does not say who issues the {kinds} calls in {phases} (record with with_stack=True to "
+                 "name them); they" if who == _UNKNOWN else f"the {kinds} calls of {who} in {phases}")
+        return (f"{whose} are not DDP's gradient buckets (those are all-reduces in backward), so no bucket_cap_mb "
+                "merges them: issue them less often or coalesce them where they are issued")
     return _latency_fix(ctx)   # gradient buckets, FSDP units, or an issuer the trace does not name
+
+
+def _could_be_buckets(ctx: RuleContext, calls: list) -> bool:
+    """Whether unnamed calls could be the wrapper's own: under DDP only all-reduces in backward (or in no
+    phase the trace tells) are gradient buckets; under FSDP, or an unknown wrapper, any may be."""
+    if ctx.a.job.wrapping != "ddp":
+        return True
+    return all(c.kind == "all_reduce" and c.phase in ("backward", "other") for c in calls)
 
 
 def _latency_fix_by_issuer(ctx: RuleContext, groups: list[tuple[str, list]], nrs: int = 1) -> str:
@@ -194,7 +223,7 @@ def _latency_fix_by_issuer(ctx: RuleContext, groups: list[tuple[str, list]], nrs
     total = sum(c.exposed_us for _, cs in several for c in cs)
     fixes, covered = [], 0.0
     for who, cs in several:
-        fix = _issuer_fix(ctx, who)
+        fix = _issuer_fix(ctx, who, cs)
         if fix not in fixes:
             fixes.append(fix)
         covered += sum(c.exposed_us for c in cs)

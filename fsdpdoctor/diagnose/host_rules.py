@@ -218,14 +218,19 @@ def straggler(ctx: RuleContext) -> list[Finding]:
         ev.append(Evidence(f"{fr['frame']}: {ms(fr['culprit_us'])} per step on rank {r}, "
                            f"{ms(fr['others_us'])} on the others", rank=r, source=fr["frame"]))
     ev += [Evidence(f"step {p['step']}: rank {p['straggler']} arrived last; the others waited "
-                    f"{ms(p['imbalance_us'])} ({pct(p['imbalance_frac'])} of the step) in collective "
-                    f"#{p['collective_index']}", rank=p["straggler"], step=p["step"], time_us=p["imbalance_us"])
+                    f"{ms(p['imbalance_us'])} ({pct(p['imbalance_frac'])} of the step) "
+                    + (f"in collective #{p['collective_index']}" if p.get("collective_index") is not None else
+                       f"in one call, {ms(p.get('step_wait_us', 0.0))} over the step's calls of their groups"),
+                    rank=p["straggler"], step=p["step"], time_us=p["imbalance_us"])
            for p in s.per_step[:6]]
     explained = _straggler_explains_comm(ctx)
     conseq = ["exposed-comm-high", "low-overlap", "low-bus-bandwidth"] if explained else []
     summary = (f"Rank {r} was the last to arrive in {s.steps_last} of {s.steps_total} steps and the others wait "
                f"{upto}{ms(s.wait_us)} per step for it ({pct(ctx.frac(s.wait_us))} of the step) in their first "
-               "collective after the delay.")
+               "collective after the delay." if not s.culprit_groups else
+               f"Rank {r} was the last to arrive in {s.steps_last} of {s.steps_total} steps. " + mesh_waits(s))
+    if s.groups_note:
+        ev.append(Evidence(f"not told: {s.groups_note}", rank=r))
     if impact < 0.99 * s.wait_us:
         summary += (f" Balancing its work would shorten each step by about {ms(impact)} ({pct(ctx.frac(impact))}): "
                     "the balanced step still holds its share of the extra work." if cause == "more work" else
@@ -269,6 +274,24 @@ def _own_workers_words(ctx: RuleContext) -> str:
     where = f" ({share.words()})" if share.known else ""
     return (f"; this job's own DataLoader worker processes run on the host's cores{where}: fewer workers per rank, "
             "or a host with a core free for each, may be what it needs")
+
+
+def mesh_waits(s) -> str:
+    """Who waits for a 2-D mesh's straggler where: the groups it makes wait, read per call from the trace
+    (analysis/groups.py), and the ranks that share no group with it."""
+    def peers(g) -> str:
+        p = [str(x) for x in g["ranks"] if x != s.straggler]
+        return f"rank {p[0]} waits" if len(p) == 1 else f"ranks {', '.join(p)} wait"
+
+    parts = [f"{peers(g)} for it in their group {g['ranks']} at {'/'.join(g['kinds'])} ({ms(g['wait_us'])} per "
+             "step over those calls)" for g in s.culprit_groups]
+    text = "Read per process group from the trace: " + "; ".join(parts) + "."
+    if s.far_ranks:
+        who = ", ".join(str(x) for x in s.far_ranks)
+        many = len(s.far_ranks) > 1
+        text += (f" Rank{'s' if many else ''} {who} share{'' if many else 's'} no group with it and wait"
+                 f"{'' if many else 's'} for it through the ranks that do.")
+    return text + f" The longest wait in one call is {ms(s.wait_us)} per step (median)."
 
 
 def _compute_ratio(ctx: RuleContext, r: int) -> float:

@@ -60,14 +60,39 @@ def own_cost_per_step(ctx: RuleContext, calls: list[Collective]) -> dict:
     return out
 
 
-def _fix(who: str) -> str:
+# torchmetrics entry points by what syncs there: compute() (sync_on_compute=True, the default) or forward()
+# with dist_sync_on_step=True (metric.py's forward helpers)
+_COMPUTE = ("compute", "wrapped_func", "_compute_and_reduce", "sync", "sync_context", "_sync_dist")
+_FORWARD = ("forward", "_forward_full_state_update", "_forward_reduce_state_update", "__call__", "_call_impl")
+
+
+def issuer_fix(who: str) -> str:
+    """The fix in the issuer's own terms (analysis/issuers.py labels): torchmetrics' arguments for a metric
+    synced at compute() or at forward(), Lightning's self.log arguments for its sync of logged values
+    (lightning/fabric/utilities/distributed.py: a barrier and an all-reduce per value logged with
+    sync_dist=True on_step), batching for the user's own calls."""
+    func = who.split(": ", 1)[-1].rstrip(")") if ": " in who else ""
+    if who.startswith("metrics (torchmetrics"):
+        if func in _FORWARD:
+            return ("torchmetrics: construct the metrics with dist_sync_on_step=False (the default): forward() then "
+                    "returns the batch's value from this rank's state alone, and compute() syncs the epoch's state "
+                    "once at the epoch's end; MetricCollection(..., compute_groups=True) syncs the states metrics "
+                    "share (accuracy, precision, recall) once")
+        return ("torchmetrics: update() every step and call compute() once, at the epoch's end (then reset()); for a "
+                "per-step value use the batch value metric(preds, target) returns (computed from this rank's batch, "
+                "no sync with dist_sync_on_step=False), or construct the metric with sync_on_compute=False for a "
+                "rank-local compute(); MetricCollection(..., compute_groups=True) syncs shared states once")
     if who.startswith("metrics ("):
-        return ("torchmetrics: dist_sync_on_step=False (the default): update every step, compute() once at the end of "
-                "the epoch, where one sync gathers the epoch's state (Lightning: self.log(name, metric) syncs on_epoch; "
-                "per-step values stay local); metrics that share states in one MetricCollection(compute_groups=True)")
+        return ("compute and sync the metric once, at the epoch's end, not every step; a per-step value from this "
+                "rank's batch needs no sync")
+    if who.startswith("framework (lightning") or who.startswith("framework (pytorch_lightning"):
+        return ("Lightning: self.log(name, value, on_step=False, on_epoch=True, sync_dist=True) syncs the value once, "
+                "at the epoch's end (every value logged with sync_dist=True on_step, log_dict's too, costs a barrier "
+                "and an all-reduce every step); keep a per-step value rank-local (sync_dist=False, the default), or "
+                "log a torchmetrics object, self.log(name, metric), which syncs at the epoch's end")
     if who.startswith("framework ("):
-        return ("log per-step values without sync_dist=True and sync them on_epoch (self.log(..., on_step=True, "
-                "on_epoch=True, sync_dist=False) for the step value, sync_dist=True only for the epoch aggregate)")
+        return ("log per-step values from this rank alone and sync them once at the epoch's end (the framework's "
+                "sync of logged values runs a collective per value)")
     where = who.split(" ", 2)[-1] if who.startswith("user code ") else who
     return (f"sync these values less often (at the end of an epoch or every N steps, from locally accumulated sums) "
             f"or gather them in one collective (torch.cat the values, one all_reduce or all_gather, then split) at "
@@ -105,15 +130,23 @@ def metric_sync(ctx: RuleContext) -> list[Finding]:
                f"time in each call; the rest is waiting for a later rank, which would move to the next collective). "
                "No bucket size or wrapping reaches them: they are issued outside the model's forward, backward and "
                "optimizer step.")
-    fixes = list(dict.fromkeys(_fix(who) for who, _ in order[:2]))
+    fixes = list(dict.fromkeys(issuer_fix(who) for who, _ in order[:2]))
     sizes = sorted(c.size_bytes for c in calls if c.size_bytes)
     ev = [Evidence(f"{who}: {len(cs) / nrs:.0f} per step, {ms(sum(c.exposed_us for c in cs) / nrs)} exposed"
                    + (f", e.g. {cs[0].kind} at {cs[0].source}" if cs[0].source else f", e.g. {cs[0].kind}"),
                    time_us=sum(c.exposed_us for c in cs) / nrs) for who, cs in order[:4]]
     if sizes:
         ev.append(Evidence(f"median message {size(sizes[len(sizes) // 2])}: latency, not bandwidth"))
+    # the syncs are exposed communication: where they hold most of it, the exposed communication (and its
+    # small messages) is theirs, folded under this finding (as a straggler's wait is under the straggler)
+    m = ctx.a.mean
+    conseq = (["exposed-comm-high", "low-overlap", "latency-bound-collectives"]
+              if m and m.exposed_comm_us > 0 and exposed >= 0.5 * m.exposed_comm_us else [])
+    if conseq:
+        summary += (f" They hold {pct(min(exposed / m.exposed_comm_us, 1.0))} of the step's exposed communication: "
+                    "it is exposed because of them.")
     return [ctx.finding(
         "metric-sync", f"Metric sync every step: {len(calls) / nrs:.0f} collectives, {pct(ctx.frac(impact))} of the step",
-        impact, summary, "; ".join(fixes), confidence=0.8 if named else 0.6, evidence=ev,
+        impact, summary, "; ".join(fixes), confidence=0.8 if named else 0.6, evidence=ev, consequences=conseq,
         source=next((c.source for c in calls if c.source), None),
         samples=[cost.get(s, 0.0) for s in steps])]   # each step's cost (0 in a step without a sync)

@@ -261,6 +261,12 @@ class StragglerReport:
     # collectives (each rank's largest wait), not at one collective (analysis/stragglers.analyze)
     through_groups: bool = False
     alone_speed: float | None = None
+    # with the process group of each call known (analysis/groups.py): the groups the culprit made wait
+    # ({"ranks", "kinds", "wait_us" per step}), the ranks that share none with it (they wait through the
+    # others), and, where the groups could not be told, what could not
+    culprit_groups: list[dict] = field(default_factory=list)
+    far_ranks: list[int] = field(default_factory=list)
+    groups_note: str | None = None
 
 
 @dataclass(slots=True)

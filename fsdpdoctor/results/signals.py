@@ -123,6 +123,7 @@ class RankSetup:
     has_backward: bool = False            # autograd backward ran in the analysed steps
     wrapper: str | None = None            # "ddp", "fsdp1", "fsdp2" seen in the trace, else None
     smallest_group: int | None = None     # the smallest pg_size in distributedInfo.pg_config (a 2-D mesh's)
+    groups: dict[str, list[int]] = field(default_factory=dict)   # pg_name -> its ranks (pg_config)
 
 
 @dataclass(slots=True)
