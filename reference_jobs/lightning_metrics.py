@@ -148,8 +148,9 @@ def _lightning(args, sc, p, rank, world, steps):
     trainer = L.Trainer(accelerator="cpu", devices=world, strategy=DDPStrategy(process_group_backend="gloo"),
                         max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False,
+                        # samples_per_step given: the loader reads whole batches (batch_size=None)
                         callbacks=[FsdpdoctorCallback(args.out, wait=args.wait, warmup=args.warmup, active=args.active,
-                                                      with_stack=not args.no_stack,
+                                                      with_stack=not args.no_stack, samples_per_step=BATCH * world,
                                                       scenario={"name": args.scenario, "injects": sc["injects"],
                                                                 "params": p})])
     trainer.fit(LitWideDeep(), _loader(world, None, steps))   # Lightning adds the distributed sampler
