@@ -29,6 +29,10 @@ def test_lightning_sync_dist_is_a_metric_sync_in_lightning_terms():
     assert "framework (lightning: _sync_ddp)" in f.summary
     assert "self.log(name, value, on_step=False, on_epoch=True, sync_dist=True)" in f.fix
     assert "log_dict" in f.fix and "bucket_cap_mb" not in f.fix and "dist_sync_on_step" not in f.fix
+    # the fix as data, in the job's framework (diagnose/settings.py)
+    assert f.framework == "lightning" and [(s.name, s.value, s.now) for s in f.settings] == [("log.sync_dist", False,
+                                                                                               True)]
+    assert f.settings[0].where == "LightningModule.log" and f.fix.startswith("self.log(..., sync_dist=False")
     assert f.source and f.source.startswith("lightning_metrics.py(") and "training_step" in f.source
     assert f.impact_us > 0 and f.impact_frac >= 0.05
 
@@ -39,6 +43,7 @@ def test_torchmetrics_compute_every_step_is_a_metric_sync_that_holds_the_exposed
     f = fs["metric-sync"]
     assert "metrics (torchmetrics: compute)" in f.summary and "wrapped_func" not in f.summary
     assert "compute() once" in f.fix and "sync_on_compute=False" in f.fix and "self.log" not in f.fix
+    assert f.settings == []   # calling compute() less often is no setting
     assert f.severity in ("warning", "error") and f.impact_us > 0
     # the gathers are the exposed communication: where that finding is made, it is this one's effect,
     # and its fix is the metrics', not FSDP units' (a DDP job) or buckets'

@@ -290,7 +290,7 @@ def mesh_waits(s) -> str:
         who = ", ".join(str(x) for x in s.far_ranks)
         many = len(s.far_ranks) > 1
         text += (f" Rank{'s' if many else ''} {who} share{'' if many else 's'} no group with it and wait"
-                 f"{'' if many else 's'} for it through the ranks that do.")
+                 f"{'' if many else 's'} for it through the groups of the ranks that do.")
     return text + f" The longest wait in one call is {ms(s.wait_us)} per step (median)."
 
 

@@ -13,7 +13,7 @@ import re
 from collections import defaultdict
 
 from fsdpdoctor.diagnose.framework import RuleContext, rank_steps, rule
-from fsdpdoctor.results import Collective, Evidence, Finding
+from fsdpdoctor.results import Collective, Evidence, Finding, Setting
 from fsdpdoctor.units import ms, pct, size
 
 _METRIC_MODULE = re.compile(r"(?i)metric")
@@ -66,6 +66,23 @@ _COMPUTE = ("compute", "wrapped_func", "_compute_and_reduce", "sync", "sync_cont
 _FORWARD = ("forward", "_forward_full_state_update", "_forward_reduce_state_update", "__call__", "_call_impl")
 
 
+_LIGHTNING_WHY = ("(every value logged with sync_dist=True on_step, each of log_dict's too, costs a barrier and an "
+                  "all-reduce every step)")
+
+
+def sync_settings(who: str, framework: str | None) -> list[Setting]:
+    """The generic setting the fix changes (diagnose/settings.py), where the issuer is the one the job's
+    framework spells it for: Lightning's sync of logged values in a Lightning job, torchmetrics synced in
+    forward() (dist_sync_on_step) in a plain loop. None for compute() every step: the fix there is calling it
+    less often, not a setting."""
+    func = who.split(": ", 1)[-1].rstrip(")") if ": " in who else ""
+    if framework == "lightning" and who.startswith("framework (lightning"):
+        return [Setting("log.sync_dist", False, now=True)]
+    if framework in (None, "plain") and who.startswith("metrics (torchmetrics") and func in _FORWARD:
+        return [Setting("log.sync_dist", False, now=True)]
+    return []
+
+
 def issuer_fix(who: str) -> str:
     """The fix in the issuer's own terms (analysis/issuers.py labels): torchmetrics' arguments for a metric
     synced at compute() or at forward(), Lightning's self.log arguments for its sync of logged values
@@ -87,9 +104,8 @@ def issuer_fix(who: str) -> str:
                 "rank's batch needs no sync")
     if who.startswith("framework (lightning") or who.startswith("framework (pytorch_lightning"):
         return ("Lightning: self.log(name, value, on_step=False, on_epoch=True, sync_dist=True) syncs the value once, "
-                "at the epoch's end (every value logged with sync_dist=True on_step, log_dict's too, costs a barrier "
-                "and an all-reduce every step); keep a per-step value rank-local (sync_dist=False, the default), or "
-                "log a torchmetrics object, self.log(name, metric), which syncs at the epoch's end")
+                f"at the epoch's end {_LIGHTNING_WHY}; keep a per-step value rank-local (sync_dist=False, the "
+                "default), or log a torchmetrics object, self.log(name, metric), which syncs at the epoch's end")
     if who.startswith("framework ("):
         return ("log per-step values from this rank alone and sync them once at the epoch's end (the framework's "
                 "sync of logged values runs a collective per value)")
@@ -130,7 +146,13 @@ def metric_sync(ctx: RuleContext) -> list[Finding]:
                f"time in each call; the rest is waiting for a later rank, which would move to the next collective). "
                "No bucket size or wrapping reaches them: they are issued outside the model's forward, backward and "
                "optimizer step.")
+    settings = sync_settings(order[0][0], ctx.a.job.framework)
     fixes = list(dict.fromkeys(issuer_fix(who) for who, _ in order[:2]))
+    if settings and order[0][0].startswith("framework ("):
+        # the setting's code says what to write; the rule's words add why, and the other way
+        why = _LIGHTNING_WHY[1:-1]
+        fixes[0] = (f"{why[0].upper()}{why[1:]}; or log a torchmetrics object, self.log(name, metric), which syncs "
+                    "at the epoch's end")
     sizes = sorted(c.size_bytes for c in calls if c.size_bytes)
     ev = [Evidence(f"{who}: {len(cs) / nrs:.0f} per step, {ms(sum(c.exposed_us for c in cs) / nrs)} exposed"
                    + (f", e.g. {cs[0].kind} at {cs[0].source}" if cs[0].source else f", e.g. {cs[0].kind}"),
@@ -149,4 +171,5 @@ def metric_sync(ctx: RuleContext) -> list[Finding]:
         "metric-sync", f"Metric sync every step: {len(calls) / nrs:.0f} collectives, {pct(ctx.frac(impact))} of the step",
         impact, summary, "; ".join(fixes), confidence=0.8 if named else 0.6, evidence=ev, consequences=conseq,
         source=next((c.source for c in calls if c.source), None),
+        settings=settings,
         samples=[cost.get(s, 0.0) for s in steps])]   # each step's cost (0 in a step without a sync)

@@ -117,9 +117,13 @@ SPELLINGS: dict[str, dict[str, Spelling | None]] = {
         "plain": Spelling("torchmetrics.Metric", "dist_sync_on_step",
                           "Metric(..., {args}); metric.compute() once at the epoch's end"),
         "hf-trainer": None,
+        # Lightning syncs a value logged with sync_dist=True at every step it is logged on_step (a barrier and an
+        # all-reduce each, lightning/fabric/utilities/distributed.py _sync_ddp), and only at the epoch's end when
+        # it is logged on_step=False, on_epoch=True (logger_connector/result.py)
         "lightning": Spelling("LightningModule.log", "sync_dist",
-                              "self.log(..., {args}, on_step=True, on_epoch=True)  # or sync_dist=True only with "
-                              "on_step=False"),
+                              "self.log(..., {args}, on_step=True)  # a rank-local step value; "
+                              "self.log(name, value, on_step=False, on_epoch=True, sync_dist=True) syncs once, at "
+                              "the epoch's end"),
         "accelerate": None},
 }
 
@@ -142,7 +146,8 @@ SIDE_EFFECTS: dict[str, str] = {
     "grad_accum.no_sync": "gradients of the skipped micro-steps stay unreduced on each rank until the last one",
     "fsdp.wrap_per_block": "more, smaller collectives (each with its latency); in exchange the peak holds one block "
                            "unsharded at a time instead of the whole model",
-    "log.sync_dist": "each rank's value is logged unsynced at each step; the mean over ranks comes at the epoch's end",
+    "log.sync_dist": "each rank's per-step value is its own (rank 0's is the one shown); the mean over ranks comes "
+                     "once, at the epoch's end, where it is synced",
 }
 
 
