@@ -26,7 +26,7 @@ from fsdpdoctor.trace.identity import RankIdentity
 from fsdpdoctor.trace.io import read_raw, shown, write_atomic
 
 # Bump whenever what analyze_rank computes changes: older summaries are then rebuilt from the traces.
-ANALYSIS_VERSION = "15"
+ANALYSIS_VERSION = "16"
 SUMMARY_SUFFIX = ".summary.msgpack"
 
 
