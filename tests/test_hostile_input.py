@@ -417,4 +417,4 @@ def test_every_bundled_run_loads_clean(capsys):
     """No bundled recording has anything dropped: the checks do not fire on real traces."""
     for run in sorted(p for p in TRACES.iterdir() if (p / "rank0.json.gz").exists())[:6]:
         assert analyze_json(capsys, run)["data_quality"] == {"dropped_events": 0, "ranks": [], "manifest": [],
-                                                             "notes": []}, run.name
+                                                             "notes": [], "sources": []}, run.name
