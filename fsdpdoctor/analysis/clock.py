@@ -122,20 +122,40 @@ def estimate(colls: list[Collective], ranks: list[int]) -> ClockReport | None:
     if len(ranks) < 2 or not colls:
         return None
     ref = min(ranks)
-    ref_ends = sorted(c.end_us for c in colls if c.rank == ref and c.kind in SYNCHRONISING)
-    if not ref_ends:
+    rep = _reference([c for c in colls if c.rank == ref], ref)
+    if rep is None:
         return None
-    rep = ClockReport(reference_rank=ref, t0_us=float(median(ref_ends)), method="collective-end",
-                      ranks=[RankClock(rank=ref, offset_us=0.0, n_matched=len(ref_ends))])
     # each rank's calls, in the order given: a rank is matched against the reference's calls and its
     # own (linear in ranks), fed to matched_ends in their original relative order
-    at: dict[int, list[int]] = defaultdict(list)
-    for i, c in enumerate(colls):
-        at[c.rank].append(i)
+    by_rank: dict[int, list] = defaultdict(list)
+    for c in colls:
+        by_rank[c.rank].append(c)
+    return _estimate_all(rep, by_rank, ranks)
+
+
+def estimate_by_rank(by_rank: dict[int, list], ranks: list[int]) -> ClockReport | None:
+    """``estimate`` from each rank's calls in its issue order (a merged partial result's rows)."""
+    if len(ranks) < 2 or not any(by_rank.values()):
+        return None
+    ref = min(ranks)
+    rep = _reference(by_rank.get(ref, []), ref)
+    return _estimate_all(rep, by_rank, ranks) if rep is not None else None
+
+
+def _reference(ref_calls: list, ref: int) -> ClockReport | None:
+    ref_ends = sorted(c.end_us for c in ref_calls if c.kind in SYNCHRONISING)
+    if not ref_ends:
+        return None
+    return ClockReport(reference_rank=ref, t0_us=float(median(ref_ends)), method="collective-end",
+                       ranks=[RankClock(rank=ref, offset_us=0.0, n_matched=len(ref_ends))])
+
+
+def _estimate_all(rep: ClockReport, by_rank: dict[int, list], ranks: list[int]) -> ClockReport | None:
+    ref = rep.reference_rank
     for r in sorted(ranks):
         if r == ref:
             continue
-        pairs = matched_ends([colls[i] for i in sorted(at[ref] + at[r])], ref, r)
+        pairs = matched_ends(by_rank.get(ref, []) + by_rank.get(r, []), ref, r)
         rc = _estimate_rank(pairs, r)
         if rc is not None:
             rep.ranks.append(rc)

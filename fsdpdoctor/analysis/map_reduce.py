@@ -21,6 +21,7 @@ from fsdpdoctor.analysis import gpu_idle as gpu_idle_mod
 from fsdpdoctor.analysis import intervals as iv
 from fsdpdoctor.analysis import groups as groups_mod
 from fsdpdoctor.analysis import issuers as issuers_mod
+from fsdpdoctor.analysis import partial as partial_mod
 from fsdpdoctor.analysis import periodic as periodic_mod
 from fsdpdoctor.analysis import prefetch as prefetch_mod
 from fsdpdoctor.analysis import profiler_cost as profiler_cost_mod
@@ -28,20 +29,29 @@ from fsdpdoctor.analysis import recompute as recompute_mod
 from fsdpdoctor.analysis import setup as setup_mod
 from fsdpdoctor.analysis import signals as signals_mod
 from fsdpdoctor.analysis import stragglers
-from fsdpdoctor.analysis.breakdown import CommShares, StepWindow, breakdown_step, mean_breakdown
+from fsdpdoctor.analysis.breakdown import (
+    CommShares,
+    StepWindow,
+    breakdown_step,
+    mean_breakdown,
+)
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects import detect
 from fsdpdoctor.analysis.loop_framework import framework_frames, job_framework
+from fsdpdoctor.analysis.partial import CrossRankPartial
 from fsdpdoctor.analysis.rankresult import RankResult, TraceStamp, Window
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import (
-    Analysis, Collective, CollectiveStat, DialectTraits, JobInfo, RankSummary, Signals,
+    Analysis,
+    Collective,
+    DialectTraits,
+    JobInfo,
+    RankSummary,
+    Signals,
 )
 from fsdpdoctor.trace.identity import of as identity_of
 from fsdpdoctor.trace.io import shown
 from fsdpdoctor.trace.table import RankTrace
-
-
 
 # A step repeats the work of its neighbours and lasts about as long; one under 1 % of the median of
 # the others holds no work: a marker (a ProfilerStep opened as the profiler stops), not a sample.
@@ -227,9 +237,23 @@ def empty_step_selection(source: str | Path, results: list[RankResult]) -> Input
                       + (f" (the trace has steps {step_spec(have)})" if have else " (the trace has no numbered steps)"))
 
 
+def _partial_of(kept: list[RankResult], partial: CrossRankPartial | None) -> CrossRankPartial:
+    """The merged partial result of the kept ranks: the one given (merged elsewhere, from groups of
+    ranks) when it holds exactly those ranks, else built here."""
+    if partial is None:
+        return partial_mod.of_results(kept)
+    if partial.ranks != [r.rank for r in kept]:
+        raise ValueError(f"the partial result holds {len(partial.ranks)} ranks, not the {len(kept)} ranks "
+                         "of the results it is reduced with")
+    return partial
+
+
 def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | None = None,
-           notes: list[str] | None = None) -> Analysis:
-    """The job's ``Analysis`` from per-rank results only (sorted by rank)."""
+           notes: list[str] | None = None, partial: CrossRankPartial | None = None) -> Analysis:
+    """The job's ``Analysis`` from per-rank results only (sorted by rank).
+
+    ``partial``: the cross-rank collective part already reduced and merged from groups of these
+    ranks (analysis/partial.py); the same Analysis as without it."""
     results = sorted(results, key=lambda r: r.rank)
     if results and all(r.skipped for r in results):
         raise empty_step_selection(source, results)
@@ -251,13 +275,14 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
     if manifest and isinstance(manifest.get("hosts"), dict):
         hosts = set(manifest["hosts"].values())
     same_clock = len(hosts) <= 1
-    clock = clock_mod.estimate(all_colls, [s.rank for s in summaries])
+    merged = _partial_of(kept, partial)
+    clock = clock_mod.estimate_by_rank(merged.by_rank(), [s.rank for s in summaries])
     # process groups smaller than the world (a 2-D mesh): a rank waits for a late one through other groups
     sub_groups = bool(world_size and any(r.setup and r.setup.smallest_group and r.setup.smallest_group < world_size
                                          for r in kept))
     group_ranks = {name: ranks for r in kept if r.setup for name, ranks in r.setup.groups.items()}
     strag = stragglers.analyze(all_colls, summaries, same_clock, clock, sub_groups=sub_groups,
-                               group_ranks=group_ranks)
+                               group_ranks=group_ranks, groups=merged.groups())
     if strag:
         stragglers.attribute_cause(strag, summaries, {r.rank: r.work for r in kept if r.work}, all_colls)
         stragglers.culprit_frames(strag, {r.rank: r.user_frames for r in kept})
@@ -302,7 +327,7 @@ def reduce(results: list[RankResult], *, source: str | Path, manifest: dict | No
         sig.profiler_cost = profiler_cost_mod.measure(series, run_dir, manifest,
                                                       set(periodic.stalled_steps) if periodic else set())
     return Analysis(source=shown(source), job=job, ranks=summaries, mean=overall,
-                    collectives=collective_stats(all_colls, sum(len(v) for v in steps_by_rank.values())),
+                    collectives=merged.collective_stats(sum(len(v) for v in steps_by_rank.values())),
                     prefetch=prefetch, straggler=strag, notes=notes, collective_events=all_colls, signals=sig,
                     clock=clock, periodic=periodic,
                     contention=contention_mod.contention({r.rank: r.cpu_share for r in kept}, manifest))
@@ -329,31 +354,6 @@ def _assume_dtype(colls: list[Collective], dtype: str | None) -> None:
         if c.size_bytes is None and c.nelems and c.kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
             c.dtype = f"{dtype} (assumed: model dtype)"
             c.size_bytes = int(c.nelems * db)
-
-
-def collective_stats(colls: list[Collective], n_rank_steps: int) -> list[CollectiveStat]:
-    groups: dict[tuple[str, str], list[Collective]] = defaultdict(list)
-    for c in colls:
-        groups[(c.kind, c.phase)].append(c)
-    out = []
-    for (kind, phase), cs in groups.items():
-        sized = [c for c in cs if c.size_bytes]
-        bw = [(c.busbw_gbps, c.duration_us) for c in cs if c.busbw_gbps is not None]
-        # the calls' shares of communication time (CommShares): rows add up to the ranks' communication
-        busy = sum(c.comm_share_us for c in cs)
-        exposed = sum(c.exposed_us for c in cs)
-        rank_steps = max(n_rank_steps, 1)
-        out.append(CollectiveStat(
-            kind=kind, phase=phase, count=len(cs), per_step=len(cs) / rank_steps, total_us=busy,
-            exposed_us=exposed, mean_us=sum(c.duration_us for c in cs) / len(cs),
-            busy_per_step_us=busy / rank_steps, exposed_per_step_us=exposed / rank_steps,
-            size_bytes=sum(c.size_bytes for c in sized) if sized else None,
-            mean_size_bytes=float(np.mean([c.size_bytes for c in sized])) if sized else None,
-            # total bytes over total time weights each call by its duration
-            busbw_gbps=(sum(b * d for b, d in bw) / sum(d for _, d in bw)) if bw and sum(d for _, d in bw) else None))
-    # small_messages depends on a threshold: the diagnosis fills it from the resolved table
-    out.sort(key=lambda s: -s.exposed_us)
-    return out
 
 
 def _job_info(results: list[RankResult], kept: list[RankResult], manifest: dict | None, fw: str | None,

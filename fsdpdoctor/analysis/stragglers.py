@@ -56,7 +56,8 @@ def _by_rank_and_step(colls: list[Collective]) -> dict[tuple[int, int | None], l
 
 def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
             clock: ClockReport | None = None, sub_groups: bool = False,
-            group_ranks: dict[str, list[int]] | None = None) -> StragglerReport | None:
+            group_ranks: dict[str, list[int]] | None = None,
+            groups: dict | None = None) -> StragglerReport | None:
     """``sub_groups``: the ranks' process groups include some smaller than the world (a 2-D mesh: HSDP,
     TP + FP). Then a rank's k-th collective runs in its own group, and a rank late in one group makes its
     group's peers late in their other groups: ranks that share no group with it wait for it too, through
@@ -64,15 +65,18 @@ def analyze(colls: list[Collective], ranks: list[RankSummary], same_clock: bool,
     ranks) calls are matched within their group (``through_named_groups``); otherwise per step each rank's
     wait is its largest over the step's collectives; the rank waited for is the one whose largest wait is
     smallest, and had it been on time the others would not have waited the least of their largest waits
-    (``saving_us``), not the next-latest arrival at one collective."""
+    (``saving_us``), not the next-latest arrival at one collective.
+
+    ``groups``: the calls per (rank, step) in issue order, where a merged partial result holds them
+    (analysis/partial.py); else grouped from ``colls`` (calls matched within named groups read ``colls``)."""
     rank_ids = [r.rank for r in ranks]
-    if len(rank_ids) < 2 or not colls:
+    groups = groups if groups is not None else _by_rank_and_step(colls)
+    if len(rank_ids) < 2 or not groups:
         return None
     if sub_groups:
         named = through_named_groups(colls, ranks, group_ranks or {})
         if named is not None:
             return named
-    groups = _by_rank_and_step(colls)
     steps = sorted({s for (_, s) in groups if s is not None}) or [None]
     step_time = {(r.rank, s.step): s.duration_us for r in ranks for s in r.steps}
     per_step = []

@@ -1,0 +1,163 @@
+"""The cross-rank reduce's collective part as partial results that merge.
+
+A ``CrossRankPartial`` holds what the reduce needs about the collectives of a group of ranks: per
+rank, its calls per step as small rows (kind, phase, execution span, issue time: what the arrival
+statistics, the waits and the clock matches read), and per (kind, phase) the sums of the Collectives
+table. Any group of ranks is summarised alone (``of_results``) and two partials of disjoint groups
+merge (``merge``) into the partial of their union, in any grouping and any order, into the same
+value: rows are keyed by rank (a rank belongs to one group), and every sum is of integers (time in
+nanoseconds, bytes, bandwidth x time in byte-scaled units), so no sum depends on the order of its
+terms. The first (rank, call) that shows a (kind, phase) is kept by minimum, so the table's row
+order does not depend on the grouping either.
+
+``collective_stats`` and ``groups`` (the per-(rank, step) calls stragglers and clocks match) are
+read from a merged partial; map_reduce.reduce builds one from its results, or takes one merged
+elsewhere (a tree of workers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from fsdpdoctor.results import Collective, CollectiveStat
+
+
+class Call(NamedTuple):
+    """One collective call as the cross-rank matching reads it (Collective's names, a tenth its size)."""
+
+    rank: int
+    index: int
+    step: int | None
+    kind: str
+    phase: str
+    start_us: float
+    end_us: float
+    issue_us: float | None
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+def _ns(us: float) -> int:
+    """Microseconds to integer nanoseconds: sums of these do not depend on their order."""
+    return round(us * 1000.0)
+
+
+@dataclass(slots=True)
+class KindPhaseSums:
+    """The Collectives table's row of one (kind, phase) before division: integers only."""
+
+    first: tuple[int, int]          # (rank, position in its calls) of the first call seen: the table's tie order
+    count: int = 0
+    busy_ns: int = 0
+    exposed_ns: int = 0
+    duration_ns: int = 0
+    sized: int = 0
+    size_bytes: int = 0
+    bw_calls: int = 0
+    bw_duration_ns: int = 0
+    bw_weight: int = 0              # sum of busbw (GB/s) x duration (ns), in thousandths
+
+    def add(self, c: Collective) -> None:
+        self.count += 1
+        self.busy_ns += _ns(c.comm_share_us)
+        self.exposed_ns += _ns(c.exposed_us)
+        self.duration_ns += _ns(c.duration_us)
+        if c.size_bytes:
+            self.sized += 1
+            self.size_bytes += int(c.size_bytes)
+        if c.busbw_gbps is not None:
+            d_ns = _ns(c.duration_us)
+            self.bw_calls += 1
+            self.bw_duration_ns += d_ns
+            self.bw_weight += round(c.busbw_gbps * d_ns * 1000.0)
+
+    def merged(self, o: KindPhaseSums) -> KindPhaseSums:
+        return KindPhaseSums(
+            first=min(self.first, o.first), count=self.count + o.count, busy_ns=self.busy_ns + o.busy_ns,
+            exposed_ns=self.exposed_ns + o.exposed_ns, duration_ns=self.duration_ns + o.duration_ns,
+            sized=self.sized + o.sized, size_bytes=self.size_bytes + o.size_bytes,
+            bw_calls=self.bw_calls + o.bw_calls, bw_duration_ns=self.bw_duration_ns + o.bw_duration_ns,
+            bw_weight=self.bw_weight + o.bw_weight)
+
+    def stat(self, kind: str, phase: str, n_rank_steps: int) -> CollectiveStat:
+        rank_steps = max(n_rank_steps, 1)
+        busy, exposed = self.busy_ns / 1000.0, self.exposed_ns / 1000.0
+        return CollectiveStat(
+            kind=kind, phase=phase, count=self.count, per_step=self.count / rank_steps, total_us=busy,
+            exposed_us=exposed, mean_us=self.duration_ns / 1000.0 / self.count,
+            busy_per_step_us=busy / rank_steps, exposed_per_step_us=exposed / rank_steps,
+            size_bytes=self.size_bytes if self.sized else None,
+            mean_size_bytes=self.size_bytes / self.sized if self.sized else None,
+            # total bytes over total time weights each call by its duration
+            busbw_gbps=self.bw_weight / 1000.0 / self.bw_duration_ns if self.bw_calls and self.bw_duration_ns else None)
+
+
+@dataclass(slots=True)
+class CrossRankPartial:
+    """The collectives of a group of ranks, reduced as far as the group alone allows."""
+
+    calls: dict[int, dict[int | None, list[Call]]] = field(default_factory=dict)   # rank -> step -> calls
+    sums: dict[tuple[str, str], KindPhaseSums] = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.calls)
+
+    def groups(self) -> dict[tuple[int, int | None], list[Call]]:
+        """Each rank's calls per step, in issue order (the k-th of a step matches the others' k-th)."""
+        return {(r, st): cs for r in self.ranks for st, cs in self.calls[r].items()}
+
+    def by_rank(self) -> dict[int, list[Call]]:
+        """Each rank's calls in its issue order (what clock matching reads)."""
+        return {r: [c for cs in self.calls[r].values() for c in cs] for r in self.ranks}
+
+    def collective_stats(self, n_rank_steps: int) -> list[CollectiveStat]:
+        keys = sorted(self.sums, key=lambda kp: self.sums[kp].first)
+        out = [self.sums[kp].stat(kp[0], kp[1], n_rank_steps) for kp in keys]
+        # small_messages depends on a threshold: the diagnosis fills it from the resolved table
+        out.sort(key=lambda s: -s.exposed_us)
+        return out
+
+
+def of_ranks(collectives: dict[int, list[Collective]]) -> CrossRankPartial:
+    """The partial of a group of ranks from each rank's collectives (in its issue order)."""
+    p = CrossRankPartial()
+    for rank, colls in collectives.items():
+        steps: dict[int | None, list[Call]] = {}
+        for i, c in enumerate(colls):
+            steps.setdefault(c.step, []).append(Call(rank, c.index, c.step, c.kind, c.phase, c.start_us, c.end_us,
+                                                     c.issue_us))
+            key = (c.kind, c.phase)
+            s = p.sums.get(key)
+            if s is None:
+                s = p.sums[key] = KindPhaseSums(first=(rank, i))
+            s.add(c)
+        p.calls[rank] = steps
+    return p
+
+
+def of_results(results) -> CrossRankPartial:
+    """The partial of the ranks in ``results`` (RankResults; those skipped by --steps hold no calls)."""
+    return of_ranks({r.rank: r.collectives for r in results if not r.skipped})
+
+
+def merge(a: CrossRankPartial, b: CrossRankPartial) -> CrossRankPartial:
+    """The partial of two disjoint groups of ranks: associative and commutative."""
+    both = set(a.calls) & set(b.calls)
+    if both:
+        raise ValueError(f"rank {min(both)} is in both partial results: each rank is reduced in one group")
+    sums = dict(a.sums)
+    for key, s in b.sums.items():
+        sums[key] = sums[key].merged(s) if key in sums else s
+    return CrossRankPartial(calls={**a.calls, **b.calls}, sums=sums)
+
+
+def merge_all(parts) -> CrossRankPartial:
+    """Merge any number of partials (in the order given: the result does not depend on it)."""
+    out = CrossRankPartial()
+    for p in parts:
+        out = merge(out, p)
+    return out
