@@ -241,7 +241,7 @@ def _partial_of(kept: list[RankResult], partial: CrossRankPartial | None) -> Cro
     """The merged partial result of the kept ranks: the one given (merged elsewhere, from groups of
     ranks) when it holds exactly those ranks, else built here."""
     if partial is None:
-        return partial_mod.of_results(kept)
+        return partial_mod.of_results(kept, compact=False)
     if partial.ranks != [r.rank for r in kept]:
         raise ValueError(f"the partial result holds {len(partial.ranks)} ranks, not the {len(kept)} ranks "
                          "of the results it is reduced with")

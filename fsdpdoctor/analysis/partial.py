@@ -99,7 +99,8 @@ class KindPhaseSums:
 class CrossRankPartial:
     """The collectives of a group of ranks, reduced as far as the group alone allows."""
 
-    calls: dict[int, dict[int | None, list[Call]]] = field(default_factory=dict)   # rank -> step -> calls
+    # rank -> step -> calls in issue order: Call rows, or Collectives (which have the same names)
+    calls: dict[int, dict[int | None, list]] = field(default_factory=dict)
     sums: dict[tuple[str, str], KindPhaseSums] = field(default_factory=dict)
 
     @property
@@ -122,14 +123,17 @@ class CrossRankPartial:
         return out
 
 
-def of_ranks(collectives: dict[int, list[Collective]]) -> CrossRankPartial:
-    """The partial of a group of ranks from each rank's collectives (in its issue order)."""
+def of_ranks(collectives: dict[int, list[Collective]], compact: bool = True) -> CrossRankPartial:
+    """The partial of a group of ranks from each rank's collectives (in its issue order).
+
+    ``compact``: rows as ``Call`` (a partial sent between processes); else the Collectives themselves
+    (the reduce in the process that holds them: no second copy of every call)."""
     p = CrossRankPartial()
     for rank, colls in collectives.items():
-        steps: dict[int | None, list[Call]] = {}
+        steps: dict[int | None, list] = {}
         for i, c in enumerate(colls):
-            steps.setdefault(c.step, []).append(Call(rank, c.index, c.step, c.kind, c.phase, c.start_us, c.end_us,
-                                                     c.issue_us))
+            row = Call(rank, c.index, c.step, c.kind, c.phase, c.start_us, c.end_us, c.issue_us) if compact else c
+            steps.setdefault(c.step, []).append(row)
             key = (c.kind, c.phase)
             s = p.sums.get(key)
             if s is None:
@@ -139,9 +143,9 @@ def of_ranks(collectives: dict[int, list[Collective]]) -> CrossRankPartial:
     return p
 
 
-def of_results(results) -> CrossRankPartial:
+def of_results(results, compact: bool = True) -> CrossRankPartial:
     """The partial of the ranks in ``results`` (RankResults; those skipped by --steps hold no calls)."""
-    return of_ranks({r.rank: r.collectives for r in results if not r.skipped})
+    return of_ranks({r.rank: r.collectives for r in results if not r.skipped}, compact)
 
 
 def merge(a: CrossRankPartial, b: CrossRankPartial) -> CrossRankPartial:
