@@ -10,6 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from bundled import TRACES  # the committed traces, in a pristine copy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,8 +20,6 @@ from fsdpdoctor.analysis.map_reduce import reduce
 from fsdpdoctor.diagnose import diagnose
 from fsdpdoctor.pipeline import rank_results
 from fsdpdoctor.report import json_report
-
-from bundled import TRACES  # the committed traces, in a pristine copy
 
 REPO = Path(__file__).resolve().parents[1]
 SYNTH_RANKS = 24   # three hosts of 8 ranks
@@ -88,7 +87,7 @@ def _merged_in_random_tree(results, rng: random.Random) -> partial_mod.CrossRank
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_any_grouping_and_merge_order_gives_the_same_document(runs, whole, name, seed):
-    source, manifest, results = runs[name]
+    results = runs[name][2]
     merged = _merged_in_random_tree(_copies(results), random.Random(seed))
     assert merged.ranks == sorted(r.rank for r in results)
     assert _document(runs[name], partial=merged) == whole[name]

@@ -29,12 +29,7 @@ from fsdpdoctor.analysis import recompute as recompute_mod
 from fsdpdoctor.analysis import setup as setup_mod
 from fsdpdoctor.analysis import signals as signals_mod
 from fsdpdoctor.analysis import stragglers
-from fsdpdoctor.analysis.breakdown import (
-    CommShares,
-    StepWindow,
-    breakdown_step,
-    mean_breakdown,
-)
+from fsdpdoctor.analysis.breakdown import CommShares, StepWindow, breakdown_step, mean_breakdown
 from fsdpdoctor.analysis.context import RankContext
 from fsdpdoctor.analysis.dialects import detect
 from fsdpdoctor.analysis.loop_framework import framework_frames, job_framework
@@ -42,16 +37,13 @@ from fsdpdoctor.analysis.partial import CrossRankPartial
 from fsdpdoctor.analysis.rankresult import RankResult, TraceStamp, Window
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.results import (
-    Analysis,
-    Collective,
-    DialectTraits,
-    JobInfo,
-    RankSummary,
-    Signals,
+    Analysis, Collective, DialectTraits, JobInfo, RankSummary, Signals,
 )
 from fsdpdoctor.trace.identity import of as identity_of
 from fsdpdoctor.trace.io import shown
 from fsdpdoctor.trace.table import RankTrace
+
+
 
 # A step repeats the work of its neighbours and lasts about as long; one under 1 % of the median of
 # the others holds no work: a marker (a ProfilerStep opened as the profiler stops), not a sample.
