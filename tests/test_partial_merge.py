@@ -5,6 +5,7 @@ one-process reduce, byte for byte (hypothesis draws the groups and the merge ord
 from __future__ import annotations
 
 import importlib.util
+import pickle
 import random
 from pathlib import Path
 
@@ -75,7 +76,9 @@ def _merged_in_random_tree(results, rng: random.Random) -> partial_mod.CrossRank
     rng.shuffle(ranks)
     cuts = sorted(rng.sample(range(1, len(ranks)), rng.randint(0, len(ranks) - 1))) if len(ranks) > 1 else []
     groups = [ranks[a:b] for a, b in zip([0, *cuts], [*cuts, len(ranks)])]
-    pool = [partial_mod.of_results(g) for g in groups]
+    # each group's partial as a worker sends it back (pickled), or as the reducing process builds it
+    pool = [pickle.loads(pickle.dumps(partial_mod.of_results(g))) if rng.random() < 0.5
+            else partial_mod.of_results(g, compact=False) for g in groups]
     while len(pool) > 1:
         a = pool.pop(rng.randrange(len(pool)))
         b = pool.pop(rng.randrange(len(pool)))
