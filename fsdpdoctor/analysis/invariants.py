@@ -230,9 +230,10 @@ def _shares(a: Analysis) -> list[Violation]:
 
 # the figures of an analysis that are signed by definition: the job mean's rank (-1, "all ranks") and a
 # rank's clock offset, drift and their bounds against the reference rank (docs/json-schema.md)
-# a prediction's interval may reach below 0 (the fix may cost time: diagnose/prediction.py)
+# a prediction's interval may reach below 0 (the fix may cost time: diagnose/prediction.py); the
+# straggler's per-step excess over the other ranks' median is below 0 in a step where it was quicker
 _SIGNED = re.compile(r"^mean\.rank$|^clock\.ranks\[\d+\]\.(offset_us|drift_ppm|bound_lo_us|bound_hi_us)$"
-                     r"|^findings\[\d+\]\.impact_interval_us\[0\]$")
+                     r"|^findings\[\d+\]\.impact_interval_us\[0\]$|^straggler\.extra_each_us\[\d+\]$")
 
 
 def document_problems(a: Analysis) -> list[str]:
