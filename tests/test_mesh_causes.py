@@ -103,3 +103,24 @@ def test_hsdp_balanced_has_no_straggler_finding():
     a = open_analysis(TRACES / "hsdp_balanced")
     assert "straggler" not in {f.id for f in a.findings}
     assert a.straggler is None or a.straggler.cause != "more work"
+
+
+def test_more_work_that_explains_less_than_half_is_not_called_the_same_work():
+    # rank 1's steps hold twice the input elements but it computes 5x as long (its cores shared): the excess
+    # explains less than half of the extra compute, yet its steps do not hold the same work
+    from fsdpdoctor.analysis.rankresult import WorkCounts
+    from fsdpdoctor.diagnose.host_rules import HOLDS_MORE
+    from fsdpdoctor.results import StragglerReport
+
+    def rank(r: int, compute_us: float) -> RankSummary:
+        b = StepBreakdown(rank=r, step=0, start_us=0.0, duration_us=1e6, compute_us=compute_us)
+        return RankSummary(rank=r, file="", dialect="cpu", steps=[b], mean=b)
+
+    rep = StragglerReport(method="wait", straggler=1, spread_frac=0.3, last_fraction=1.0, wait_us=3e5)
+    work = {0: WorkCounts(ops=100, input_elems=1000.0), 1: WorkCounts(ops=100, input_elems=2000.0)}
+    stragglers.attribute_cause(rep, [rank(0, 1e5), rank(1, 5e5)], work)
+    assert rep.cause == "compute" and "same work" not in rep.cause_evidence
+    assert "hold 2.0x the input elements" in rep.cause_evidence and HOLDS_MORE in rep.cause_evidence
+    same = StragglerReport(method="wait", straggler=1, spread_frac=0.3, last_fraction=1.0, wait_us=3e5)
+    stragglers.attribute_cause(same, [rank(0, 1e5), rank(1, 5e5)], {0: work[0], 1: work[0]})
+    assert "the same work as theirs" in same.cause_evidence

@@ -330,6 +330,12 @@ def attribute_cause(report: StragglerReport, ranks: list[RankSummary],
             report.cause_evidence += (f"; its {exchange[0]} calls carry {exchange[1]:.1f}x the elements of the "
                                       "other ranks' (the most uneven call of each step, median): the exchange "
                                       "hands it the extra work")
+    elif ratio >= MORE_WORK_RATIO:
+        # sizes are exact: a rank whose steps hold more than the others' is not doing the same work, even where
+        # the excess explains less than half of its extra compute (the rest is it computing slower)
+        report.cause_evidence += (f"; its steps hold {ratio:.1f}x the {what} of the other ranks ({same}), which "
+                                  f"accounts for less than half of its {compute_ratio:.1f}x compute time: it also "
+                                  "computes slower")
     else:
         report.cause_evidence += f"; its steps hold the same work as theirs ({same})"
 
@@ -354,6 +360,10 @@ def _extra_each(s: RankSummary, others: list[RankSummary], cause: str) -> list[f
             out.append(part(b) - float(median(vals)))
     return out
 
+
+# a rank whose steps hold this multiple of the others' work (exact counts: sizes, ops) holds more work, whatever
+# share of its extra compute that explains
+MORE_WORK_RATIO = 1.05
 
 # the culprit must have run alone (the others waiting) for at least this share of its runnable time for its
 # speed alone to be told from its speed beside them

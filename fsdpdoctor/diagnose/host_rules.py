@@ -180,7 +180,9 @@ def straggler(ctx: RuleContext) -> list[Finding]:
     frame = ((s.cause_source if own_work and cause != "more work" else None)
              or (_sleep_source(ctx, r) if cause == "sleep" else None))
     if cause == "compute" and not own_work:
-        cause = "slower at the same work"
+        # its steps may hold more work that explains less than half of its extra compute (stragglers.py): then
+        # it is not the same work, and the fix starts with balancing it
+        cause = "more work, computed slower" if HOLDS_MORE in (s.cause_evidence or "") else "slower at the same work"
     impact, saving_ev = _straggler_saving(ctx, cause)
     where = f" in {frame}" if frame else ""
     fixes = {"more work": "Give every rank the same work per step: rank {r}'s steps hold more ({ratio}). Group "
@@ -197,6 +199,11 @@ def straggler(ctx: RuleContext) -> list[Finding]:
              "host sync": "Remove the host syncs on rank {r}{where} (.item(), .cpu(), print of tensors)",
              "compute": "Rank {r} computes {extra} more per step{where}: give every rank the same work (rank-"
                         "specific code, uneven shapes -> bucket by length)",
+             "more work, computed slower": "Give every rank the same work per step: rank {r}'s steps hold more "
+                                           "({ratio}); group samples of similar length and give each rank the same "
+                                           "token budget. It also computes slower than that excess explains: " + (
+                 "check its device (clocks, thermal, other processes on it)" if ctx.traits.device_timeline else
+                 "check that no other process takes its cores (pin ranks to cores, fewer jobs per host)"),
              "slower at the same work": "Rank {r} runs the same code {extra} per step slower than the others: " + (
                  "check its device (clocks, thermal, other processes on it)" if ctx.traits.device_timeline else
                  "check that no other process takes its cores (pin ranks to cores, fewer jobs per host)"
@@ -338,6 +345,9 @@ def _straggler_saving(ctx: RuleContext, cause: str) -> tuple[float, list[Evidenc
         saving = s.extra_us
     return saving, ev
 
+
+# what stragglers.attribute_cause says of a rank whose steps hold more work than explains its extra compute
+HOLDS_MORE = "accounts for less than half of its"
 
 # a rank late because its host is busy elsewhere: it waits, it does not compute
 HOST_WAITS = ("sleep", "host sync", "idle", "data loading")
