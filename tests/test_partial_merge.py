@@ -48,10 +48,10 @@ def _bench_ranks():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """(source, manifest, results) of two bundled runs and of 24 ranks synthesised from one real rank
+    """(source, manifest, results) of three bundled runs and of 24 ranks synthesised from one real rank
     as benchmarks/bench_ranks.py makes them (clock offsets, jitter, a rank that arrives late)."""
     out = {}
-    for name in ("straggler", "weak_4rank"):
+    for name in ("straggler", "weak_4rank", "hsdp_token_skew"):
         manifest, results, _ = rank_results(TRACES / name)
         out[name] = (TRACES / name, manifest, results)
     _, (one, *_), _ = rank_results(TRACES / "straggler", ranks=[0])
@@ -86,7 +86,8 @@ def _merged_in_random_tree(results, rng: random.Random) -> partial_mod.CrossRank
     return pool[0]
 
 
-@pytest.mark.parametrize("name", ["straggler", "weak_4rank", "synthesised"])
+# hsdp_token_skew: a 2-D mesh (process groups smaller than the world), the straggler read per group
+@pytest.mark.parametrize("name", ["straggler", "weak_4rank", "hsdp_token_skew", "synthesised"])
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_any_grouping_and_merge_order_gives_the_same_document(runs, whole, name, seed):
