@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from fsdpdoctor.results import Collective, CollectiveStat
 
 
@@ -59,20 +61,6 @@ class KindPhaseSums:
     bw_calls: int = 0
     bw_duration_ns: int = 0
     bw_weight: int = 0              # sum of busbw (GB/s) x duration (ns), in thousandths
-
-    def add(self, c: Collective) -> None:
-        self.count += 1
-        self.busy_ns += _ns(c.comm_share_us)
-        self.exposed_ns += _ns(c.exposed_us)
-        self.duration_ns += _ns(c.duration_us)
-        if c.size_bytes:
-            self.sized += 1
-            self.size_bytes += int(c.size_bytes)
-        if c.busbw_gbps is not None:
-            d_ns = _ns(c.duration_us)
-            self.bw_calls += 1
-            self.bw_duration_ns += d_ns
-            self.bw_weight += round(c.busbw_gbps * d_ns * 1000.0)
 
     def merged(self, o: KindPhaseSums) -> KindPhaseSums:
         return KindPhaseSums(
@@ -129,18 +117,56 @@ def of_ranks(collectives: dict[int, list[Collective]], compact: bool = True) -> 
     ``compact``: rows as ``Call`` (a partial sent between processes); else the Collectives themselves
     (the reduce in the process that holds them: no second copy of every call)."""
     p = CrossRankPartial()
-    for rank, colls in collectives.items():
+    keys: dict[tuple[str, str], int] = {}   # (kind, phase) -> its code, in order of first call
+    firsts: list[tuple[int, int]] = []
+    codes: list[int] = []
+    flat: list[Collective] = []
+    for rank in sorted(collectives):        # the first call of a key in rank order is its minimum
+        colls = collectives[rank]
         steps: dict[int | None, list] = {}
         for i, c in enumerate(colls):
             row = Call(rank, c.index, c.step, c.kind, c.phase, c.start_us, c.end_us, c.issue_us) if compact else c
             steps.setdefault(c.step, []).append(row)
-            key = (c.kind, c.phase)
-            s = p.sums.get(key)
-            if s is None:
-                s = p.sums[key] = KindPhaseSums(first=(rank, i))
-            s.add(c)
+            code = keys.setdefault((c.kind, c.phase), len(keys))
+            if code == len(firsts):
+                firsts.append((rank, i))
+            codes.append(code)
+        flat.extend(colls)
         p.calls[rank] = steps
+    p.sums = _sums(keys, firsts, np.array(codes, dtype=np.int64), flat)
     return p
+
+
+def _ns_array(us: np.ndarray) -> np.ndarray:
+    """``_ns`` of each (numpy's rint rounds half to even, as round does)."""
+    return np.rint(us * 1000.0)
+
+
+def _int_sum(values: np.ndarray) -> int:
+    """The exact sum of whole numbers held as floats (Python ints: no overflow at any count)."""
+    return sum(map(int, values.tolist()))
+
+
+def _sums(keys: dict[tuple[str, str], int], firsts: list[tuple[int, int]], codes: np.ndarray,
+          flat: list[Collective]) -> dict[tuple[str, str], KindPhaseSums]:
+    """KindPhaseSums of every (kind, phase), column by column (one pass per attribute, not per call)."""
+    busy = _ns_array(np.array([c.comm_share_us for c in flat], dtype=float))
+    exposed = _ns_array(np.array([c.exposed_us for c in flat], dtype=float))
+    dur = _ns_array(np.array([c.end_us - c.start_us for c in flat], dtype=float))
+    size = np.array([int(c.size_bytes) if c.size_bytes else 0 for c in flat], dtype=object)
+    bw = np.array([c.busbw_gbps if c.busbw_gbps is not None else np.nan for c in flat], dtype=float)
+    has_bw = ~np.isnan(bw)
+    out = {}
+    for kp, code in keys.items():
+        m = codes == code
+        sized = m & (size != 0)
+        mb = m & has_bw
+        out[kp] = KindPhaseSums(
+            first=firsts[code], count=int(m.sum()), busy_ns=_int_sum(busy[m]), exposed_ns=_int_sum(exposed[m]),
+            duration_ns=_int_sum(dur[m]), sized=int(sized.sum()), size_bytes=sum(size[sized].tolist()),
+            bw_calls=int(mb.sum()), bw_duration_ns=_int_sum(dur[mb]),
+            bw_weight=_int_sum(np.rint(bw[mb] * dur[mb] * 1000.0)))
+    return out
 
 
 def of_results(results, compact: bool = True) -> CrossRankPartial:
