@@ -44,6 +44,7 @@ def figures(path, **kw) -> dict:
     """The analysis without its notes on where figures came from (the rest must not change)."""
     d = doc(path, **kw)
     d["data_quality"].pop("notes")
+    d["data_quality"].pop("sources")
     return d
 
 
@@ -127,7 +128,7 @@ def test_a_file_name_that_is_not_utf8(run):
         assert r.returncode == 0 and not r.stderr, r.stderr
     got = json.loads(cli("analyze", "--json", str(run)).stdout)
     assert got["ranks"][0]["file"].endswith("rank0\\xff.json.gz")
-    assert any("rank0\\xff.summary.msgpack" in n for n in got["data_quality"]["notes"])
+    assert any("rank0\\xff.summary.msgpack" in n for n in got["data_quality"]["sources"])
     for d in (got, expected):
         for r in d["ranks"]:
             r.pop("file")
