@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         d = d.resolve()
         floor = instructions([sys.executable, "-c", FLOOR, str(d)], env, REPO)
         row = f"{d.name:34} {floor / 1e9:8.3f} "
-        for name, root in checkouts.items():
+        for root in checkouts.values():
             n = instructions([sys.executable, "-m", "fsdpdoctor", "analyze", str(d), "--json"],
                              dict(env, PYTHONPATH=str(root)), root)
             row += f"{n / 1e9:8.3f} {n / floor:10.2f} "

@@ -34,7 +34,7 @@ class Hogs:
         self.n, self.procs = n, []
         self._old_term = None
 
-    def __enter__(self) -> "Hogs":
+    def __enter__(self) -> Hogs:
         if self.n:
             self._old_term = signal.signal(signal.SIGTERM, self._on_term)
         for _ in range(self.n):

@@ -12,7 +12,6 @@ iteration, divided among torch ops, CUDA runtime calls and Python frames by a le
 from __future__ import annotations
 
 import collections
-import gzip
 import json
 import statistics
 import sys

@@ -13,7 +13,12 @@ In a notebook::
 Importing this package loads nothing heavy; the analysis modules load on the first call.
 """
 
+from typing import TYPE_CHECKING
+
 from fsdpdoctor.version import __version__
+
+if TYPE_CHECKING:
+    from fsdpdoctor.options import Options
 
 __all__ = ["analyze", "Options", "Analysis", "Finding", "StepBreakdown", "__version__"]
 

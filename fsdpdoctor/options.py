@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Options:
     diagnose: bool = True
     progress: Callable[[str, int, int], None] | None = None
 
-    def but(self, **changes) -> "Options":
+    def but(self, **changes) -> Options:
         """A copy with some fields changed (an unknown name is refused, as a keyword would be)."""
         return dataclasses.replace(self, **changes) if changes else self
 

@@ -302,7 +302,7 @@ def build(pair_name: str, variant: str, rank: int, world: int, steps: int, devic
         if p["clip_grad"]:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             if p["host_sync"]:  # the fault: the values read back inside the step
-                line = f"loss {sum(l.item() for l in losses):.4f} grad_norm {norm.item():.3f}"
+                line = f"loss {sum(x.item() for x in losses):.4f} grad_norm {norm.item():.3f}"
                 del line
         opt.step()
         opt.zero_grad(set_to_none=True)

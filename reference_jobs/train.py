@@ -230,7 +230,7 @@ def main(argv=None) -> int:
         if host_sync:
             # injected host sync: reading scalars back inside the step
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            log_line = f"loss {sum(l.item() for l in losses):.4f} grad_norm {grad_norm.item():.3f}"
+            log_line = f"loss {sum(x.item() for x in losses):.4f} grad_norm {grad_norm.item():.3f}"
             del log_line
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -19,7 +19,6 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))  # fsdpdoctor, when not installed
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 

@@ -164,7 +164,6 @@ def frame_ms(t: RankTrace, func: str) -> list[float]:
 
 def check_user_job(folder: Path, ranks: dict) -> tuple[str, bool]:
     """Signatures of the user-style jobs (hf_decoder.py, cnn.py), from the raw events."""
-    name = folder.name
     manifest = json.loads((folder / "manifest.json").read_text())
     params = manifest["scenario"]["params"]
     lines, ok = [], True

@@ -39,8 +39,8 @@ def test_both_halves_run_and_either_fails_the_command(fast, slow):
     """The test lines of the README, with `python` standing in for pytest: both halves run, the last
     line names both exit codes, and the command fails when either half fails."""
     tests = [ln for ln in _readme_block() if "pip install" not in ln]
-    stub = ('python() { case "$*" in *"not slow"*) echo "fast half ran"; return %d;; '
-            '*) echo "slow half ran"; return %d;; esac; }' % (fast, slow))
+    stub = (f'python() {{ case "$*" in *"not slow"*) echo "fast half ran"; return {fast};; '
+            f'*) echo "slow half ran"; return {slow};; esac; }}')
     out = subprocess.run(["bash", "-c", "\n".join([stub, *tests])], capture_output=True, text=True, timeout=30)
     assert "fast half ran" in out.stdout and "slow half ran" in out.stdout
     assert out.stdout.strip().splitlines()[-1] == f"fast tests: exit {fast}; slow tests (torchrun jobs): exit {slow}"

@@ -96,7 +96,7 @@ def test_overlap_and_exposed_match_independent_computation(scenario):
         compute = merge([(e["ts"], e["ts"] + e["dur"]) for e in ops if not e["name"].startswith(("c10d::", "record_param_comms"))])
         # compute minus comm ops minus data loading: remove covered parts by intersecting with the complement
         lo, hi = min(e["ts"] for e in xs) - 1, max(e["ts"] + e["dur"] for e in xs) + 1
-        def complement(iv):
+        def complement(iv, lo=lo, hi=hi):
             out, cur = [], lo
             for s, e in iv:
                 if s > cur:

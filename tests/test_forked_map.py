@@ -127,7 +127,7 @@ def test_workers_never_write_to_the_terminal(monkeypatch, capfd):
     def noisy(unit, pieces=1):
         if os.getpid() != parent:
             print("worker output")
-            warnings.warn("worker warning")
+            warnings.warn("worker warning", stacklevel=1)
             time.sleep(0.2)  # the parent claims one rank, the worker the other
         else:
             time.sleep(0.3)

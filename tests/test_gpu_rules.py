@@ -392,7 +392,7 @@ def test_public_idle_matches_brute_force():
         g = open_analysis(_public(name)).signals.gpu_idle[0]
         brute = _brute_idle_per_step(_raw(_public(name)))
         assert brute
-        for (s, e, idle), st in zip(brute, g.steps):
+        for (_, _, idle), st in zip(brute, g.steps):
             assert st.idle_us == pytest.approx(idle, abs=0.01), name
 
 

@@ -196,7 +196,7 @@ def gpu_traces(draw):
         if nested:
             events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{number + 100}",
                            "pid": host[0], "tid": host[1], "ts": start + dur / 4, "dur": dur / 4})
-        for k in range(draw(st.integers(0, 6))):
+        for _ in range(draw(st.integers(0, 6))):
             comm = draw(st.booleans())
             launch = start + draw(st.floats(-0.2, 1.1)) * dur  # some launched outside any step
             kstart = launch + draw(st.floats(5.0, 3000.0))

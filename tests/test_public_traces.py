@@ -13,7 +13,7 @@ import json
 import re
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -43,7 +43,7 @@ def folder(name: str) -> Path:
     return p
 
 
-@lru_cache(maxsize=None)
+@cache
 def cli_json(name: str) -> dict:
     proc = subprocess.run([sys.executable, "-m", "fsdpdoctor", "analyze", "--json", "--no-progress", str(folder(name))],
                           capture_output=True, text=True, timeout=300)
@@ -52,7 +52,7 @@ def cli_json(name: str) -> dict:
     return json.loads(proc.stdout)
 
 
-@lru_cache(maxsize=None)
+@cache
 def raw_events(path: Path) -> tuple[dict, list[dict]]:
     with gzip.open(path, "rt") as f:
         doc = json.load(f)
@@ -116,8 +116,8 @@ def step_windows(events):
             end = float(s["ts"]) + float(s["dur"])
             for e in events:
                 if is_x(e) and str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"):
-                    l = launches.get((e.get("args") or {}).get("correlation"))
-                    if l is not None and float(s["ts"]) <= l["ts"] <= float(s["ts"]) + float(s["dur"]):
+                    launch = launches.get((e.get("args") or {}).get("correlation"))
+                    if launch is not None and float(s["ts"]) <= launch["ts"] <= float(s["ts"]) + float(s["dur"]):
                         end = max(end, float(e["ts"]) + float(e.get("dur", 0)))
             out.append((n, float(s["ts"]), end))
     return out
@@ -159,11 +159,11 @@ def independent_collectives(events):
         kind, t0 = None, float(k["ts"])
         if args.get("Collective name"):
             kind = C10D_KIND.get(args["Collective name"])
-        l = launches.get(args.get("correlation"))
-        if l is not None:
-            t0 = float(l["ts"])
-            op = innermost(by_thread, l.get("pid"), l.get("tid"), l["ts"], lambda n: n.startswith("c10d::"))
-            op = op or innermost(by_thread, l.get("pid"), l.get("tid"), l["ts"], lambda n: n.startswith("nccl:"))
+        launch = launches.get(args.get("correlation"))
+        if launch is not None:
+            t0 = float(launch["ts"])
+            at = (by_thread, launch.get("pid"), launch.get("tid"), launch["ts"])
+            op = innermost(*at, lambda n: n.startswith("c10d::")) or innermost(*at, lambda n: n.startswith("nccl:"))
             if op is not None:
                 t0 = float(op["ts"])
                 kind = kind or kind_of_name(op["name"])
@@ -251,8 +251,8 @@ def test_ddp_a100_allreduce_counts_from_collective_name():
     count: dict[int, int] = {}
     for k in events:
         if is_x(k) and is_nccl_kernel(k) and (k.get("args") or {}).get("Collective name") == "allreduce":
-            l = launches[k["args"]["correlation"]]
-            step = next((n for n, s, e in windows if s <= l["ts"] < e), None)
+            launch = launches[k["args"]["correlation"]]
+            step = next((n for n, s, e in windows if s <= launch["ts"] < e), None)
             if step is not None:
                 count[step] = count.get(step, 0) + 1
     assert sum(count.values()) > 0

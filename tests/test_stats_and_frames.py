@@ -108,8 +108,8 @@ def test_enclosing_by_its_index_breaks_ties_as_the_definition(tmp_path):
     p.write_text(json.dumps({"traceEvents": ev}))
     t = load_file(p)
     ctx = RankContext(t, detect(t))
-    rows = np.arange(len(t.ts))
-    for rows in (rows, rng.permutation(rows)):
+    ordered = np.arange(len(t.ts))
+    for rows in (ordered, rng.permutation(ordered)):
         for track in range(len(t.tracks) + 1):
             for q in np.arange(-1.0, 56.0, 0.5):
                 assert ctx.enclosing(rows, track, float(q)) == _enclosing_by_test(ctx, rows, track, float(q))

@@ -11,7 +11,7 @@ Update snapshots after an intended UI change with ``pytest tests/test_tui.py --s
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -43,7 +43,7 @@ NO_FINDINGS = TRACES / "fsdp1_forward_prefetch"   # a healthy run
 needs_fsdp1 = pytest.mark.skipif(not (FSDP1 / "rank0.json.gz").exists(), reason="traces/ not present")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _analysis(folder: Path, diagnose: bool):
     return open_analysis(folder, diagnose=diagnose)
 

@@ -12,7 +12,7 @@ Update snapshots after an intended UI change with
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.skipif(not (RUN1.is_dir() and RUN2.is_dir()),
                                 reason="bundled traces/scaling_1proc, traces/scaling_2proc not present")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _analysis(folder: Path):
     return open_analysis(folder, diagnose=False)
 

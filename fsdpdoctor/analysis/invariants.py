@@ -151,7 +151,7 @@ def _steps(a: Analysis) -> list[Violation]:
         if r.mean:
             out += _step_sums(r.mean, f"rank {r.rank} mean step")
         spans = sorted((s.start_us, s.start_us + s.duration_us, s.step) for s in r.steps)
-        for (s0, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
+        for (_, e0, n0), (s1, _, n1) in zip(spans, spans[1:]):
             if not _at_most(e0, s1):
                 out.append(Violation("steps-disjoint", f"rank {r.rank} step {n0} end", e0, s1,
                                      f"overlaps step {n1}"))

@@ -228,7 +228,7 @@ def _owner(summaries: list[RankSummary], fits: dict[int, tuple], series: dict) -
     if len({r for _, _, r in starts}) == len(fits):
         starts.sort()
         votes = dict.fromkeys(fits, 0)
-        for a, end, r in starts:
+        for a, _end, r in starts:
             before = [x for x in starts if x[0] <= a and x[2] != r and x[1] >= a]
             if before:
                 votes[max(before)[2]] += 1

@@ -31,7 +31,7 @@ import functools
 import os
 import uuid
 from pathlib import Path
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from fsdpdoctor.capture import series as _series
 from fsdpdoctor.capture import slowdown as _slow
@@ -143,7 +143,7 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
         self._origin_unix_ns = 0
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "Capture":
+    def start(self) -> Capture:
         if self._started:
             return self
         self._started = True
@@ -248,7 +248,7 @@ class Capture(ProfilingSchedule, WindowCoordinator, ManifestWriter):
                 self._watch.close()
         self._raise_held_interrupt()
 
-    def __enter__(self) -> "Capture":
+    def __enter__(self) -> Capture:
         return self.start()
 
     def __exit__(self, exc_type, exc, tb) -> bool:

@@ -32,7 +32,7 @@ class GradPresence:
             self._seen.add(i)
 
     @classmethod
-    def of(cls, model) -> "GradPresence | None":
+    def of(cls, model) -> GradPresence | None:
         """Hooks on a DDP model's parameters; None for anything else or where hooks cannot be set."""
         if model is None or not hasattr(model, "find_unused_parameters"):
             return None

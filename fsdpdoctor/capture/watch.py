@@ -248,7 +248,7 @@ class Watch:
             pass
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> "Watch":
+    def start(self) -> Watch:
         if self._started:
             return self
         self._started = True
@@ -277,7 +277,7 @@ class Watch:
             self._thread.join(timeout=1.0)
         self._disarm_faulthandler()
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Watch:
         return self.start()
 
     def __exit__(self, exc_type, exc, tb) -> bool:

@@ -58,7 +58,7 @@ class Plan:
         return json.dumps(asdict(self))
 
     @staticmethod
-    def from_json(text: str | bytes) -> "Plan":
+    def from_json(text: str | bytes) -> Plan:
         d = json.loads(text)
         return Plan(seq=int(d["seq"]), first=int(d["first"]), steps=int(d["steps"]), why=d["why"],
                     reason=str(d["reason"]), requested=d.get("requested"), decided_step=d.get("decided_step"),

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import builtins
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Literal, Mapping, get_args
+from typing import Literal, get_args
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from fsdpdoctor.diagnose.noise import EXPLICIT, SAMPLES_KEY, gate_by_noise
 from fsdpdoctor.diagnose.settings import fix_text
@@ -62,7 +63,7 @@ class RuleContext:
         if self.th is None:
             self.th = self.table
 
-    def for_rule(self, r: "Rule") -> "RuleContext":
+    def for_rule(self, r: Rule) -> RuleContext:
         """The same analysis and shared facts, with only the thresholds ``r`` declared."""
         return RuleContext(self.a, self.table, DeclaredThresholds(self.table, r.thresholds, r.name), self._cache)
 

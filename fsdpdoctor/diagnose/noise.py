@@ -20,7 +20,7 @@ After the rules (and after ``bound_impacts`` cut what roots explain twice), ``ga
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 

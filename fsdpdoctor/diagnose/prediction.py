@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from typing import Mapping
+from collections.abc import Mapping
 
 from fsdpdoctor.diagnose.thresholds import ERROR_BY_RULE, defaults
 

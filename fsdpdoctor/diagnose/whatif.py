@@ -296,7 +296,7 @@ def _no_sync(ctx: RuleContext, s: Setting, cores: int | None):
     saving, samples, share = ddp_rules.no_sync_model(ctx, ddp_rules.gradient_allreduces(ctx))
     return ("grad-accum-without-no-sync (ddp_rules.no_sync_model)", saving, samples,
             ("comm:all_reduce", "wait", "compute"),
-            [f"the all-reduces of all but the last micro-step go: their exposed time"
+            ["the all-reduces of all but the last micro-step go: their exposed time"
              + (f" and {share:.0%} of their time under backward (shared cores)" if share else "")],
             "grad-accum-without-no-sync")
 

@@ -8,7 +8,8 @@ forking (``forking``: also the forked pieces of one large trace).
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol
+from typing import Any, Protocol
+from collections.abc import Iterator
 
 from fsdpdoctor.engines.forking import can_fork
 from fsdpdoctor.engines.local import LocalEngine, SerialEngine, Step, cpu_count

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from fsdpdoctor.engines.local import Step, cpu_count
 from fsdpdoctor.errors import InputError

@@ -9,7 +9,8 @@ import sys
 import threading
 import time
 import warnings
-from typing import Callable, TypeVar
+from typing import TypeVar
+from collections.abc import Callable
 
 T = TypeVar("T")
 

@@ -11,7 +11,8 @@ import os
 import sys
 import time
 from array import array
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from fsdpdoctor.engines.forking import Lifeline, can_fork, die_with_parent, pool_context, quiet_child
 from fsdpdoctor.errors import InputError
@@ -160,7 +161,7 @@ class _RankQueue:
         self.fd = read_fd
 
     @classmethod
-    def of(cls, n: int) -> "_RankQueue | None":
+    def of(cls, n: int) -> _RankQueue | None:
         """All ``n`` indexes written, the writing end closed; None when the pipe cannot hold them."""
         r, w = os.pipe()
         data = array("i", range(n)).tobytes()

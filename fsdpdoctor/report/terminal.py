@@ -10,7 +10,7 @@ writes ends in spaces (rich pads panels, tables and padded blocks to the full wi
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from rich.console import Console
 from rich.segment import Segment

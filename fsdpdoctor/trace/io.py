@@ -8,7 +8,8 @@ import stat
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
+from collections.abc import Callable
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.limits import DOCUMENT_MAX, inflate_cap, too_inflated

@@ -8,7 +8,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import msgspec
 import numpy as np

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from fsdpdoctor.errors import InputError
 from fsdpdoctor.trace.io import DOCUMENT_MAX, read_raw

@@ -133,7 +133,7 @@ class RankTrace:
     # wrote them: loader.allocator_samples
     memory_events: list[tuple] = field(default_factory=list)
     unreadable_events: int = 0   # complete events skipped because a field could not be read (ill-typed)
-    quality: "RankDataQuality | None" = None   # what trace/quality.py dropped from this file
+    quality: RankDataQuality | None = None   # what trace/quality.py dropped from this file
     base_time_ns: int | None = None            # baseTimeNanoseconds: ts + base = wall clock (job identity)
     # the capture's schedstat of the training thread over the recorded steps (capture/profiling.py):
     # wall_us, on_cpu_us, runqueue_us, cpus; None in traces not written by fsdpdoctor.capture
@@ -142,7 +142,7 @@ class RankTrace:
     # empty for one file. A step never spans two of them: the time between cycles was not recorded
     cycles: list[tuple[float, float]] = field(default_factory=list)
     categories: dict[str, int] = field(default_factory=dict)  # complete events per category as written
-    kind: "InputKind | None" = None  # what this file is (trace/kind.py), decided once when it is read
+    kind: InputKind | None = None  # what this file is (trace/kind.py), decided once when it is read
     _sorted_names: tuple | None = field(default=None, repr=False, compare=False)  # ids_with_prefix's index
     _ids_by_cat: dict | None = field(default=None, repr=False, compare=False)      # ids_in_categories' cache
     _rows_by_id: tuple | None = field(default=None, repr=False, compare=False)     # _rows_of_ids' index

@@ -8,7 +8,7 @@ Every module that recognises one by name takes the name from here; a dialect
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from fsdpdoctor.trace.table import KERNEL, MEMCPY, MEMSET, RUNTIME, category_code
 

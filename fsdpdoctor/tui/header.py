@@ -79,7 +79,7 @@ class JobHeader(Widget):
         items.append(item)
         # pack whole items into lines so no figure is split from its label
         line_len = 0
-        for i, item in enumerate(items):
+        for item in items:
             if line_len and line_len + 2 + len(item) > width:
                 t.append("\n")
                 line_len = 0

@@ -33,7 +33,7 @@ class Palette:
         self.background = Color.parse(variables.get("background", "#000000"))
 
     @classmethod
-    def of(cls, app) -> "Palette":
+    def of(cls, app) -> Palette:
         return cls(app.theme_variables or app.get_css_variables())
 
     def color(self, var: str) -> str:

@@ -61,20 +61,20 @@ class Dialect(Protocol):
     traits: DialectTraits
     note: str | None                     # said once per job when it has collectives
 
-    def matches(self, trace: "RankTrace") -> bool:
+    def matches(self, trace: RankTrace) -> bool:
         """This dialect reads ``trace`` (dialects are tried in registry order)."""
 
-    def step_windows(self, ctx: "RankContext") -> list[StepWindow]:
+    def step_windows(self, ctx: RankContext) -> list[StepWindow]:
         """The analysed step windows (host ``ProfilerStep`` spans, adjusted to where the work runs)."""
 
-    def collectives(self, ctx: "RankContext") -> list[CollectiveRecord]:
+    def collectives(self, ctx: RankContext) -> list[CollectiveRecord]:
         """Every collective on the rank, in issue order, with kind, times and sizes."""
 
-    def timelines(self, ctx: "RankContext", records: list[CollectiveRecord]) -> Timelines:
+    def timelines(self, ctx: RankContext, records: list[CollectiveRecord]) -> Timelines:
         """Compute, optimizer and communication interval sets the breakdown slices per step."""
 
 
-def host_step_windows(ctx: "RankContext") -> list[StepWindow]:
+def host_step_windows(ctx: RankContext) -> list[StepWindow]:
     """``ProfilerStep#N`` spans on the host, in time order; the whole trace when there is none (each
     profiler cycle on its own: the time between cycles was not recorded)."""
     t = ctx.t
@@ -87,7 +87,7 @@ def host_step_windows(ctx: "RankContext") -> list[StepWindow]:
     return [StepWindow(int(t.name(r).split("#")[1]), float(t.ts[r]), float(t.ts[r] + t.dur[r])) for r in rows]
 
 
-def cycle_index(ctx: "RankContext", times) -> np.ndarray:
+def cycle_index(ctx: RankContext, times) -> np.ndarray:
     """The profiler cycle (``RankTrace.cycles``) each time falls in; all 0 for a one-file trace."""
     times = np.asarray(times, dtype=np.float64)
     cycles = ctx.t.cycles

@@ -2,8 +2,10 @@
 (EventList.export_chrome_trace, what torch builds without Kineto write) of a 1-rank gloo loop with a naive
 per-parameter all-reduce and 3 ProfilerStep# markers: python tests/data/legacy_autograd/record.py OUT.json
 (then gzip it)."""
-import gzip, os, shutil, sys
-import torch, torch.distributed as dist
+import os
+import sys
+import torch
+import torch.distributed as dist
 from torch.autograd import profiler
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
 dist.init_process_group("gloo", rank=0, world_size=1)
@@ -17,7 +19,8 @@ with profiler.profile() as p:
             loss.backward()
             for q in m.parameters():  # a naive per-parameter all-reduce
                 dist.all_reduce(q.grad)
-            opt.step(); opt.zero_grad()
+            opt.step()
+            opt.zero_grad()
             loss.item()
 p.function_events.export_chrome_trace(sys.argv[1])
 dist.destroy_process_group()

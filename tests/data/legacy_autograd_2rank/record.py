@@ -5,8 +5,12 @@ profile(use_kineto=False) writes Kineto's format, so the list is exported from t
 profiler start) with 8 ProfilerStep# markers, a naive
 per-parameter all-reduce (4 per step) and rank 1 sleeping 20 ms per step before its all-reduces:
     python tests/data/legacy_autograd_2rank/record.py OUT_DIR   (then gzip the two files)"""
-import os, sys, time
-import torch, torch.distributed as dist, torch.multiprocessing as mp
+import os
+import sys
+import time
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.autograd import profiler
 
 
@@ -27,7 +31,8 @@ def run(rank: int, out: str) -> None:
                     time.sleep(0.02)  # a slow rank: rank 0 waits for it in every all-reduce
                 for q in m.parameters():
                     dist.all_reduce(q.grad)
-                opt.step(); opt.zero_grad()
+                opt.step()
+                opt.zero_grad()
                 loss.item()
     p.function_events.export_chrome_trace(os.path.join(out, f"rank{rank}.json"))
     dist.destroy_process_group()
