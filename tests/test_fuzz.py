@@ -48,8 +48,11 @@ SEED = int(os.environ.get("FSDPDOCTOR_FUZZ_SEED", "13"))
 FULL_CHECK = not EXAMPLES  # the quick profile runs `check` on every example; the long one where analyze passed
 # the overall mean's rank is documented as -1 ("all ranks"): the one negative number the schema has
 ALLOWED_NEGATIVE = {("$.mean.rank", -1)}
-# a rank's clock offset (its bounds, its drift) against the reference rank is signed by definition
-SIGNED = re.compile(r"^\$\.clock\.ranks\[\d+\]\.(offset_us|drift_ppm|bound_lo_us|bound_hi_us)$")
+# signed by definition: a rank's clock offset (its bounds, its drift) against the reference rank; the low end
+# of a saving's interval (a fix may cost time: diagnose/prediction.py); the straggler's excess in a step where
+# it was quicker than the others' median
+SIGNED = re.compile(r"^\$\.clock\.ranks\[\d+\]\.(offset_us|drift_ppm|bound_lo_us|bound_hi_us)$"
+                    r"|^\$\.findings\[\d+\]\.impact_interval_us\[0\]$|^\$\.straggler\.extra_each_us\[\d+\]$")
 
 pytestmark = pytest.mark.skipif(not (SCENARIO / "rank0.json.gz").exists(), reason="bundled traces not present")
 
