@@ -247,4 +247,8 @@ def test_hsdp_straggler_is_priced_through_the_mesh(tmp_path, repo_root):
     assert s.straggler == 1 and s.through_groups and s.cause == "sleep"
     f = next(f for f in a.findings if f.id == "straggler")
     assert f.severity in ("warning", "error") and f.impact_us >= 0.5 * 150e3
-    assert f.impact_us <= s.wait_us + 1 and "through the groups" in f.summary
+    # no more than the others waited over the step (wait_us is the longest wait in one call since b131441; a
+    # step's wait is the sum over its calls, which is what the saving is the least of)
+    import statistics
+    step_wait = statistics.median(p["step_wait_us"] for p in s.per_step if p["straggler"] == s.straggler)
+    assert f.impact_us <= step_wait + 1 and "through the groups" in f.summary
