@@ -87,12 +87,13 @@ def test_trigger_and_anomaly_windows_in_one_process(tmp_path):
     from fsdpdoctor.capture import capture
 
     m, opt, train_step = tiny_training(torch)
-    # min_rise=2: only steps 3x slower count, so that the load of a shared test machine on 10 ms steps does
-    # not open a window before the 6x change at step 100
+    # min_rise=3: only steps 4x slower in their own time count, so that the load of a shared test machine on
+    # 10 ms steps does not open a window before the 10x change at step 100 (at min_rise=2 a busy machine's
+    # step 96 once did)
     with capture(tmp_path, model=m, optimizer=opt, fixed_window=False, auto=True, window_steps=2,
-                 min_rise=2.0) as cap:
+                 min_rise=3.0) as cap:
         for i in range(150):
-            train_step(0.01 if i < 100 else 0.06)
+            train_step(0.01 if i < 100 else 0.1)
             if i == 10:
                 assert cli("trigger", tmp_path, "--steps", "3").returncode == 0
             cap.step()
