@@ -45,3 +45,26 @@ def wait_for_summary(out: Path, rank: int = 0, timeout_s: float = 120.0) -> Path
         time.sleep(0.2)
     assert summary.exists(), "the background summary was not written"
     return summary
+
+
+# a toy Hugging Face Trainer job's model and data, the head of a script a test runs in its own process (the
+# Trainer call that follows differs by test: tests/test_frameworks.py, tests/test_fix_settings.py)
+HF_TOY_JOB_HEAD = """
+import sys, tempfile, torch
+from torch.utils.data import Dataset
+from transformers import Trainer, TrainingArguments
+from fsdpdoctor.capture.hf import FsdpdoctorCallback
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 2)
+    def forward(self, x, labels):
+        return {"loss": torch.nn.functional.cross_entropy(self.lin(x), labels)}
+
+class Data(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return {"x": torch.randn(8), "labels": i % 2}
+"""

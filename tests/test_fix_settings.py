@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from capture_kit import HF_TOY_JOB_HEAD
 
 from fsdpdoctor.capture.host import host_facts
 from fsdpdoctor.diagnose.rules import diagnose
@@ -177,25 +178,7 @@ def test_manifest_host_and_framework():
     assert "host" not in out and "framework" not in out and len(notes) == 2
 
 
-_HF_NATURAL = """
-import sys, tempfile, torch
-from torch.utils.data import Dataset
-from transformers import Trainer, TrainingArguments
-from fsdpdoctor.capture.hf import FsdpdoctorCallback
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(8, 2)
-    def forward(self, x, labels):
-        return {"loss": torch.nn.functional.cross_entropy(self.lin(x), labels)}
-
-class Data(Dataset):
-    def __len__(self):
-        return 64
-    def __getitem__(self, i):
-        return {"x": torch.randn(8), "labels": i % 2}
-
+_HF_NATURAL = HF_TOY_JOB_HEAD + """
 with tempfile.TemporaryDirectory() as tmp:
     args = TrainingArguments(output_dir=tmp, per_device_train_batch_size=4, max_steps=4, use_cpu=True,
                              report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True, optim="sgd")

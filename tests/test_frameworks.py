@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from capture_kit import HF_TOY_JOB_HEAD
 
 from conftest import requires_torch
 from fsdpdoctor.analysis import intervals as iv
@@ -109,25 +110,7 @@ trainer = L.Trainer(accelerator="cpu", devices=1, strategy="ddp", max_steps=5, l
 trainer.fit(Net(), DataLoader(ds, batch_size=4))
 """
 
-_HF_JOB = """
-import sys, tempfile, torch
-from torch.utils.data import Dataset
-from transformers import Trainer, TrainingArguments
-from fsdpdoctor.capture.hf import FsdpdoctorCallback
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(8, 2)
-    def forward(self, x, labels):
-        return {"loss": torch.nn.functional.cross_entropy(self.lin(x), labels)}
-
-class Data(Dataset):
-    def __len__(self):
-        return 64
-    def __getitem__(self, i):
-        return {"x": torch.randn(8), "labels": i % 2}
-
+_HF_JOB = HF_TOY_JOB_HEAD + """
 with tempfile.TemporaryDirectory() as tmp:
     args = TrainingArguments(output_dir=tmp, per_device_train_batch_size=4, max_steps=4, use_cpu=True,
                              report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
