@@ -552,7 +552,9 @@ def test_no_process_group_under_launcher_env(tmp_path, monkeypatch):
         for _ in range(3):
             train_step()
             cap.step()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "rank0.json.gz", "steps"]
+    wait_for_summary(tmp_path)  # written in the background after the trace, so that the listing is the same
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "rank0.json.gz", "rank0.summary.msgpack",
+                                                         "steps"]
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["world_size"] == 2 and m["backend"] is None and m["profiled_ranks"] == [0, 1]
     assert m["hosts"]["0"] and m["hosts"]["1"] is None  # no process group to ask the other rank through
