@@ -659,7 +659,7 @@ def render_all(data: dict) -> str:
     quiet = runs.get("quiet")
     text = render(quiet["pairs"], quiet["meta"]) if quiet else "# Predicted against measured savings\n"
     for run_label in sorted((k for k in runs if k != "quiet"), key=lambda k: int(k.split()[1])):
-        text += "\n" + "\n".join(store.render_loaded(run_label, runs[run_label]))
+        text += "\n" + "\n".join(store.render_loaded(run_label, runs[run_label], verdict))
     return text
 
 

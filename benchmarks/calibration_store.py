@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import signal
 import subprocess
 import sys
@@ -158,8 +159,9 @@ def loaded_record(run_label: str, run: dict) -> list[str]:
     return lines + [""]
 
 
-def render_loaded(run_label: str, run: dict) -> list[str]:
-    """The table of one hog count's run: what the contention fact said, P as printed, M and the verdict."""
+def render_loaded(run_label: str, run: dict, verdict) -> list[str]:
+    """The table of one hog count's run: what the contention fact said, P as printed, M and the verdict
+    (``verdict``: the quiet table's rule, calibrate.verdict, judged on P as printed now)."""
     meta, lines = run["meta"], []
     lvl = round(meta["level"] * 100)
     pieces = meta.get("pieces") or [{"date": meta["date"], "load": meta["load"], "command": meta["command"]}]
@@ -172,9 +174,6 @@ def render_loaded(run_label: str, run: dict) -> list[str]:
               "printed it, its interval widened by that contention, or withheld beyond the contention calibrated.",
               "", f"| rule | case | wait | P ms [{lvl} %] | M ms [{lvl} %] | verdict | step ms fault / fix |",
               "|---|---|---|---|---|---|---|"]
-    import statistics
-    from calibrate import verdict   # the quiet table's rule, on P as printed now
-
     run = run | {"pairs": [as_printed(r, meta["level"]) for r in run["pairs"]]}
     for r in run["pairs"]:
         step = statistics.median(r["fault_step_us"]) if r.get("fault_step_us") else None
